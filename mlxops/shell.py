@@ -1,0 +1,78 @@
+"""The one place that builds shell command lines.
+
+Every value that reaches a shell — on the controller or on a node — goes through
+:func:`quote`, so that nothing a user typed (an inventory variable, a job name, an
+environment value) is ever interpreted by a shell. Remote commands are always built
+as lists of words and joined here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def quote(value: object) -> str:
+    """Quote one word for a POSIX shell (``sh``, ``bash``, ``zsh``)."""
+    return shlex.quote(str(value))
+
+
+def join(argv: Sequence[object]) -> str:
+    """Join a list of words into one command line, each word quoted."""
+    if isinstance(argv, (str, bytes)):
+        raise TypeError("join() takes a list of words, not a string")
+    return " ".join(quote(a) for a in argv)
+
+
+def is_env_name(name: str) -> bool:
+    return bool(_ENV_NAME.match(name))
+
+
+def env_assignments(env: Mapping[str, object]) -> str:
+    """``A='1' B='x y'``: a prefix of assignments for a command (names are checked)."""
+    for name in env:
+        if not is_env_name(name):
+            raise ValueError(f"not an environment variable name: {name!r}")
+    return " ".join(f"{name}={quote(value)}" for name, value in env.items())
+
+
+def export_lines(env: Mapping[str, object]) -> str:
+    """The body of an env file: one ``export NAME='value'`` line per variable."""
+    for name in env:
+        if not is_env_name(name):
+            raise ValueError(f"not an environment variable name: {name!r}")
+    return "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
+
+
+def with_env(argv: Sequence[object], env: Mapping[str, object]) -> str:
+    """``env A='1' cmd 'arg'``: run argv with extra environment."""
+    if not env:
+        return join(argv)
+    return f"env {env_assignments(env)} {join(argv)}"
+
+
+def path_word(path: str) -> str:
+    """Quote a node path, keeping a leading ``~/`` expandable by the remote shell.
+
+    ``~/.mlxops/code`` becomes ``"$HOME"/'.mlxops/code'``: the home is the node's,
+    the rest is quoted like any other value.
+    """
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        rest = path[2:]
+        return '"$HOME"/' + quote(rest) if rest else '"$HOME"/'
+    return quote(path)
+
+
+def and_then(commands: Iterable[str]) -> str:
+    """Chain already-built command lines with ``&&``."""
+    return " && ".join(c for c in commands if c)
+
+
+def sh_c(script: str) -> str:
+    """Run an already-built script under ``sh -c`` (one more level of quoting)."""
+    return join(["sh", "-c", script])
