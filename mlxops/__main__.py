@@ -1,0 +1,3 @@
+from mlxops.cli import main
+
+main()
