@@ -1,0 +1,262 @@
+"""Connections to hosts: SSH through Fabric/paramiko, or local for ``ansible_connection: local``.
+
+Both kinds expose the same small surface — :meth:`run` a command line (built by
+:mod:`mlxops.shell`), optionally feeding bytes to its stdin — so tasks and jobs never care
+which one they hold. Commands are POSIX ``sh`` (macOS runs them under the user's zsh).
+
+SSH commands run on a raw paramiko channel of the Fabric connection rather than through
+Fabric's ``run``: invoke's runner decodes stdin as text (our sync archives are binary) and
+polls with sleeps, which costs milliseconds per command on every host.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Protocol
+
+import fabric
+import paramiko
+
+from mlxops.transport.hostkeys import (
+    ChangedHostKey,
+    HostKeyPolicy,
+    HostUnreachable,
+    KnownHosts,
+    KnownHostsCache,
+    lookup_name,
+    scan_host_key,
+)
+
+Stdin = bytes | IO[bytes] | None
+TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Connection(Protocol):
+    name: str
+
+    def run(self, command: str, *, timeout: float | None = None,
+            stdin: Stdin = None) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+
+
+def _chunks(stdin: Stdin, size: int = 1 << 16):
+    if stdin is None:
+        return
+    if isinstance(stdin, bytes):
+        for i in range(0, len(stdin), size):
+            yield stdin[i:i + size]
+        return
+    while chunk := stdin.read(size):
+        yield chunk
+
+
+class LocalConnection:
+    """This machine, for hosts with ``ansible_connection: local`` (no SSH)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, command: str, *, timeout: float | None = None,
+            stdin: Stdin = None) -> CommandResult:
+        start = time.monotonic()
+        data = stdin if isinstance(stdin, bytes) or stdin is None else stdin.read()
+        # Own session: on timeout the whole process group goes, not just the shell.
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, cwd=os.path.expanduser("~"),
+        )
+        try:
+            out, err = proc.communicate(data or b"", timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            timed_out = True
+        return CommandResult(
+            command=command,
+            exit_code=TIMED_OUT if timed_out else proc.returncode,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            duration=time.monotonic() - start,
+            timed_out=timed_out,
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class SSHConnection:
+    """One SSH host: a Fabric Connection (ssh_config, ProxyJump, keys) with verified host keys.
+
+    Opened on first use and kept open for the whole run; safe to use from one thread at a
+    time (the executor gives each host its own worker).
+    """
+
+    def __init__(self, name: str, fabric_conn: fabric.Connection, known_hosts: KnownHostsCache,
+                 known_hosts_path: str | None, options: ConnectOptions):
+        self.name = name
+        self._conn = fabric_conn
+        self._known_hosts = known_hosts.get(known_hosts_path)
+        self._options = options
+
+    @property
+    def address(self) -> str:
+        return self._conn.host
+
+    @property
+    def known_hosts(self) -> KnownHosts:
+        return self._known_hosts
+
+    @property
+    def host_key_name(self) -> str:
+        """How known_hosts names this host (after ~/.ssh/config's HostName and Port)."""
+        return lookup_name(self._conn.host, self._conn.port)
+
+    def scan_host_key(self) -> paramiko.PKey:
+        """The key the server offers, fetched without authenticating (like ssh-keyscan)."""
+        try:
+            return scan_host_key(self._conn.host, self._conn.port,
+                                 timeout=self._options.connect_timeout)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise HostUnreachable(self.name, f"cannot connect to {self.host_key_name}: {reason}"
+                                  ) from None
+
+    def _open(self) -> paramiko.Transport:
+        if self._conn.is_connected:
+            return self._conn.client.get_transport()
+        client = self._conn.client
+        name = lookup_name(self._conn.host, self._conn.port)
+        # Seed the client with this host's known keys only: paramiko then negotiates the
+        # known key type and raises BadHostKeyException on a mismatch by itself.
+        for keytype, key in self._known_hosts.keys_for(name).items():
+            client.get_host_keys().add(name, keytype, key)
+        client.set_missing_host_key_policy(
+            HostKeyPolicy(self.name, self._known_hosts, self._options.accept_new_host_keys))
+        try:
+            self._conn.open()
+        except HostUnreachable:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise ChangedHostKey(self.name, name, exc.key, exc.expected_key,
+                                 self._known_hosts.path) from None
+        except paramiko.AuthenticationException as exc:
+            raise HostUnreachable(
+                self.name, f"authentication failed for {self._conn.user}@{name}: {exc}") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise HostUnreachable(self.name, f"cannot connect to {name}: {reason}") from None
+        return self._conn.client.get_transport()
+
+    def run(self, command: str, *, timeout: float | None = None,
+            stdin: Stdin = None) -> CommandResult:
+        transport = self._open()
+        start = time.monotonic()
+        try:
+            channel = transport.open_session(timeout=self._options.connect_timeout)
+            channel.exec_command(command)
+            feeder = None
+            if stdin is not None:
+                feeder = threading.Thread(target=_feed, args=(channel, stdin), daemon=True)
+                feeder.start()
+            else:
+                channel.shutdown_write()
+            out, err, timed_out = _drain(channel, timeout)
+            exit_code = TIMED_OUT if timed_out else channel.recv_exit_status()
+            channel.close()
+            if feeder is not None:
+                feeder.join(timeout=1)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise HostUnreachable(self.name, f"connection lost: {exc}") from None
+        return CommandResult(command, exit_code, out.decode(errors="replace"),
+                             err.decode(errors="replace"), time.monotonic() - start, timed_out)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
+    try:
+        for chunk in _chunks(stdin):
+            channel.sendall(chunk)
+        channel.shutdown_write()
+    except (OSError, paramiko.SSHException):
+        pass  # the command exited early; its exit status tells what happened
+
+
+def _drain(channel: paramiko.Channel, timeout: float | None) -> tuple[bytes, bytes, bool]:
+    """Read stdout and stderr until the command exits (or the timeout passes)."""
+    out, err = bytearray(), bytearray()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        while channel.recv_ready():
+            out += channel.recv(1 << 16)
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(1 << 16)
+        if channel.exit_status_ready() and not channel.recv_ready() \
+                and not channel.recv_stderr_ready():
+            if channel.eof_received or channel.closed:
+                return bytes(out), bytes(err), False
+        wait = 0.5
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                channel.close()  # the remote command sees its pipes close (SIGPIPE / EOF)
+                return bytes(out), bytes(err), True
+            wait = min(wait, 0.5)
+        select.select([channel], [], [], wait)
+
+
+class Connector:
+    """Makes the connection for each host, sharing parsed known_hosts files across hosts."""
+
+    def __init__(self, options: ConnectOptions | None = None):
+        self.options = options or ConnectOptions()
+        self._known_hosts = KnownHostsCache()
+        # One Fabric config for all hosts: ~/.ssh/config is read once, not per host.
+        self._fabric_config = fabric.Config()
+
+    def connect(self, host) -> Connection:
+        """``host`` is an :class:`mlxops.inventory.Host`."""
+        if host.connection == "local":
+            return LocalConnection(host.name)
+        connect_kwargs = {}
+        if host.key_file:
+            connect_kwargs["key_filename"] = [str(host.key_file)]
+        port = host.vars.get("ansible_port")
+        conn = fabric.Connection(
+            host.address,
+            user=host.user,
+            port=int(port) if port is not None else None,
+            connect_timeout=self.options.connect_timeout,
+            connect_kwargs=connect_kwargs,
+            config=self._fabric_config,
+        )
+        return SSHConnection(host.name, conn, self._known_hosts, host.known_hosts, self.options)

@@ -1,0 +1,87 @@
+"""Per-host results, keyed by host name, and the one exception that carries them.
+
+Like Fabric's GroupResult: every host has a result whatever happened to the others, and
+a failure anywhere can be raised as :class:`GroupError` without losing the partial results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MlxopsError
+from mlxops.transport.connection import CommandResult
+
+OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
+STATUSES = (OK, CHANGED, FAILED, SKIPPED, UNREACHABLE)
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: str = OK
+    message: str = ""
+    command: CommandResult | None = None
+    duration: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status in (OK, CHANGED, SKIPPED)
+
+
+class Results(Mapping[str, HostResult]):
+    """Results of one operation on a set of hosts, in inventory order."""
+
+    def __init__(self, results: Mapping[str, HostResult]):
+        self._results = dict(results)
+
+    def __getitem__(self, host: str) -> HostResult:
+        return self._results[host]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def with_status(self, *statuses: str) -> list[str]:
+        return [h for h, r in self._results.items() if r.status in statuses]
+
+    @property
+    def succeeded(self) -> list[str]:
+        return self.with_status(OK, CHANGED, SKIPPED)
+
+    @property
+    def failed(self) -> list[str]:
+        return self.with_status(FAILED)
+
+    @property
+    def unreachable(self) -> list[str]:
+        return self.with_status(UNREACHABLE)
+
+    @property
+    def exit_code(self) -> int:
+        """DESIGN.md: 3 when any host is unreachable, else 1 when any failed, else 0."""
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        if self.failed:
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def raise_on_failure(self, what: str) -> None:
+        if self.exit_code != EXIT_OK:
+            raise GroupError(what, self)
+
+
+class GroupError(MlxopsError):
+    """Some hosts failed or were unreachable; ``results`` holds every host's result."""
+
+    def __init__(self, what: str, results: Results):
+        bad = results.unreachable + results.failed
+        details = "; ".join(f"{h}: {results[h].message or results[h].status}" for h in bad[:5])
+        more = f" (+{len(bad) - 5} more)" if len(bad) > 5 else ""
+        super().__init__(f"{what} failed on {len(bad)} of {len(results)} hosts: {details}{more}")
+        self.results = results
+        self.exit_code = results.exit_code
