@@ -1,0 +1,142 @@
+"""Kernel plumbing: the bridge, one network namespace + veth pair per node, tc shaping.
+
+Thin wrappers over ``ip`` and ``tc`` (iproute2). Creation fails loudly; removal is
+forgiving (a missing object is already removed), so ``down`` is idempotent.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import time
+
+from mlxops.errors import MlxopsError
+from mlxops.sandbox.layout import Layout, NodeLayout, tbf_burst_bytes
+
+
+def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise MlxopsError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.returncode}")
+    return proc
+
+
+def netns_exists(name: str) -> bool:
+    return os.path.exists(f"/run/netns/{name}")
+
+
+def link_exists(name: str) -> bool:
+    return os.path.exists(f"/sys/class/net/{name}")
+
+
+def netns_usable() -> str | None:
+    """None if this process can make network namespaces, else why not."""
+    probe = f"mxprobe{os.getpid()}"
+    proc = run(["ip", "netns", "add", probe], check=False)
+    if proc.returncode != 0:
+        return f"ip netns add failed: {proc.stderr.strip()}"
+    run(["ip", "netns", "del", probe], check=False)
+    return None
+
+
+def subnet_in_use(layout: Layout) -> str | None:
+    """An existing root-namespace address inside the sandbox subnet, if any."""
+    out = run(["ip", "-j", "-4", "addr", "show"]).stdout
+    for link in json.loads(out or "[]"):
+        for addr in link.get("addr_info", []):
+            if addr.get("local") and _in(layout, addr["local"]):
+                return f"{addr['local']} on {link.get('ifname')}"
+    return None
+
+
+def _in(layout: Layout, ip: str) -> bool:
+    return ipaddress.IPv4Address(ip) in layout.subnet
+
+
+def create_bridge(layout: Layout) -> None:
+    br = layout.bridge
+    run(["ip", "link", "add", br, "type", "bridge"])
+    run(["ip", "addr", "add", f"{layout.controller_ip}/{layout.subnet.prefixlen}", "dev", br])
+    run(["ip", "link", "set", br, "up"])
+
+
+def create_node_net(layout: Layout, node: NodeLayout, rate_bits: int | None) -> None:
+    """Namespace, veth pair (host end in the bridge, eth0 inside), addresses, shaping."""
+    ns = ["ip", "-n", node.netns]
+    run(["ip", "netns", "add", node.netns])
+    run(["ip", "link", "add", node.veth, "type", "veth",
+         "peer", "name", "eth0", "netns", node.netns])
+    run(["ip", "link", "set", node.veth, "master", layout.bridge])
+    run(["ip", "link", "set", node.veth, "up"])
+    run([*ns, "link", "set", "lo", "up"])
+    run([*ns, "addr", "add", f"{node.ip}/{layout.subnet.prefixlen}", "dev", "eth0"])
+    run([*ns, "link", "set", "eth0", "up"])
+    if rate_bits:
+        # Egress of both ends: the host end shapes traffic to the node, eth0 from it.
+        shape = ["root", "tbf", "rate", f"{rate_bits}bit",
+                 "burst", str(tbf_burst_bytes(rate_bits)), "latency", "50ms"]
+        run(["tc", "qdisc", "replace", "dev", node.veth, *shape])
+        run(["tc", "-n", node.netns, "qdisc", "replace", "dev", "eth0", *shape])
+
+
+def set_link(node: NodeLayout, up: bool) -> None:
+    run(["ip", "link", "set", node.veth, "up" if up else "down"])
+
+
+def netns_pids(name: str) -> list[int]:
+    if not netns_exists(name):
+        return []
+    out = run(["ip", "netns", "pids", name], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_netns_processes(names: list[str], grace: float = 2.0) -> None:
+    """SIGTERM everything left in these namespaces (ssh sessions, ranks), then SIGKILL."""
+    pids = [pid for name in names for pid in netns_pids(name)]
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    for name in names:
+        for pid in netns_pids(name):
+            _signal(pid, signal.SIGKILL)
+
+
+def delete_node_net(node: NodeLayout) -> None:
+    # Deleting the namespace destroys eth0 and so its veth peer; the explicit delete
+    # covers a half-made node whose veth never reached the namespace.
+    if netns_exists(node.netns):
+        run(["ip", "netns", "del", node.netns], check=False)
+    if link_exists(node.veth):
+        run(["ip", "link", "del", node.veth], check=False)
+
+
+def delete_bridge(layout: Layout) -> None:
+    if link_exists(layout.bridge):
+        run(["ip", "link", "del", layout.bridge], check=False)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,225 @@
+"""One sshd per fake node: the node account, keys, sshd_config, start/stop by pid.
+
+Each sshd runs inside its node's network namespace and in a private mount namespace
+where the node's own home directory is bind-mounted over the node user's passwd home,
+so every node has its own ``~`` (OpenSSH reads ``~/.ssh`` of the passwd home, not
+``$HOME``). :func:`node_argv` builds the same wrapper for any command, so tests can look
+at a node exactly as its ssh sessions see it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from mlxops.errors import MlxopsError
+from mlxops.sandbox.layout import NodeLayout
+from mlxops.sandbox.netns import _alive, _signal, run
+
+SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+
+# Bind-mount the node's home ($1) over the user's home ($2), then exec the rest: the
+# pid that ip-netns-exec -> unshare -> sh -> exec yields is the final command's pid.
+_BIND_AND_EXEC = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+
+
+def ensure_user(user: str) -> pwd.struct_passwd:
+    """The shared node account: created if missing, and unlocked for key-only login."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{user}",
+             "--shell", "/bin/bash", user])
+        entry = pwd.getpwnam(user)
+    # useradd leaves the account locked ("!"), and sshd with UsePAM no refuses locked
+    # accounts even for public keys; "*" means no password but not locked.
+    run(["usermod", "-p", "*", user])
+    Path(entry.pw_dir).mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    return entry
+
+
+def keygen(path: Path, comment: str) -> subprocess.Popen:
+    """Start an ed25519 ssh-keygen (fast; callers start many and wait for all)."""
+    for p in (path, path.with_name(path.name + ".pub")):
+        p.unlink(missing_ok=True)
+    return subprocess.Popen(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def wait_all(procs: list[subprocess.Popen], what: str) -> None:
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise MlxopsError(f"{what} failed: {err.decode(errors='replace').strip()}")
+
+
+class NodeFiles:
+    """The host-side files of one node under ``DIR/nodes/<name>/``."""
+
+    def __init__(self, state_dir: Path, name: str):
+        self.dir = state_dir / "nodes" / name
+        self.home = self.dir / "home"
+        self.host_key = self.dir / "ssh_host_ed25519_key"
+        self.sshd_config = self.dir / "sshd_config"
+        self.pid_file = self.dir / "sshd.pid"
+        self.log = self.dir / "sshd.log"
+
+    def host_key_line(self) -> str:
+        """``<type> <base64>`` of the public host key (no comment)."""
+        pub = self.host_key.with_name(self.host_key.name + ".pub").read_text().split()
+        return f"{pub[0]} {pub[1]}"
+
+
+def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
+                 client_pub: str) -> None:
+    """Home with authorized_keys owned by the node user, and the sshd_config."""
+    files.dir.mkdir(parents=True, exist_ok=True)
+    files.dir.chmod(0o755)
+    ssh_dir = files.home / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(client_pub)
+    for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
+                       (ssh_dir / "authorized_keys", 0o600)):
+        os.chown(path, user.pw_uid, user.pw_gid)
+        os.chmod(path, mode)
+    files.sshd_config.write_text(sshd_config(files, node, user.pw_name))
+
+
+def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:
+    return "\n".join([
+        f"ListenAddress {node.ip}",
+        "Port 22",
+        f"HostKey {files.host_key}",
+        f"PidFile {files.pid_file}",
+        "UsePAM no",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PubkeyAuthentication yes",
+        "AuthorizedKeysFile .ssh/authorized_keys",
+        "StrictModes yes",
+        f"AllowUsers {user}",
+        "PermitRootLogin no",
+        "UseDNS no",
+        "PrintMotd no",
+        "PrintLastLog no",
+        "X11Forwarding no",
+        # Fabric/mlx.launch open many sessions at once; the defaults (10, 10:30:100)
+        # make parallel runs flaky.
+        "MaxSessions 64",
+        "MaxStartups 256",
+        f"Subsystem sftp {SFTP_SERVER}",
+        "",
+    ])
+
+
+def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str],
+              user: str | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """argv run in the node's netns with its home mounted over ``node_user``'s home,
+    as ``user`` (None = root) with a clean login-like environment plus ``env``."""
+    inner = list(argv)
+    if user is not None:
+        home = pwd.getpwnam(user).pw_dir
+        base = {"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
+                "PATH": "/usr/local/bin:/usr/bin:/bin"}
+        inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
+                 "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
+                 *inner]
+    elif env:
+        inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
+    passwd_home = pwd.getpwnam(node_user).pw_dir
+    return ["ip", "netns", "exec", node.netns,
+            "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", _BIND_AND_EXEC, "sh", str(files.home), passwd_home, *inner]
+
+
+def start_sshd(node: NodeLayout, files: NodeFiles, node_user: str) -> int:
+    """Start the node's sshd in the background; returns its pid (not yet listening)."""
+    files.pid_file.unlink(missing_ok=True)
+    with open(files.log, "ab") as log:
+        proc = subprocess.Popen(
+            node_argv(node, files, node_user, [SSHD, "-D", "-e", "-f", str(files.sshd_config)]),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,  # a Ctrl-C in the terminal must not reach the nodes
+        )
+    # Nobody waits for sshd here; reap it in the background so it never lingers as a
+    # zombie that looks alive to pid checks.
+    _reapers.append(proc)
+    return proc.pid
+
+
+_reapers: list[subprocess.Popen] = []
+
+
+def wait_listening(nodes: list[NodeLayout], pids: dict[str, int], files: dict[str, NodeFiles],
+                   timeout: float = 15.0) -> None:
+    """Block until each node's sshd accepts TCP on ip:22 (from the root namespace)."""
+    deadline = time.monotonic() + timeout
+    pending = list(nodes)
+    while pending:
+        for node in list(pending):
+            if not _alive(pids[node.name]):
+                tail = _tail(files[node.name].log)
+                raise MlxopsError(f"sshd of {node.name} exited: {tail}")
+            try:
+                with socket.create_connection((node.ip, 22), timeout=0.5):
+                    pending.remove(node)
+            except OSError:
+                pass
+        if pending:
+            if time.monotonic() > deadline:
+                names = ", ".join(n.name for n in pending)
+                raise MlxopsError(f"sshd not listening after {timeout:.0f}s on {names}")
+            time.sleep(0.05)
+
+
+def is_our_sshd(pid: int, files: NodeFiles) -> bool:
+    """Guard against pid reuse: the pid must still be this node's sshd."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # sshd rewrites its argv into one space-separated title ("sshd: /usr/sbin/sshd -D -e
+    # -f CFG [listener] ..."), so match the config path as a whole word either way.
+    words = cmdline.replace(b"\0", b" ").split()
+    return str(files.sshd_config).encode() in words
+
+
+def stop_sshd(pid: int | None, files: NodeFiles, grace: float = 3.0) -> None:
+    """SIGTERM the node's sshd by recorded pid, SIGKILL if it lingers."""
+    if not pid or not is_our_sshd(pid, files):
+        return
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        _reap()
+        time.sleep(0.02)
+    if _alive(pid):
+        _signal(pid, signal.SIGKILL)
+    _reap()
+
+
+def _reap() -> None:
+    for proc in list(_reapers):
+        if proc.poll() is not None:
+            _reapers.remove(proc)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def remove_node_files(files: NodeFiles) -> None:
+    shutil.rmtree(files.dir, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""The interpreter the fake nodes run: a cached virtualenv the node user can read.
+
+The controller's Python (pyenv under a mode-700 ``/root``) is invisible to the node user,
+so nodes get their own venv built from Debian's ``/usr/bin/python3`` with the controller's
+exact mlx version (DESIGN.md: same mlx version on every node). It is built once, under a
+lock, into a world-readable cache and reused by every sandbox; ``down`` leaves it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from mlxops.errors import MlxopsError
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+CACHE_DIR = Path(os.environ.get("MLXOPS_SANDBOX_CACHE", "/var/cache/mlxops-sandbox"))
+# Written last: a venv without it is a half-finished build and is rebuilt.
+_MARKER = ".mlxops-complete"
+
+
+def controller_mlx_version() -> str:
+    try:
+        return metadata.version("mlx")
+    except metadata.PackageNotFoundError as exc:
+        raise MlxopsError(
+            "mlx is not installed on the controller; the sandbox nodes need its version"
+        ) from exc
+
+
+def _system_python_version(python: str) -> str:
+    if not os.access(python, os.X_OK):
+        raise MlxopsError(f"{python} not found: install python3 and python3-venv")
+    out = subprocess.run(
+        [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip()
+
+
+def venv_path(mlx_version: str, python: str = SYSTEM_PYTHON, cache: Path = CACHE_DIR) -> Path:
+    return cache / f"venv-py{_system_python_version(python)}-mlx{mlx_version}"
+
+
+def node_python(
+    mlx_version: str | None = None,
+    python: str = SYSTEM_PYTHON,
+    cache: Path = CACHE_DIR,
+    log=None,
+) -> str:
+    """Path of the node interpreter, building the cached venv first if needed."""
+    version = mlx_version or controller_mlx_version()
+    venv = venv_path(version, python, cache)
+    interpreter = venv / "bin" / "python"
+    if (venv / _MARKER).exists() and interpreter.exists():
+        return str(interpreter)
+    cache.mkdir(parents=True, exist_ok=True)
+    cache.chmod(0o755)
+    # One builder at a time: a test session and a CLI run may race for the same venv.
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / _MARKER).exists() and interpreter.exists():
+            return str(interpreter)
+        if log:
+            log(f"building node interpreter {venv} (once; pip install mlx[cpu]=={version})")
+        _build(venv, python, version)
+    return str(interpreter)
+
+
+def _build(venv: Path, python: str, version: str) -> None:
+    shutil.rmtree(venv, ignore_errors=True)
+    old_umask = os.umask(0o022)  # world-readable: the node user runs it
+    try:
+        _run([python, "-m", "venv", str(venv)])
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+        _run([*pip, "install", f"mlx[cpu]=={version}", "numpy"])
+        _run([str(venv / "bin" / "python"), "-c", "import mlx.core, numpy"])
+        (venv / _MARKER).write_text(version + "\n")
+    finally:
+        os.umask(old_umask)
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise MlxopsError(
+            f"building the node interpreter failed: {' '.join(argv)}: " + " | ".join(tail)
+        )
