@@ -156,6 +156,10 @@ class Sandbox:
     def sshd_pid(self, name: str) -> int | None:
         return self._entry(name).get("sshd_pid")
 
+    def sshd_alive(self, name: str) -> bool:
+        pid = self.sshd_pid(name)
+        return bool(pid) and nodes.is_our_sshd(pid, self._files(name)) and netns.pid_alive(pid)
+
     def is_running(self) -> bool:
         """Anything of this sandbox still alive: a namespace, the bridge or an sshd."""
         if not self._state:

@@ -97,13 +97,13 @@ def kill_netns_processes(names: list[str], grace: float = 2.0) -> None:
     """SIGTERM everything left in these namespaces (ssh sessions, ranks), then SIGKILL."""
     pids = [pid for name in names for pid in netns_pids(name)]
     for pid in pids:
-        _signal(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.05)
     for name in names:
         for pid in netns_pids(name):
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
 
 
 def delete_node_net(node: NodeLayout) -> None:
@@ -120,14 +120,14 @@ def delete_bridge(layout: Layout) -> None:
         run(["ip", "link", "del", layout.bridge], check=False)
 
 
-def _signal(pid: int, sig: int) -> None:
+def send_signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mlxops.errors import MlxopsError
 from mlxops.sandbox.layout import NodeLayout
-from mlxops.sandbox.netns import _alive, _signal, run
+from mlxops.sandbox.netns import pid_alive, run, send_signal
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -167,7 +167,7 @@ def wait_listening(nodes: list[NodeLayout], pids: dict[str, int], files: dict[st
     pending = list(nodes)
     while pending:
         for node in list(pending):
-            if not _alive(pids[node.name]):
+            if not pid_alive(pids[node.name]):
                 tail = _tail(files[node.name].log)
                 raise MlxopsError(f"sshd of {node.name} exited: {tail}")
             try:
@@ -198,13 +198,13 @@ def stop_sshd(pid: int | None, files: NodeFiles, grace: float = 3.0) -> None:
     """SIGTERM the node's sshd by recorded pid, SIGKILL if it lingers."""
     if not pid or not is_our_sshd(pid, files):
         return
-    _signal(pid, signal.SIGTERM)
+    send_signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         _reap()
         time.sleep(0.02)
-    if _alive(pid):
-        _signal(pid, signal.SIGKILL)
+    if pid_alive(pid):
+        send_signal(pid, signal.SIGKILL)
     _reap()
 
 
