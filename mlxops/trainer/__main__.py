@@ -1,0 +1,79 @@
+"""``python -m mlxops.trainer --config FILE [--set KEY=VALUE ...] [--resume]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError, describe_options, load_config
+
+EPILOG = f"""\
+config keys (section.key, default, meaning); the file is JSON, or YAML if PyYAML is installed:
+{describe_options()}
+
+files under out:
+  metrics.jsonl            rank 0: one JSON object per logged step (step, loss, tokens_per_sec,
+                           time, step_time, compute_time, comm_time, memory, world_size, ...)
+  progress/rank-<r>.json   every rank, after every step (state running|finished)
+  ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
+
+environment:
+  MLXOPS_WORLD_SIZE   expected number of ranks (else derived from mlx.launch's variables);
+                      above 1, mx.distributed.init(strict=True) must yield exactly that many
+  MLXOPS_BACKEND      distributed backend (default "any")
+  MLXOPS_LOCAL_RANK   rank index within its host; local rank 0 writes that node's checkpoints
+
+exit codes: 0 all steps done; 2 bad config or arguments; 1 any other failure.
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m mlxops.trainer",
+        description="Train a decoder-only transformer LM, data-parallel over MLX distributed.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="trainer config (JSON, or YAML when PyYAML is importable)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.steps=40 --set out=runs/x "
+                        "(value parsed as JSON when it parses; repeatable)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in out (starts at step "
+                        "0 if there is none); without it an out holding checkpoints is refused")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config as JSON and exit")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        import json
+
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    # Imported late so that --help and config errors never pay for (or need) mlx.
+    from .distributed import DistributedError
+    from .train import TrainerError, train
+
+    try:
+        train(cfg, resume=args.resume)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (DistributedError, TrainerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

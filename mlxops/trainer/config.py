@@ -1,0 +1,281 @@
+"""The trainer's config: one typed structure with defaults, file values and overrides.
+
+Precedence: dataclass defaults < the config file (JSON, or YAML when PyYAML happens to be
+importable) < ``--set section.key=value`` on the command line. The resolved config is saved
+into every checkpoint; resume compares it with :data:`RESUME_KEYS`.
+
+Standard library only: the controller imports this module to validate a job's ``trainer:``
+section, and nodes import it without mlxops' own dependencies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    """An invalid config: a one-line message naming the file and the key. Exit code 2."""
+
+    exit_code = 2
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field whose help text ends up in ``--help``."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    dims: int = _f(256, "model width")
+    layers: int = _f(4, "transformer blocks")
+    heads: int = _f(4, "attention heads (dims must be divisible by heads)")
+    vocab_size: int = _f(256, "vocabulary size; 256 = byte-level tokens")
+    seq_len: int = _f(128, "tokens per training sequence")
+    ffn_dims: int | None = _f(None, "SwiGLU hidden width; null = 8/3*dims rounded up to 8")
+    rope_base: float = _f(10000.0, "RoPE base frequency")
+    norm_eps: float = _f(1e-5, "RMSNorm epsilon")
+    tie_embeddings: bool = _f(True, "share the input embedding with the output head")
+
+    def hidden(self) -> int:
+        if self.ffn_dims:
+            return self.ffn_dims
+        return ((8 * self.dims // 3) + 7) // 8 * 8
+
+
+@dataclass
+class DataConfig:
+    source: str = _f("synthetic", "synthetic | text | jsonl")
+    path: str | None = _f(None, "file or directory for text/jsonl (all *.txt / *.jsonl in it)")
+    seed: int = _f(0, "seed of the sample order (and of the synthetic corpus)")
+    text_field: str = _f("text", "JSONL field holding the document text")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(1000, "optimizer steps in total (the learning-rate schedule spans them)")
+    stop_at: int = _f(0, "stop after this step, leaving the run resumable; 0 = train.steps")
+    global_batch: int = _f(32, "sequences per optimizer step, over all ranks")
+    micro_batch: int = _f(8, "sequences per rank per forward/backward (upper bound)")
+    lr: float = _f(3e-4, "peak learning rate (AdamW)")
+    min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
+    warmup: int = _f(0, "linear warmup steps")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    grad_clip: float = _f(0.0, "clip the global gradient norm to this; 0 = off")
+    seed: int = _f(0, "seed of the model initialisation")
+    checkpoint_every: int = _f(100, "write a checkpoint every N steps (and at the end); 0 = off")
+    keep: int = _f(3, "keep the last K checkpoints")
+    log_every: int = _f(10, "print and write metrics every N steps")
+    grad_checkpoint: bool = _f(False, "recompute each layer in backward (mx.checkpoint)")
+    dtype: str = _f("float32", "compute dtype: float32 | bfloat16 (master weights stay fp32)")
+
+
+@dataclass
+class TrainerConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out: str = _f("runs/default", "run directory: metrics.jsonl, progress/, ckpt/")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+# Keys that must be equal between a checkpoint and the config that resumes it: they change
+# the model, the data stream or the optimisation trajectory. Everything else (steps,
+# micro_batch, logging, checkpointing, dtype, grad_checkpoint, out) may change on resume.
+RESUME_KEYS = (
+    [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
+    + [f"data.{f.name}" for f in dataclasses.fields(DataConfig)]
+    + ["train.global_batch", "train.seed", "train.lr", "train.min_lr", "train.warmup",
+       "train.weight_decay", "train.grad_clip"]
+)
+
+
+def default_config() -> TrainerConfig:
+    return TrainerConfig()
+
+
+def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
+    """Check ``value`` against the annotated type; ints are accepted where floats are."""
+    optional = False
+    if typ in (int | None, str | None):
+        optional = True
+        typ = int if typ == int | None else str
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: {key}: must not be null")
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{where}: {key}: expected {typ.__name__}, got {value!r}")
+
+
+def _parse_scalar(text: str) -> Any:
+    """A command-line value: JSON if it parses (numbers, true, null, "..."), else a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    if path.suffix in (".yml", ".yaml"):
+        try:
+            import yaml  # optional: nodes may not have PyYAML; mlxops writes JSON
+        except ImportError:
+            raise ConfigError(f"{path}: YAML needs PyYAML; use a JSON config") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"{path}: invalid JSON: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config must be a mapping")
+    return data
+
+
+def from_dict(data: dict[str, Any], where: str = "config") -> TrainerConfig:
+    """Build and validate a config from a nested mapping; unknown keys are an error."""
+    cfg = TrainerConfig()
+    for key, value in data.items():
+        if key == "out":
+            cfg.out = _coerce(where, "out", str, value)
+            continue
+        if key not in SECTIONS:
+            raise ConfigError(f"{where}: {key}: unknown key")
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key}: must be a mapping")
+        section = getattr(cfg, key)
+        hints = get_type_hints(type(section))
+        for sub, v in value.items():
+            if sub not in hints:
+                raise ConfigError(f"{where}: {key}.{sub}: unknown key")
+            setattr(section, sub, _coerce(where, f"{key}.{sub}", hints[sub], v))
+    validate(cfg, where)
+    return cfg
+
+
+def apply_overrides(cfg: TrainerConfig, overrides: list[str], where: str = "--set") -> None:
+    """Apply ``section.key=value`` strings (the ``--set`` option) in place."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: {item}: expected section.key=value")
+        value = _parse_scalar(text)
+        if key == "out":
+            cfg.out = _coerce(where, key, str, text)
+            continue
+        section_name, _, sub = key.partition(".")
+        if section_name not in SECTIONS:
+            raise ConfigError(f"{where}: {key}: unknown key")
+        section = getattr(cfg, section_name)
+        hints = get_type_hints(type(section))
+        if sub not in hints:
+            raise ConfigError(f"{where}: {key}: unknown key")
+        if hints[sub] in (str, str | None) and value is not None:
+            value = text  # keep "007" or "1e3" as strings where a string is expected
+        setattr(section, sub, _coerce(where, key, hints[sub], value))
+    validate(cfg, where)
+
+
+def validate(cfg: TrainerConfig, where: str) -> None:
+    m, d, t = cfg.model, cfg.data, cfg.train
+    positive = {
+        "model.dims": m.dims, "model.layers": m.layers, "model.heads": m.heads,
+        "model.vocab_size": m.vocab_size, "model.seq_len": m.seq_len,
+        "train.steps": t.steps, "train.global_batch": t.global_batch,
+        "train.micro_batch": t.micro_batch, "train.keep": t.keep,
+        "train.log_every": t.log_every,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{where}: {key}: must be positive, got {value}")
+    if m.dims % m.heads or (m.dims // m.heads) % 2:
+        raise ConfigError(f"{where}: model.heads: dims/heads must be an even integer")
+    if t.stop_at < 0 or t.stop_at > t.steps:
+        raise ConfigError(f"{where}: train.stop_at: must be between 0 and train.steps")
+    if t.checkpoint_every < 0:
+        raise ConfigError(f"{where}: train.checkpoint_every: must be >= 0")
+    if t.lr <= 0:
+        raise ConfigError(f"{where}: train.lr: must be positive")
+    if t.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"{where}: train.dtype: must be float32 or bfloat16")
+    if d.source not in ("synthetic", "text", "jsonl"):
+        raise ConfigError(f"{where}: data.source: must be synthetic, text or jsonl")
+    if d.source != "synthetic" and not d.path:
+        raise ConfigError(f"{where}: data.path: required for source {d.source}")
+    if d.source != "synthetic" and m.vocab_size < 256:
+        raise ConfigError(f"{where}: model.vocab_size: byte-level text needs >= 256")
+
+
+def load_config(
+    source: str | os.PathLike[str] | dict[str, Any], overrides: list[str] | None = None
+) -> TrainerConfig:
+    """Load a config from a file path or a mapping (a job's ``trainer:`` section).
+
+    Raises :class:`ConfigError` with a one-line message naming the file and the key.
+    """
+    if isinstance(source, dict):
+        cfg = from_dict(source, "trainer")
+    else:
+        path = Path(source)
+        cfg = from_dict(_read_file(path), str(path))
+    if overrides:
+        apply_overrides(cfg, overrides)
+    return cfg
+
+
+def diff_resume_keys(saved: dict[str, Any], current: TrainerConfig) -> list[str]:
+    """Keys of :data:`RESUME_KEYS` whose values differ: ``["model.dims: 64 != 128"]``."""
+    now = current.to_dict()
+    out = []
+    for key in RESUME_KEYS:
+        section, sub = key.split(".")
+        a = saved.get(section, {}).get(sub)
+        b = now[section][sub]
+        if a != b:
+            out.append(f"{key}: checkpoint has {a!r}, config has {b!r}")
+    return out
+
+
+def describe_options() -> str:
+    """Every config key with its default and meaning, for ``--help``."""
+    lines = []
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            lines.append(f"  {name}.{f.name:<18} {json.dumps(default):<10} {f.metadata['help']}")
+    lines.append(f"  {'out':<24} {json.dumps('runs/default'):<10} "
+                 + TrainerConfig.__dataclass_fields__["out"].metadata["help"])
+    return "\n".join(lines)

@@ -1,0 +1,102 @@
+"""Bring up the process group, refusing to silently train alone.
+
+``mx.distributed.init()`` returns a size-1 group when no backend comes up; with several
+ranks expected that would make every node train on its own. So the expected world size is
+derived from the environment first and, when it is above 1, ``init(strict=True)`` is used
+and the group size checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import zlib
+
+import mlx.core as mx
+
+
+class DistributedError(RuntimeError):
+    """The group did not come up as expected. Exit code 1."""
+
+
+def expected_world_size(env: dict[str, str] | None = None) -> int:
+    """How many ranks this run should have, from what the launcher exported.
+
+    ``MLXOPS_WORLD_SIZE`` (set by mlxops) wins. Under plain ``mlx.launch``: ring exports
+    ``MLX_HOSTFILE`` (a JSON list with one entry per rank; an empty file for one rank),
+    jaccl ``MLX_IBV_DEVICES`` (one row per rank), nccl ``MLX_WORLD_SIZE``, mpirun
+    ``OMPI_COMM_WORLD_SIZE``. Nothing set means a single process.
+    """
+    env = dict(os.environ) if env is None else env
+    if env.get("MLXOPS_WORLD_SIZE"):
+        return int(env["MLXOPS_WORLD_SIZE"])
+    for var in ("MLX_HOSTFILE", "MLX_IBV_DEVICES"):
+        path = env.get(var)
+        if path:
+            try:
+                with open(path) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if not text:
+                return 1
+            try:
+                hosts = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(hosts, list):
+                return max(1, len(hosts))
+    for var in ("MLX_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if env.get(var):
+            return int(env[var])
+    return 1
+
+
+def init_group(expected: int, backend: str | None = None) -> mx.distributed.Group:
+    backend = backend or os.environ.get("MLXOPS_BACKEND") or "any"
+    if expected > 1:
+        try:
+            group = mx.distributed.init(strict=True, backend=backend)
+        except Exception as e:  # the backend's own message says what failed
+            raise DistributedError(
+                f"expected {expected} ranks but the {backend!r} backend did not come up: {e}"
+            ) from None
+    else:
+        group = mx.distributed.init(backend=backend)
+    if group.size() != expected:
+        raise DistributedError(
+            f"expected world size {expected} (MLXOPS_WORLD_SIZE / launcher environment) but "
+            f"the {backend!r} group has {group.size()} ranks"
+        )
+    return group
+
+
+def is_node_writer(group: mx.distributed.Group) -> bool:
+    """True on exactly one rank per host: the one that writes this node's checkpoints.
+
+    mlxops exports ``MLXOPS_LOCAL_RANK`` (rank index within its host). Otherwise the
+    hostnames are all-gathered and the lowest rank of each host writes.
+    """
+    local = os.environ.get("MLXOPS_LOCAL_RANK")
+    if local is not None and local != "":
+        return int(local) == 0
+    if group.size() == 1:
+        return True
+    h = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+    ids = mx.distributed.all_gather(mx.array([h], dtype=mx.int32), group=group, stream=mx.cpu)
+    ids = ids.tolist()
+    return ids.index(h) == group.rank()
+
+
+def all_sum_cpu(x: mx.array, group: mx.distributed.Group) -> mx.array:
+    """A small reduction (metrics, flags) on the CPU stream, off the GPU's queue."""
+    if group.size() == 1:
+        return x
+    return mx.distributed.all_sum(x, group=group, stream=mx.cpu)
+
+
+def all_gather_cpu(x: mx.array, group: mx.distributed.Group) -> mx.array:
+    if group.size() == 1:
+        return x
+    return mx.distributed.all_gather(x, group=group, stream=mx.cpu)
