@@ -1,0 +1,44 @@
+# The README's two commands: `make demo` and `make test`. Both work on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# System packages the integration tests need (real sshd nodes in network namespaces, a
+# world-readable Python for the node user, OpenMPI for the mpi backend).
+SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc
+
+.PHONY: demo test test-unit lint venv system-deps clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+# Installs system packages when root and something is missing; otherwise says what to do.
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing system packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+		echo "not root: integration tests will skip (missing: $$missing)"; \
+	fi
+
+demo: venv
+	$(VENV)/bin/mlxops launch jobs/demo.yml
+
+test: venv system-deps
+	$(PY) -m pytest -q -ra
+
+test-unit: venv
+	$(PY) -m pytest -q tests/unit
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info
