@@ -229,13 +229,14 @@ class Trainer:
                 self.model.update(params_before)
                 self._backoff(step)
                 continue
-            t2 = time.perf_counter()
             self._apply(acc, mx.array(float(self.accum)))
             mx.eval(self.model.state, self.optimizer.state)
             t3 = time.perf_counter()
             self.step = step
             loss = total / (self.accum * self.world)
-            window.append((t3 - t0, t1 - t0, t3 - t2))
+            # comm_time counts the small reduction too: waiting there for slower peers is
+            # time lost to synchronisation, not compute.
+            window.append((t3 - t0, t1 - t0, t3 - t1))
             self._progress(loss, tokens_per_step / (t3 - t0), "running")
             if step % t.log_every == 0 or step == stop:
                 self._metrics(loss, window, tokens_per_step)
