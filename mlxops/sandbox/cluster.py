@@ -347,6 +347,17 @@ class Sandbox:
         if was_running:
             self.start_node(name)
 
+    def restore(self) -> None:
+        """Undo what the per-node controls did: every link up, every sshd running, every
+        current host key trusted (tests that break nodes call this when done)."""
+        for name in self.nodes:
+            self.reconnect_node(name)
+            if not self.sshd_alive(name):
+                self._entry(name)["sshd_pid"] = None
+                self.start_node(name)
+        host_keys = {self.ip(n): self._files(n).host_key_line() for n in self.nodes}
+        clientfiles.write_atomic(self.known_hosts_path, clientfiles.known_hosts(host_keys))
+
     def host_key_line(self, name: str) -> str:
         self._node(name)
         return self._files(name).host_key_line()

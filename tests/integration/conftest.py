@@ -1,0 +1,112 @@
+"""The integration test cluster: one sandbox of 8 fake nodes for the whole session.
+
+Each node is a network namespace with its own address, sshd and home (DESIGN.md,
+"Testing without Macs"); tests reach them exactly as mlxops reaches Macs. The sandbox
+gets its own dir, name prefix and subnet, so it never collides with a user's
+``mlxops sandbox`` or with another test session, and it is always torn down: on
+success, failure, Ctrl-C (finally), SIGTERM (turned into SystemExit) and interpreter
+exit (atexit). Sandboxes left behind by a SIGKILLed session are removed at start.
+
+Use it::
+
+    def test_something(sandbox):
+        sandbox.inventory_path   # Ansible YAML inventory, group "sandbox", node1..node8
+        sandbox.nodes            # ["node1", ..., "node8"]
+        sandbox.ip("node1")      # "10.232.x.11"
+        sandbox.exec_in("node1", ["ls", "~"])   # as the node user, in its namespace
+        sandbox.ssh_config_path  # ssh -F <it> node1 ...
+
+Tests that stop nodes, cut links or change host keys take ``sandbox_mut`` instead: the
+same sandbox, restored after the test.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import ipaddress
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+
+from mlxops.sandbox import Sandbox, prerequisites
+
+NODES = 8
+_DIR_PREFIX = "/tmp/mlxops-test-sandbox-"
+
+
+def pytest_collection_modifyitems(config, items):
+    # Everything under tests/integration needs the sandbox: mark it, so that
+    # `-m "not integration"` deselects it all.
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.integration)
+
+
+def _reap_stale_sandboxes() -> None:
+    """Take down sandboxes of earlier sessions whose pytest process is gone."""
+    for path in glob.glob(_DIR_PREFIX + "*"):
+        match = re.search(r"-(\d+)$", path)
+        if not match or os.path.exists(f"/proc/{match.group(1)}"):
+            continue
+        try:
+            Sandbox(path).down()
+        except Exception:  # noqa: BLE001 - best effort; never block this session
+            pass
+
+
+def _free_subnet(pid: int) -> str:
+    """A /24 in 10.232-239.x.0 no address of this machine is in (pid-spread)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    used = [ipaddress.IPv4Interface(w).network for w in out.split() if re.match(r"^\d+\.", w)]
+    for step in range(2000):
+        n = (pid + step) % 2000
+        net = ipaddress.IPv4Network(f"10.{232 + n // 250}.{n % 250}.0/24")
+        if not any(net.overlaps(u) for u in used):
+            return str(net)
+    raise RuntimeError("no free 10.232.0.0/13 subnet for the test sandbox")
+
+
+def _exit_on_sigterm(signum, frame):
+    # A plain SIGTERM would skip finally/atexit and leave namespaces and sshds behind.
+    raise SystemExit(128 + signum)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """The session's 8-node sandbox (a :class:`mlxops.sandbox.Sandbox`, already up)."""
+    why = prerequisites()
+    if why:
+        pytest.skip(f"sandbox integration tests: {why}")
+    _reap_stale_sandboxes()
+    pid = os.getpid()
+    path = f"{_DIR_PREFIX}{pid}"
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o755)  # the node user reads its home under it
+    box = Sandbox(path, prefix=f"mxt{pid % 10**7}", subnet=_free_subnet(pid))
+
+    atexit.register(box.down)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        box.up(NODES)
+        yield box
+    finally:
+        box.down()
+        if previous in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        atexit.unregister(box.down)
+
+
+@pytest.fixture
+def sandbox_mut(sandbox):
+    """The session sandbox for a test that breaks nodes; restored afterwards."""
+    try:
+        yield sandbox
+    finally:
+        sandbox.restore()
