@@ -35,9 +35,12 @@ def ensure_user(user: str) -> pwd.struct_passwd:
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
-        run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{user}",
-             "--shell", "/bin/bash", user])
-        entry = pwd.getpwnam(user)
+        made = run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{user}",
+                    "--shell", "/bin/bash", user], check=False)
+        try:
+            entry = pwd.getpwnam(user)  # a concurrent `up` may have just made it
+        except KeyError:
+            raise MlxopsError(f"useradd {user}: {made.stderr.strip()}") from None
     # useradd leaves the account locked ("!"), and sshd with UsePAM no refuses locked
     # accounts even for public keys; "*" means no password but not locked.
     run(["usermod", "-p", "*", user])
