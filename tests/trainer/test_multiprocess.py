@@ -1,0 +1,163 @@
+"""The issue's acceptance criteria, with real processes: mlx.launch ring ranks on localhost."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from trainer_procs import ROOT, losses, ok, run_trainer, trainer_cmd, write_config
+
+from mlxops.trainer import checkpoint
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 2-rank run of 40 steps straight, and one stopped after 20 (checkpoint at 20)."""
+    tmp = tmp_path_factory.mktemp("runs")
+    straight = run_trainer(write_config(tmp, tmp / "straight"), ranks=2)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    half = run_trainer(write_config(tmp, tmp / "half", train={"stop_at": 20}), ranks=2)
+    assert half.returncode == 0, half.stderr[-2000:]
+    return tmp, straight
+
+
+def test_straight_run_learns_and_writes_contracts(runs):
+    tmp, proc = runs
+    out = tmp / "straight"
+    loss = losses(out)
+    assert sorted(loss) == list(range(1, 41))
+    assert loss[40] < loss[1] - 1.0  # the synthetic corpus is learnable
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("step", "loss", "tokens_per_sec", "time", "step_time", "compute_time",
+                "comm_time", "active_memory", "peak_memory", "world_size"):
+        assert key in rec
+    assert rec["world_size"] == 2 and rec["accumulation"] == 2
+    for r in (0, 1):
+        prog = json.loads((out / "progress" / f"rank-{r}.json").read_text())
+        assert prog["state"] == "finished" and prog["step"] == 40 and prog["rank"] == r
+        assert prog["world_size"] == 2 and prog["pid"] > 0
+    assert "step 40 | loss" in proc.stdout
+    assert [p.name for p in checkpoint.list_complete(out / "ckpt")] == [
+        "step-00000020", "step-00000030", "step-00000040"]  # keep: 3
+    state = json.loads((out / "ckpt" / "step-00000040" / "state.json").read_text())
+    assert state["data_cursor"] == 40 * 8 and state["config"]["model"]["dims"] == 32
+
+
+def test_resume_same_world_size_is_bitwise_identical(runs):
+    tmp, _ = runs
+    ref = losses(tmp / "straight")
+    out = tmp / "resumed2"
+    shutil.copytree(tmp / "half", out)
+    assert max(losses(out)) == 20
+    ok(run_trainer(write_config(tmp, out), "--resume", ranks=2))
+    got = losses(out)
+    assert sorted(got) == list(range(1, 41))
+    for s in range(21, 41):
+        assert got[s] == ref[s], f"step {s}: {got[s]!r} != {ref[s]!r}"
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_resume_on_another_world_size(runs, world):
+    tmp, _ = runs
+    ref = losses(tmp / "straight")
+    out = tmp / f"resumed-w{world}"
+    shutil.copytree(tmp / "half", out)
+    proc = ok(run_trainer(write_config(tmp, out), "--resume", ranks=world))
+    assert f"now world {world}" in proc.stdout
+    got = losses(out)
+    for s in range(21, 41):
+        assert math.isclose(got[s], ref[s], rel_tol=1e-4), (s, got[s], ref[s])
+    rec = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["world_size"] == world and rec["micro_batch"] * rec["accumulation"] * world == 8
+
+
+def test_refuses_out_with_checkpoints_without_resume(runs):
+    tmp, _ = runs
+    proc = run_trainer(write_config(tmp, tmp / "half"))
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+
+
+def test_refuses_incompatible_config(runs):
+    tmp, _ = runs
+    out = tmp / "incompatible"
+    shutil.copytree(tmp / "half", out)
+    proc = run_trainer(write_config(tmp, out, model={"dims": 64}), "--resume")
+    assert proc.returncode == 2
+    assert "model.dims: checkpoint has 32, config has 64" in proc.stderr
+
+
+def test_kill_during_checkpoint_write_leaves_previous_loadable(tmp_path):
+    out = tmp_path / "killed"
+    config = write_config(tmp_path, out, train={"steps": 30})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLXOPS_TRAINER_CKPT_DELAY": "3"}
+    proc = subprocess.Popen(trainer_cmd(config), env=env, cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt = out / "ckpt"
+    deadline = time.time() + 90
+    try:
+        # Checkpoint 10 completes (slowly); kill as soon as checkpoint 20 has its weights
+        # on disk but not yet its optimizer state: a real SIGKILL mid-write.
+        while time.time() < deadline:
+            partial = list(ckpt.glob(".tmp-step-00000020-*/model.safetensors"))
+            if partial:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+        else:
+            pytest.fail("checkpoint 20 never started")
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert (ckpt / "latest").read_text().strip() == "step-00000010"
+    latest = checkpoint.find_latest(ckpt)
+    assert latest.name == "step-00000010"
+    checkpoint.load(latest)
+    before = losses(out)
+    ok(run_trainer(config, "--resume"))
+    after = losses(out)
+    assert sorted(after) == list(range(1, 31))
+    for s in range(11, 20):
+        assert after[s] == before[s]  # same world size: bitwise
+    assert not list(ckpt.glob(".tmp-*"))
+
+
+def test_oom_halves_micro_batch_and_redoes_the_step(runs, tmp_path):
+    tmp, _ = runs
+    ref = losses(tmp / "straight")
+    out = tmp_path / "oom"
+    cfg = write_config(tmp_path, out, train={"micro_batch": 4, "checkpoint_every": 0,
+                                             "steps": 40, "stop_at": 8})
+    proc = ok(run_trainer(cfg, env={"MLXOPS_TRAINER_FAKE_OOM": "3"}))
+    assert "out of memory at step 3" in proc.stdout and "micro 2 x accum 4" in proc.stdout
+    got = losses(out)
+    assert sorted(got) == list(range(1, 9))
+    for s in range(1, 9):
+        assert math.isclose(got[s], ref[s], rel_tol=1e-4)
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert recs[0]["micro_batch"] == 4 and recs[-1]["micro_batch"] == 2
+
+
+def test_expected_world_size_is_enforced(tmp_path):
+    cfg = write_config(tmp_path, tmp_path / "alone")
+    proc = run_trainer(cfg, env={"MLXOPS_WORLD_SIZE": "2"}, timeout=60)
+    assert proc.returncode == 1
+    assert "expected 2 ranks" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_help_and_bad_config(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    h = subprocess.run(trainer_cmd(tmp_path / "x", "--help")[:3] + ["--help"], env=env,
+                       capture_output=True, text=True)
+    assert h.returncode == 0 and "train.grad_checkpoint" in h.stdout and "--set" in h.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"train": {"stepz": 1}}))
+    proc = subprocess.run(trainer_cmd(bad), env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: {bad}: train.stepz: unknown key"

@@ -1,0 +1,61 @@
+"""Helpers to run the trainer as real processes: one process, or ranks under mlx.launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+PY = sys.executable
+LAUNCH = str(Path(PY).parent / "mlx.launch")
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY = {
+    "model": {"dims": 32, "layers": 2, "heads": 2, "vocab_size": 256, "seq_len": 32},
+    "data": {"source": "synthetic", "seed": 1},
+    "train": {"steps": 40, "global_batch": 8, "micro_batch": 2, "lr": 3e-3, "warmup": 5,
+              "checkpoint_every": 10, "keep": 3, "log_every": 1},
+}
+
+
+def write_config(tmp: Path, out: Path, **sections: dict) -> Path:
+    cfg = json.loads(json.dumps(TINY))
+    for name, values in sections.items():
+        cfg[name].update(values)
+    cfg["out"] = str(out)
+    path = tmp / f"trainer-{out.name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def trainer_cmd(config: Path, *args: str) -> list[str]:
+    return [PY, "-m", "mlxops.trainer", "--config", str(config), *args]
+
+
+def run_trainer(config: Path, *args: str, ranks: int = 1, env: dict | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run to completion; ``ranks > 1`` goes through mlx.launch's ring backend on localhost."""
+    cmd = trainer_cmd(config, *args)
+    if ranks > 1:
+        port = random.randint(20000, 50000)
+        cmd = [LAUNCH, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
+               "--starting-port", str(port), "--", *cmd]
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=ROOT)
+
+
+def losses(out: Path) -> dict[int, float]:
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in recs]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: r["loss"] for r in recs}
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
