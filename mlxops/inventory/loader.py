@@ -89,6 +89,10 @@ def _read_yaml(path: Path) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}" if mark else None
         problem = " ".join(str(exc.problem or exc).split())
+        context = exc.context_mark
+        if exc.context and context and mark and context.line != mark.line:
+            # An unclosed bracket is reported where the file ends: say where it opened.
+            problem += f" ({exc.context} at line {context.line + 1})"
         raise bad_input(path, where, f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise bad_input(path, None, f"invalid YAML: {' '.join(str(exc).split())}") from None

@@ -74,9 +74,10 @@ def check(name: str, value: Any) -> None:
 
 def _unknown(name: str) -> str:
     ours = [n for n in VARIABLES if n.startswith(PREFIX)]
-    close = difflib.get_close_matches(name, ours, n=1, cutoff=0.6)
+    # Compare what follows the shared prefix, or everything would look close.
+    close = difflib.get_close_matches(name[len(PREFIX):], [n[len(PREFIX):] for n in ours], n=1)
     if close:
-        return f"unknown mlxops variable; did you mean '{close[0]}'?"
+        return f"unknown mlxops variable; did you mean '{PREFIX}{close[0]}'?"
     return f"unknown mlxops variable (known: {', '.join(sorted(ours))})"
 
 
