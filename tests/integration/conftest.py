@@ -103,6 +103,12 @@ def sandbox():
         atexit.unregister(box.down)
 
 
+@pytest.fixture(scope="session")
+def free_subnet():
+    """``free_subnet()`` -> a /24 no address here is in: for a test's own extra sandbox."""
+    return lambda: _free_subnet(os.getpid() + 1000)
+
+
 @pytest.fixture
 def sandbox_mut(sandbox):
     """The session sandbox for a test that breaks nodes; restored afterwards."""

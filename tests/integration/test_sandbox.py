@@ -156,12 +156,10 @@ def test_stopped_node_refuses_and_unknown_host_key_is_rejected(sandbox_mut):
     assert res.returncode == 255 and "IDENTIFICATION HAS CHANGED" in res.stderr
 
 
-def test_up_with_rate_then_down_removes_everything(sandbox, tmp_path_factory):
+def test_up_with_rate_then_down_removes_everything(sandbox, free_subnet):
     """A second, small sandbox beside the session one (own dir, prefix, subnet)."""
-    third = int(sandbox.controller_ip.split(".")[2])
-    subnet = f"10.{int(sandbox.controller_ip.split('.')[1])}.{(third + 1) % 250}.0/28"
     path = f"/tmp/mlxops-test-sandbox-extra-{os.getpid()}"
-    box = Sandbox(path, prefix=f"mxu{os.getpid() % 10**6}", subnet=subnet)
+    box = Sandbox(path, prefix=f"mxu{os.getpid() % 10**6}", subnet=free_subnet())
     try:
         start = time.monotonic()
         info = box.up(2, rate="200mbit")
