@@ -31,6 +31,8 @@ def split(pattern: str) -> list[str]:
     """``'a:b,!c'`` -> ``['a:b', '!c']``; ``'a:!b'`` -> ``['a', '!b']``."""
     if "," in pattern:
         parts = pattern.split(",")
+    elif ":" not in pattern:
+        parts = [pattern]  # kept whole, so a stray '[' reaches the regex/glob and is reported
     else:
         parts = _COLON_PARTS.findall(pattern)
     return [p.strip() for p in parts if p.strip()]
