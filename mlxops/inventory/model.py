@@ -7,6 +7,7 @@ properties here only apply defaults and resolve paths.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,10 @@ class Host:
 
     @property
     def python(self) -> str:
+        # A local host with no interpreter named runs the controller's own: that is the
+        # Python that has mlx when `make demo` runs from a virtualenv.
+        if self.vars.get("mlxops_python") is None and self.connection == "local":
+            return sys.executable
         return self._get("mlxops_python")
 
     @property
