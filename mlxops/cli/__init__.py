@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "run",
     "trust",
     "sandbox",
+    "hostfile",
 ]
 
 

@@ -1,0 +1,63 @@
+"""Task ``hostfiles``: the cluster's hostfiles, rendered once and pushed to every node.
+
+Under ``mlxops_root/hostfiles/``: ``ring.json`` (mlx.launch, ring backend), ``mpi.txt``
+(Open MPI hostfile) and, when every host names its RDMA devices (``mlxops_rdma``),
+``jaccl.json`` and ``jaccl-ring.json``. Each describes every selected host (``ctx.hosts``),
+so each node can start a job on its own.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlxops import render
+from mlxops.errors import UserError
+from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.tasks.files import ensure_file
+
+HOSTFILES_DIR = "hostfiles"
+FILE_NAMES = {"ring": "ring.json", "mpi": "mpi.txt", "jaccl": "jaccl.json",
+              "jaccl-ring": "jaccl-ring.json"}
+
+
+def hostfile_path(host: Any, backend: str) -> str:
+    return posixpath.join(host.root, HOSTFILES_DIR, FILE_NAMES[backend])
+
+
+def render_all(hosts: Sequence[Any], source: object = "inventory") -> dict[str, str]:
+    """``{backend: text}`` for every backend the inventory can describe."""
+    files = {"ring": render.launch_hostfile(hosts, "ring", source),
+             "mpi": render.mpi_hostfile(hosts)}
+    if all(h.vars.get("mlxops_rdma") for h in hosts):
+        for backend in ("jaccl", "jaccl-ring"):
+            try:
+                files[backend] = render.launch_hostfile(hosts, backend, source)
+            except UserError:
+                pass  # e.g. a full mesh is not described: jaccl-ring may still be
+    return files
+
+
+@task("hostfiles", args=["backends"])
+def hostfiles_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
+    try:
+        files = render_all(ctx.hosts, getattr(ctx.inventory, "path", "inventory"))
+    except UserError as exc:
+        return Outcome.failed(str(exc))
+    wanted = args.get("backends")
+    if wanted:
+        files = {b: t for b, t in files.items() if b in wanted}
+    changed, diffs, messages = False, [], []
+    for backend, text in files.items():
+        outcome = ensure_file(ctx, hostfile_path(ctx.host, backend), text.encode(), mode=0o644)
+        if outcome.status == "failed":
+            return outcome
+        changed = changed or outcome.status == "changed"
+        diffs.append(outcome.diff)
+        if outcome.status == "changed":
+            messages.append(outcome.message)
+    diff = "".join(diffs)
+    if changed:
+        return Outcome.changed("; ".join(messages), diff=diff)
+    return Outcome.ok(f"{len(files)} hostfiles up to date")

@@ -1,0 +1,66 @@
+"""Task ``sync``: the bundled trainer (and a job's workdir) to ``mlxops_root/code/``.
+
+Node layout: ``code/mlxops/__init__.py`` + ``code/mlxops/trainer/`` (so that
+``PYTHONPATH=<root>/code python -m mlxops.trainer`` works) and, with ``workdir`` and
+``job``, ``code/jobs/<job>/``. One manifest command and at most one transfer per host
+(:mod:`mlxops.sync`); other jobs' directories under ``code/jobs/`` are left alone.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlxops import paths
+from mlxops.sync import DEFAULT_EXCLUDES, Ignore, SyncError, collect, sync_files
+from mlxops.tasks.base import Outcome, TaskContext, task
+
+CODE_DIR = "code"
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def code_path(host: Any) -> str:
+    return posixpath.join(host.root, CODE_DIR)
+
+
+def bundle(workdir: Path | None = None, job: str | None = None
+           ) -> tuple[dict[str, Path], list[str], Ignore]:
+    """``(files, roots, ignore)`` of what ``code/`` holds: the trainer, and a job's workdir."""
+    files, ignore = collect(paths.trainer_dir(), DEFAULT_EXCLUDES, prefix="mlxops/trainer")
+    files["mlxops/__init__.py"] = paths.trainer_dir().parent / "__init__.py"
+    roots = ["mlxops"]
+    if workdir is not None:
+        if not job or not _JOB_NAME.match(job):
+            raise ValueError(f"job name {job!r}: want letters, digits, '.', '_' or '-'")
+        prefix = f"jobs/{job}"
+        job_files, job_ignore = collect(Path(workdir), DEFAULT_EXCLUDES, prefix=prefix)
+        files.update(job_files)
+        ignore.rules.extend(job_ignore.rules)
+        roots.append(prefix)
+    return files, roots, ignore
+
+
+def node_python(facts: Mapping[str, Any]) -> str | None:
+    py = facts.get("python") or {}
+    return py.get("path") if isinstance(py, Mapping) else None
+
+
+@task("sync", args=["workdir", "job"])
+def sync_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
+    workdir = args.get("workdir")
+    try:
+        files, roots, ignore = bundle(Path(workdir) if workdir else None, args.get("job"))
+        report = sync_files(ctx.conn, files, code_path(ctx.host), roots=roots, ignore=ignore,
+                            check=ctx.check, python=node_python(ctx.facts))
+    except (SyncError, ValueError) as exc:
+        return Outcome.failed(str(exc))
+    data = {"added": report.added, "changed": report.changed, "deleted": report.deleted,
+            "bytes_sent": report.bytes_sent}
+    if not report.has_changes:
+        return Outcome.ok(f"{len(files)} files up to date", **data)
+    verb = "would be " if ctx.check else ""
+    return Outcome.changed(f"{verb}{report.summary()}",
+                           diff=report.diff() if ctx.diff else "", **data)
