@@ -1,0 +1,114 @@
+"""Delta sync: gitignore matching, manifests and diffing, against a real local shell."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxops.sync import DEFAULT_EXCLUDES, Ignore, collect, parse_manifest, sync_tree
+from mlxops.transport import LocalConnection
+
+
+@pytest.mark.parametrize("pattern, path, is_dir, excluded", [
+    ("*.log", "a.log", False, True),
+    ("*.log", "deep/er/a.log", False, True),
+    ("*.log", "a.logx", False, False),
+    ("build/", "build", True, True),
+    ("build/", "build", False, False),            # dir-only pattern, a file named build
+    ("build/", "src/build/x.o", False, True),     # any level, hides content
+    ("/top.txt", "top.txt", False, True),
+    ("/top.txt", "sub/top.txt", False, False),    # anchored
+    ("doc/*.md", "doc/a.md", False, True),
+    ("doc/*.md", "x/doc/a.md", False, False),     # inner slash anchors
+    ("doc/*.md", "doc/sub/a.md", False, False),   # * does not cross /
+    ("**/cache", "a/b/cache", True, True),
+    ("logs/**", "logs/a/b", False, True),
+    ("a/**/z", "a/z", False, True),
+    ("a/**/z", "a/b/c/z", False, True),
+    ("file?.txt", "file1.txt", False, True),
+    ("file[0-9].txt", "filex.txt", False, False),
+    ("file[!0-9].txt", "filex.txt", False, True),
+    ("\\#hash", "#hash", False, True),
+    ("# comment", "# comment", False, False),
+])
+def test_gitignore_patterns(pattern, path, is_dir, excluded):
+    assert Ignore([pattern]).excluded(path, is_dir) is excluded
+
+
+def test_negation_and_last_rule_wins():
+    ign = Ignore(["*.txt", "!keep.txt"])
+    assert ign.excluded("a.txt") and not ign.excluded("keep.txt")
+    # a file inside an excluded directory cannot be re-included (git's rule)
+    ign = Ignore(["out/", "!out/keep.txt"])
+    assert ign.excluded("out/keep.txt")
+
+
+def tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+def test_collect_excludes_and_nested_gitignore(tmp_path):
+    src = tree(tmp_path / "src", {
+        ".gitignore": "*.log\n/data/\n", "a.py": "", "x.log": "", "data/big": "",
+        "pkg/__pycache__/m.cpython-311.pyc": "", "pkg/m.py": "", "pkg/m.pyc": "",
+        ".git/HEAD": "", "sub/.gitignore": "secret*\n!secret.example\n",
+        "sub/secret.key": "", "sub/secret.example": "", "sub/data/ok": "",
+    })
+    files, ignore = collect(src, DEFAULT_EXCLUDES)
+    assert sorted(files) == [".gitignore", "a.py", "pkg/m.py", "sub/.gitignore",
+                             "sub/data/ok", "sub/secret.example"]
+    # node paths are filtered with the same rules: these are never deleted there
+    assert ignore.excluded("pkg/__pycache__/m.cpython-311.pyc")
+    assert ignore.excluded("sub/secret.key")
+    assert not ignore.excluded("sub/data/ok")
+
+
+def test_collect_with_prefix_shifts_rules(tmp_path):
+    src = tree(tmp_path / "w", {".gitignore": "/out/\n", "out/x": "", "t.py": ""})
+    files, ignore = collect(src, DEFAULT_EXCLUDES, prefix="jobs/j1")
+    assert sorted(files) == ["jobs/j1/.gitignore", "jobs/j1/t.py"]
+    assert ignore.excluded("jobs/j1/out/x") and not ignore.excluded("jobs/j2/out/x")
+
+
+def test_parse_shell_manifest():
+    text = "abc 644 ./a b.txt\ndef 755 ./d/run.sh\n"
+    assert parse_manifest(text, python=False) == {"a b.txt": ("abc", 0o644),
+                                                  "d/run.sh": ("def", 0o755)}
+
+
+@pytest.mark.parametrize("python", [sys.executable, None], ids=["python", "shell"])
+def test_sync_cycle(tmp_path, python):
+    conn = LocalConnection("local")
+    src = tree(tmp_path / "src", {"a.py": "1", "d/b.txt": "2", "d/e/c.txt": "3",
+                                  "it's $(x).txt": "4", ".gitignore": "*.tmp\n", "z.tmp": ""})
+    os.chmod(src / "a.py", 0o755)
+    dest = str(tmp_path / "node dir")
+    first = sync_tree(conn, src, dest, python=python)
+    assert first.added == [".gitignore", "a.py", "d/b.txt", "d/e/c.txt", "it's $(x).txt"]
+    assert first.bytes_sent > 0
+    assert os.stat(Path(dest) / "a.py").st_mode & 0o777 == 0o755
+    again = sync_tree(conn, src, dest, python=python)
+    assert not again.has_changes and again.bytes_sent == 0
+
+    (src / "d/b.txt").write_text("changed")
+    (src / "d/e/c.txt").unlink()
+    (src / "d/e").rmdir()
+    (Path(dest) / "z.tmp").write_text("node-made, excluded: kept")
+    check = sync_tree(conn, src, dest, python=python, check=True)
+    assert (check.changed, check.deleted) == (["d/b.txt"], ["d/e/c.txt"])
+    assert (Path(dest) / "d/e/c.txt").exists()  # check changed nothing
+
+    done = sync_tree(conn, src, dest, python=python)
+    assert (done.added, done.changed, done.deleted) == ([], ["d/b.txt"], ["d/e/c.txt"])
+    assert (Path(dest) / "d/b.txt").read_text() == "changed"
+    assert not (Path(dest) / "d/e").exists()  # emptied directory removed
+    assert (Path(dest) / "z.tmp").exists()
+    assert not sync_tree(conn, src, dest, python=python).has_changes
+    assert "+ " not in done.diff() and "~ d/b.txt\n- d/e/c.txt\n" == done.diff()
