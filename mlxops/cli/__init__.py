@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "trust",
     "sandbox",
     "hostfile",
+    "provision",
 ]
 
 

@@ -1,0 +1,298 @@
+"""The ``facts`` task: what a node is, gathered with ONE remote command per host.
+
+pyinfra style: :func:`facts_script` builds one POSIX ``sh`` script (constant text plus
+quoted values) that prints labelled sections; small pure parsers turn each section into
+facts; :func:`build_facts` assembles the schema other code reads (DESIGN.md, P2's env
+task, the jobs code)::
+
+    {"system": "Darwin"|"Linux", "hostname", "arch", "macos_version", "macos_build",
+     "chip", "memory_bytes", "cpu_cores", "perf_cores", "gpu_cores",
+     "python": {"path", "version", "mlx"}, "interfaces": {"en0": ["192.168.1.10"]},
+     "disk_free_bytes", "root",
+     # extras read by later tasks, so that they need no round trip of their own:
+     "venv": {"path", "version", "mlx"} | None,      # mlxops_root/venv, if there is one
+     "macos": {"wired_limit_mb", "sleep", "thunderbolt_bridge_up"} | None}
+
+Facts are cached on the controller in ``controller_home()/facts/<host>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlxops import shell
+from mlxops.paths import controller_home
+from mlxops.tasks.base import Outcome, TaskContext, task
+
+MARK = "@@mlxops:"
+
+# Runs under the node's interpreter: its version and the mlx it imports (import, not
+# package metadata: the test is "does mlx.core load", and it is as fast here).
+PROBE = (
+    "import json, sys\n"
+    "v = '%d.%d.%d' % sys.version_info[:3]\n"
+    "try:\n"
+    "    import mlx.core as mx\n"
+    "    m = str(mx.__version__)\n"
+    "except Exception:\n"
+    "    m = None\n"
+    "print(json.dumps({'version': v, 'mlx': m}))\n"
+)
+
+# The constant part of the script. `$py` and `$root` are set before it from quoted values.
+_BODY = r"""
+probe() { p=$(command -v "$1" 2>/dev/null) || return 0
+  case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
+  printf '%s\n' "$p"; "$p" -c "$PROBE" 2>/dev/null; }
+echo '@@mlxops:uname'; uname -s; uname -m; uname -n
+echo '@@mlxops:home'; printf '%s\n' "$HOME"
+echo '@@mlxops:python'; probe "$py"
+echo '@@mlxops:venv'; [ -x "$root/venv/bin/python" ] && probe "$root/venv/bin/python"
+echo '@@mlxops:df'; df -Pk "$HOME" 2>/dev/null
+if [ "$(uname -s)" = Darwin ]; then
+  echo '@@mlxops:sw_vers'; sw_vers 2>/dev/null
+  echo '@@mlxops:sysctl'; sysctl hw.memsize hw.ncpu hw.perflevel0.physicalcpu \
+    machdep.cpu.brand_string iogpu.wired_limit_mb 2>/dev/null
+  echo '@@mlxops:ioreg'; ioreg -rd1 -c AGXAccelerator 2>/dev/null | grep gpu-core-count
+  echo '@@mlxops:ifconfig'; ifconfig 2>/dev/null
+  echo '@@mlxops:pmset'; pmset -g 2>/dev/null
+else
+  echo '@@mlxops:meminfo'; grep MemTotal /proc/meminfo
+  echo '@@mlxops:nproc'; getconf _NPROCESSORS_ONLN
+  echo '@@mlxops:cpuinfo'; grep -m1 'model name' /proc/cpuinfo
+  echo '@@mlxops:ip'; ip -4 -o addr show 2>/dev/null
+fi
+exit 0
+"""
+
+
+def facts_script(python: str, root: str) -> str:
+    """The one command that gathers every fact (``python``: mlxops_python, ``root``: the
+    node path mlxops_root, ``~/`` kept for the node to expand)."""
+    return (f"py={shell.quote(python)}; root={shell.path_word(root)}; "
+            f"PROBE={shell.quote(PROBE)}\n" + _BODY)
+
+
+# --- parsers: text in, values out ----------------------------------------------------------
+
+
+def split_sections(stdout: str) -> dict[str, str]:
+    """``@@mlxops:name`` lines start sections; returns ``{name: text}``."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            current = sections.setdefault(line[len(MARK):].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines) for name, lines in sections.items()}
+
+
+def parse_key_values(text: str, sep: str = ":") -> dict[str, str]:
+    """``key: value`` lines (sw_vers, sysctl, /proc/meminfo, cpuinfo) as a dict."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, found, value = line.partition(sep)
+        if found:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_probe(text: str) -> dict[str, Any] | None:
+    """The interpreter section: its absolute path, then the probe's JSON line."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return None
+    info: dict[str, Any] = {"path": lines[0].strip(), "version": None, "mlx": None}
+    for line in lines[1:]:
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            info["version"] = data.get("version")
+            info["mlx"] = data.get("mlx")
+    return info
+
+
+def parse_df(text: str) -> int | None:
+    """``df -Pk``: free KiB of the filesystem, column 4 of the last line."""
+    lines = text.strip().splitlines()
+    if len(lines) < 2:
+        return None
+    fields = lines[-1].split()
+    return int(fields[3]) * 1024 if len(fields) >= 4 and fields[3].isdigit() else None
+
+
+def parse_ifconfig(text: str) -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+    """macOS ``ifconfig``: ``({iface: [ipv4...]}, {iface: {"up", "active", "members"}})``."""
+    addrs: dict[str, list[str]] = {}
+    info: dict[str, dict[str, Any]] = {}
+    name = None
+    for line in text.splitlines():
+        head = re.match(r"^([A-Za-z0-9_.-]+): flags=\w+<([^>]*)>", line)
+        if head:
+            name = head.group(1)
+            info[name] = {"up": "UP" in head.group(2).split(","), "active": None, "members": []}
+            continue
+        if name is None:
+            continue
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "inet" and len(words) > 1:
+            addrs.setdefault(name, []).append(words[1])
+        elif words[0] == "status:" and len(words) > 1:
+            info[name]["active"] = words[1] == "active"
+        elif words[0] == "member:" and len(words) > 1:
+            info[name]["members"].append(words[1])
+    return addrs, info
+
+
+def parse_ip_addr(text: str) -> dict[str, list[str]]:
+    """Linux ``ip -4 -o addr show``: ``{iface: [ipv4...]}``."""
+    addrs: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "inet":
+            addrs.setdefault(fields[1], []).append(fields[3].split("/")[0])
+    return addrs
+
+
+def parse_gpu_cores(text: str) -> int | None:
+    """``ioreg -rd1 -c AGXAccelerator``: the ``"gpu-core-count" = 38`` property."""
+    match = re.search(r'"gpu-core-count"\s*=\s*(\d+)', text)
+    return int(match.group(1)) if match else None
+
+
+def parse_pmset_sleep(text: str) -> int | None:
+    """``pmset -g``: the system ``sleep`` minutes (0 = never sleeps)."""
+    match = re.search(r"^\s*sleep\s+(\d+)", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(str(value).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def absolute_root(root: str, home: str) -> str:
+    """mlxops_root as the node sees it: ``~`` is its home, relative means under the home."""
+    if root == "~":
+        return home
+    if root.startswith("~/"):
+        return f"{home.rstrip('/')}/{root[2:]}"
+    if root.startswith("/"):
+        return root
+    return f"{home.rstrip('/')}/{root}"
+
+
+def build_facts(sections: Mapping[str, str], root: str) -> dict[str, Any]:
+    """Assemble the facts schema from the script's sections (pure)."""
+    uname = sections.get("uname", "").splitlines() + ["", "", ""]
+    system, arch, hostname = (w.strip() or None for w in uname[:3])
+    home = sections.get("home", "").strip()
+    facts: dict[str, Any] = {
+        "system": system, "hostname": hostname, "arch": arch,
+        "macos_version": None, "macos_build": None, "chip": None,
+        "memory_bytes": None, "cpu_cores": None, "perf_cores": None, "gpu_cores": None,
+        "python": parse_probe(sections.get("python", "")) or
+        {"path": None, "version": None, "mlx": None},
+        "venv": parse_probe(sections.get("venv", "")),
+        "interfaces": {},
+        "disk_free_bytes": parse_df(sections.get("df", "")),
+        "root": absolute_root(root, home) if home else None,
+        "macos": None,
+    }
+    if system == "Darwin":
+        sw = parse_key_values(sections.get("sw_vers", ""))
+        sysctl = parse_key_values(sections.get("sysctl", ""))
+        addrs, ifaces = parse_ifconfig(sections.get("ifconfig", ""))
+        bridge = ifaces.get("bridge0")
+        facts.update(
+            macos_version=sw.get("ProductVersion"), macos_build=sw.get("BuildVersion"),
+            chip=sysctl.get("machdep.cpu.brand_string"),
+            memory_bytes=_int(sysctl.get("hw.memsize")),
+            cpu_cores=_int(sysctl.get("hw.ncpu")),
+            perf_cores=_int(sysctl.get("hw.perflevel0.physicalcpu")),
+            gpu_cores=parse_gpu_cores(sections.get("ioreg", "")),
+            interfaces=addrs,
+            macos={
+                "wired_limit_mb": _int(sysctl.get("iogpu.wired_limit_mb")),
+                "sleep": parse_pmset_sleep(sections.get("pmset", "")),
+                # Thunderbolt Bridge is bridge0 over the Thunderbolt ports: when it is up
+                # it holds the ports that jaccl (RDMA over Thunderbolt) needs to itself.
+                "thunderbolt_bridge_up": bool(bridge and bridge["up"]
+                                              and bridge["active"] is not False),
+            },
+        )
+    else:
+        mem_kib = _int(parse_key_values(sections.get("meminfo", "")).get("MemTotal"))
+        facts.update(
+            chip=parse_key_values(sections.get("cpuinfo", "")).get("model name"),
+            memory_bytes=mem_kib * 1024 if mem_kib is not None else None,
+            cpu_cores=_int(sections.get("nproc", "").strip()),
+            interfaces=parse_ip_addr(sections.get("ip", "")),
+        )
+    return facts
+
+
+# --- the controller's cache ---------------------------------------------------------------
+
+
+def cache_path(host_name: str) -> Path:
+    return controller_home() / "facts" / f"{host_name}.json"
+
+
+def save_facts(host_name: str, facts: Mapping[str, Any]) -> Path:
+    """Write one host's facts to the cache (atomically: readers never see half a file)."""
+    path = cache_path(host_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_cached_facts(host_name: str) -> dict[str, Any] | None:
+    """The facts the last provision gathered for a host, or None."""
+    try:
+        return json.loads(cache_path(host_name).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# --- the task -----------------------------------------------------------------------------
+
+
+def gather(conn, host) -> dict[str, Any]:
+    """Run the facts script on one host; raises RuntimeError when it does not answer."""
+    result = conn.run(facts_script(host.python, host.root), timeout=60)
+    sections = split_sections(result.stdout)
+    if "uname" not in sections:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"gathering facts failed (exit {result.exit_code}): {detail[0]}")
+    return build_facts(sections, host.root)
+
+
+@task("facts")
+def facts_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
+    """Gather facts (read-only: the same under --check). The first command on a host, so
+    it is also where SSH and its host key get verified."""
+    try:
+        facts = gather(ctx.conn, ctx.host)
+    except RuntimeError as exc:
+        return Outcome.failed(str(exc))
+    # In place: the play shares this dict as ctx.cluster_facts[host] with every task.
+    ctx.facts.clear()
+    ctx.facts.update(facts)
+    py = facts["python"]
+    where = f"{facts['system']} {facts['macos_version'] or ''}".strip()
+    return Outcome.ok(f"{where}, python {py['version']} mlx {py['mlx']}")

@@ -1,0 +1,117 @@
+"""The ``macos`` task: tune a Mac for training (only where facts say Darwin).
+
+- ``iogpu.wired_limit_mb``: how much unified memory the GPU may wire. From
+  ``mlxops_wired_limit_mb``, else ``wired_share`` of the RAM (a task argument), else left
+  as macOS has it. A sysctl does not survive a reboot; a re-run of provision puts it back.
+- sleep disabled with ``pmset`` (a sleeping node hangs every collective of a job).
+- a warning when the Thunderbolt Bridge is up and the backend is jaccl: the bridge holds
+  the Thunderbolt ports that jaccl's RDMA needs.
+
+Current values come from the facts (sysctl, pmset, ifconfig were read there), so an
+already-tuned Mac costs no round trip. Privileged steps run only with ``ansible_become``
+(``sudo -n``: a password prompt would hang a parallel run, so it fails instead).
+:func:`plan` is pure — facts in, commands out — and tested from recorded Darwin facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxops import shell
+from mlxops.tasks.base import Outcome, TaskContext, task
+
+MIB = 1024 * 1024
+JACCL_BACKENDS = ("jaccl", "jaccl-ring")
+BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring", "nccl")
+
+
+@dataclass
+class Plan:
+    commands: list[list[str]] = field(default_factory=list)  # argv each, run in order
+    changes: list[str] = field(default_factory=list)         # what they change, for people
+    warnings: list[str] = field(default_factory=list)
+    needs_become: bool = False                               # changes wanted, no become
+
+
+def wired_limit_mb(facts: Mapping[str, Any], host_vars: Mapping[str, Any],
+                   share: float | None) -> int | None:
+    """The wanted ``iogpu.wired_limit_mb``, or None to leave macOS's own."""
+    explicit = host_vars.get("mlxops_wired_limit_mb")
+    if explicit:
+        return int(explicit)
+    memory = facts.get("memory_bytes")
+    if share and memory:
+        return int(memory * share) // MIB
+    return None
+
+
+def plan(facts: Mapping[str, Any], host_vars: Mapping[str, Any], args: Mapping[str, Any],
+         become: bool) -> Plan:
+    """The commands that bring this Mac to the wanted state (none when it is there)."""
+    out = Plan()
+    current = facts.get("macos") or {}
+    wanted = wired_limit_mb(facts, host_vars, args.get("wired_share"))
+    if wanted is not None and current.get("wired_limit_mb") != wanted:
+        out.commands.append(["sysctl", "-w", f"iogpu.wired_limit_mb={wanted}"])
+        out.changes.append(f"iogpu.wired_limit_mb {current.get('wired_limit_mb')} -> {wanted}")
+    if args.get("disable_sleep", True) and current.get("sleep") != 0:
+        out.commands.append(["pmset", "-a", "sleep", "0"])
+        out.changes.append(f"sleep {current.get('sleep')} -> 0 (never)")
+    backend = args.get("backend") or host_vars.get("mlxops_backend")
+    if current.get("thunderbolt_bridge_up") and backend in JACCL_BACKENDS:
+        out.warnings.append(
+            "Thunderbolt Bridge (bridge0) is up and the backend is "
+            f"{backend}: RDMA needs the Thunderbolt ports outside the bridge; remove them "
+            "from it in System Settings > Network > Thunderbolt Bridge")
+    if out.commands:
+        if become:
+            out.commands = [["sudo", "-n", *argv] for argv in out.commands]
+        else:
+            out.needs_become = True
+    return out
+
+
+def check_args(args: Mapping[str, Any]) -> None:
+    share = args.get("wired_share")
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                              or not 0 < share <= 1):
+        raise ValueError(f"wired_share: must be a fraction of RAM in (0, 1], got {share!r}")
+    if not isinstance(args.get("disable_sleep", True), bool):
+        raise ValueError("disable_sleep: must be true or false")
+    backend = args.get("backend")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+@task("macos", args=["wired_share", "disable_sleep", "backend"])
+def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
+    if ctx.facts.get("system") != "Darwin":
+        return Outcome.skipped(f"not macOS ({ctx.facts.get('system')})")
+    steps = plan(ctx.facts, ctx.host.vars, args, bool(ctx.host.become))
+    warnings = {"warnings": steps.warnings} if steps.warnings else {}
+    if not steps.commands:
+        return Outcome.ok("tuned", **warnings)
+    what = "; ".join(steps.changes)
+    if steps.needs_become:
+        return Outcome(status="skipped", message=f"needs ansible_become to: {what}",
+                       data=warnings)
+    if ctx.check:
+        return Outcome.changed(f"would set {what}", **warnings)
+    result = ctx.conn.run(shell.and_then(shell.join(argv) for argv in steps.commands),
+                          timeout=60)
+    if not result.ok:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        return Outcome.failed(f"{what}: exit {result.exit_code}: {tail[0]}", **warnings)
+    macos = ctx.facts.setdefault("macos", {}) or {}
+    for argv in steps.commands:
+        if "sysctl" in argv:
+            macos["wired_limit_mb"] = int(argv[-1].split("=")[1])
+        elif "pmset" in argv:
+            macos["sleep"] = 0
+    ctx.facts["macos"] = macos
+    return Outcome.changed(f"set {what}", **warnings)
+
+
+macos_task.check_args = check_args  # type: ignore[attr-defined]
