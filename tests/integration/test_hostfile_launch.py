@@ -75,3 +75,24 @@ def test_ring_hostfile_all_sum_through_mlx_launch(sandbox, tmp_path):
     lines = sorted(line.strip() for line in proc.stdout.splitlines() if "sum" in line)
     assert proc.returncode == 0, proc.stderr
     assert lines == [f"rank {r} of 4: sum 10" for r in range(4)], (proc.stdout, proc.stderr)
+
+
+def test_hostfiles_task_pushes_every_hostfile(sandbox):
+    from mlxops.tasks.base import TaskContext
+    from mlxops.tasks.hostfiles import hostfiles_task
+
+    inv = load_inventory(sandbox.inventory_path)
+    hosts = inv.select("node5,node6")
+    connector = Connector()
+    for h in hosts:
+        conn = connector.connect(h)
+        ctx = TaskContext(h, conn, inv, hosts)
+        first = hostfiles_task(ctx, {})
+        assert first.status in ("changed", "ok"), first.message
+        assert hostfiles_task(ctx, {}).status == "ok"
+        conn.close()
+    pushed = sandbox.node_home("node6") / ".mlxops" / "hostfiles"
+    assert sorted(p.name for p in pushed.iterdir()) == ["mpi.txt", "ring.json"]
+    assert (pushed / "ring.json").read_text() == render.launch_hostfile(hosts, "ring")
+    assert (pushed / "mpi.txt").read_text().splitlines()[1:] == [
+        f"mlxnode@{sandbox.ip(n)} slots=1" for n in ("node5", "node6")]
