@@ -39,6 +39,13 @@ def render_all(hosts: Sequence[Any], source: object = "inventory") -> dict[str, 
     return files
 
 
+def check_args(args: Mapping[str, Any]) -> None:
+    wanted = args.get("backends")
+    if wanted is not None and (not isinstance(wanted, list)
+                               or any(b not in FILE_NAMES for b in wanted)):
+        raise ValueError(f"backends: want a list of {', '.join(FILE_NAMES)}, got {wanted!r}")
+
+
 @task("hostfiles", args=["backends"])
 def hostfiles_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     try:
@@ -61,3 +68,6 @@ def hostfiles_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if changed:
         return Outcome.changed("; ".join(messages), diff=diff)
     return Outcome.ok(f"{len(files)} hostfiles up to date")
+
+
+hostfiles_task.check_args = check_args  # type: ignore[attr-defined]

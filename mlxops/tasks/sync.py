@@ -48,6 +48,15 @@ def node_python(facts: Mapping[str, Any]) -> str | None:
     return py.get("path") if isinstance(py, Mapping) else None
 
 
+def check_args(args: Mapping[str, Any]) -> None:
+    """Refuse bad playbook arguments before connecting (the engine calls it at load)."""
+    job, workdir = args.get("job"), args.get("workdir")
+    if job is not None and not (isinstance(job, str) and _JOB_NAME.match(job)):
+        raise ValueError(f"job: want letters, digits, '.', '_' or '-', got {job!r}")
+    if workdir is not None and not job:
+        raise ValueError("job: needed with workdir (the node directory is code/jobs/<job>)")
+
+
 @task("sync", args=["workdir", "job"])
 def sync_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     workdir = args.get("workdir")
@@ -64,3 +73,6 @@ def sync_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     verb = "would be " if ctx.check else ""
     return Outcome.changed(f"{verb}{report.summary()}",
                            diff=report.diff() if ctx.diff else "", **data)
+
+
+sync_task.check_args = check_args  # type: ignore[attr-defined]
