@@ -135,3 +135,21 @@ def test_env_file_hostile_values_are_data(tmp_path):
 def test_env_file_rejects_bad_names():
     with pytest.raises(ValueError):
         render.env_file({"A;touch x": "1"})
+
+
+def test_cli_hostfile(tmp_path):
+    from click.testing import CliRunner
+
+    from mlxops.cli import cli
+
+    inv = str(DATA / "cluster.yml")
+    runner = CliRunner()
+    out = tmp_path / "hf.json"
+    res = runner.invoke(cli, ["hostfile", inv, "-o", str(out)])
+    assert res.exit_code == 0 and res.output == ""
+    assert out.read_text() == (DATA / "cluster.ring.json").read_text()
+    res = runner.invoke(cli, ["hostfile", inv, "--backend", "mpi", "--limit", "studio*"])
+    assert res.exit_code == 0
+    assert res.output.splitlines()[1:] == ["mlx@192.168.1.21 slots=2", "mlx@192.168.1.22 slots=1"]
+    res = runner.invoke(cli, ["hostfile", inv, "--backend", "jaccl"])
+    assert res.exit_code == 2 and "mlxops_slots" in res.output  # studio1 has 2 slots
