@@ -15,13 +15,14 @@ import click
 from mlxops import __version__
 from mlxops.errors import EXIT_BAD_INPUT, MlxopsError
 
-# One module per command (or command group); each defines ``command``.
+# One module per command (or command group); each defines ``command`` (or ``commands``).
 COMMAND_MODULES = [
     "run",
     "trust",
     "sandbox",
     "hostfile",
     "provision",
+    "jobs",
 ]
 
 
@@ -52,7 +53,8 @@ def _register() -> None:
             if exc.name == f"mlxops.cli.{name}":
                 continue
             raise
-        cli.add_command(module.command)
+        for command in getattr(module, "commands", None) or [module.command]:
+            cli.add_command(command)
 
 
 _register()
