@@ -1,0 +1,72 @@
+"""The python and skew tasks' decisions, from facts (pure: no host)."""
+
+from __future__ import annotations
+
+import shlex
+
+from mlxops.tasks import python as P
+
+PY = {"path": "/usr/bin/python3", "version": "3.11.7", "mlx": "0.30.0"}
+VENV = {"path": "/h/.mlxops/venv/bin/python", "version": "3.11.7", "mlx": "0.32.4"}
+
+
+def test_decide() -> None:
+    assert P.decide({"python": {**PY, "mlx": "0.32.4"}}, "0.32.4")[0] == "ok"
+    assert P.decide({"python": PY, "venv": VENV}, "0.32.4") == ("venv", VENV)
+    assert P.decide({"python": PY, "venv": None}, "0.32.4") == ("install", None)
+    assert P.decide({"python": {"path": None}, "venv": None}, "0.32.4") == ("missing", None)
+
+
+def test_requirement_per_system() -> None:
+    assert P.requirement("Darwin", "0.32.4") == "mlx==0.32.4"
+    assert P.requirement("Linux", "0.32.4") == "mlx[cpu]==0.32.4"
+
+
+def test_install_command_offline_and_quoted() -> None:
+    facts = {"root": "/Users/a b/.mlxops", "system": "Darwin", "python": PY}
+    cmd = P.install_command(facts, "0.32.4", ["numpy"], "/Users/a b/.mlxops/wheelhouse")
+    words = shlex.split(cmd.replace("{", "").replace("}", "").replace(";", " "))
+    assert "/Users/a b/.mlxops/venv/bin/python" in words
+    assert ["--no-index", "--find-links", "/Users/a b/.mlxops/wheelhouse"] == \
+        words[words.index("--no-index"):words.index("--no-index") + 3]
+    assert "mlx==0.32.4" in words and "numpy" in words
+    online = P.install_command(facts, "0.32.4", [], None)
+    assert "--no-index" not in online
+
+
+def test_wheelhouse_archive(tmp_path) -> None:
+    import io
+    import tarfile
+
+    (tmp_path / "mlx-0.32.4-cp311-none-any.whl").write_bytes(b"w")
+    (tmp_path / "notes.txt").write_text("skip me")
+    with tarfile.open(fileobj=io.BytesIO(P.wheelhouse_archive(tmp_path))) as tar:
+        assert tar.getnames() == ["mlx-0.32.4-cp311-none-any.whl"]
+
+
+def _facts(mlx, py="3.11.7", build="23E224", system="Darwin"):
+    return {"system": system, "macos_build": build,
+            "python": {"path": "/p", "version": py, "mlx": mlx}}
+
+
+def test_no_skew() -> None:
+    expected, odd, _ = P.find_skew({f"n{i}": _facts("0.32.4") for i in range(4)}, "0.32.4")
+    assert odd == {} and expected == {"mlx": "0.32.4", "python": "3.11", "macos_build": "23E224"}
+
+
+def test_skew_names_the_odd_hosts() -> None:
+    facts = {f"n{i}": _facts("0.32.4") for i in range(5)}
+    facts["n2"] = _facts("0.31.0")
+    facts["n4"] = _facts("0.32.4", py="3.12.1", build="24B83")
+    expected, odd, values = P.find_skew(facts, "0.32.4")
+    assert odd == {"n2": ["mlx"], "n4": ["python", "macos_build"]}
+    table = P.skew_table(expected, odd, values)
+    assert [r[0] for r in table["rows"]] == ["n2", "n4", "others (3)"]
+    assert table["marks"]["n2"] == [1]
+
+
+def test_skew_tie_prefers_the_pin_and_ignores_linux_builds() -> None:
+    facts = {"a": _facts("0.31.0", system="Linux", build=None),
+             "b": _facts("0.32.4", system="Linux", build=None)}
+    expected, odd, _ = P.find_skew(facts, "0.32.4")
+    assert expected["mlx"] == "0.32.4" and odd == {"a": ["mlx"]}

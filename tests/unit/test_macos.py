@@ -1,0 +1,66 @@
+"""The macos task as data: recorded Darwin facts + vars + args in, commands out.
+
+Each ``data/macos/*.yml`` names a recorded fact output (``data/facts/<name>.txt``, parsed by
+the real parsers) and says which commands the plan must hold; no Mac is needed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlxops.tasks import macos
+from mlxops.tasks.facts import build_facts, split_sections
+
+DATA = Path(__file__).parent / "data"
+CASES = sorted((DATA / "macos").glob("*.yml"))
+
+
+def recorded_facts(name: str) -> dict:
+    text = (DATA / "facts" / f"{name}.txt").read_text()
+    return build_facts(split_sections(text), "~/.mlxops")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_plan_from_recorded_facts(case: Path) -> None:
+    spec = yaml.safe_load(case.read_text())
+    facts = recorded_facts(spec["facts"])
+    host_vars = spec.get("vars") or {}
+    plan = macos.plan(facts, host_vars, spec.get("args") or {},
+                      bool(host_vars.get("ansible_become")))
+    expect = spec["expect"]
+    assert plan.commands == expect["commands"]
+    assert plan.needs_become == expect["needs_become"]
+    assert len(plan.warnings) == len(expect["warnings"])
+    for got, want in zip(plan.warnings, expect["warnings"]):
+        assert want in got
+
+
+def test_every_case_file_is_exercised() -> None:
+    assert len(CASES) >= 5
+
+
+@pytest.mark.parametrize("args, problem", [
+    ({"wired_share": 1.5}, "wired_share"),
+    ({"wired_share": True}, "wired_share"),
+    ({"disable_sleep": "yes"}, "disable_sleep"),
+    ({"backend": "tcp"}, "backend"),
+])
+def test_bad_args_are_refused(args, problem) -> None:
+    with pytest.raises(ValueError, match=f"^{problem}: "):
+        macos.check_args(args)
+
+
+def test_wired_limit_explicit_share_or_none() -> None:
+    facts = {"memory_bytes": 64 * 1024**3}
+    assert macos.wired_limit_mb(facts, {"mlxops_wired_limit_mb": 50000}, 0.5) == 50000
+    assert macos.wired_limit_mb(facts, {}, 0.5) == 32768
+    assert macos.wired_limit_mb(facts, {}, None) is None
+
+
+def test_commands_are_plain_words_for_shell_join() -> None:
+    # Every word is quoted by shell.join when run: nothing from facts can become syntax.
+    plan = macos.plan(recorded_facts("darwin_m2_ultra"), {}, {"wired_share": 0.75}, True)
+    assert all(isinstance(w, str) for argv in plan.commands for w in argv)
