@@ -34,7 +34,7 @@ def test_plan_from_recorded_facts(case: Path) -> None:
     assert plan.commands == expect["commands"]
     assert plan.needs_become == expect["needs_become"]
     assert len(plan.warnings) == len(expect["warnings"])
-    for got, want in zip(plan.warnings, expect["warnings"]):
+    for got, want in zip(plan.warnings, expect["warnings"], strict=True):
         assert want in got
 
 
