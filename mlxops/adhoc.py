@@ -26,11 +26,7 @@ def run_command(
     command = shell.join(argv)
 
     def work(host) -> HostResult:
-        conn = connector.connect(host)
-        try:
-            result = conn.run(command, timeout=timeout)
-        finally:
-            conn.close()
+        result = connector.connect(host).run(command, timeout=timeout)
         status = OK if result.ok else FAILED
         message = "timed out" if result.timed_out else ("" if result.ok else
                                                         f"exit code {result.exit_code}")

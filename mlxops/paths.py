@@ -33,3 +33,8 @@ def playbooks_dir() -> Path:
 def trainer_dir() -> Path:
     """The bundled trainer package, synced to every node."""
     return _PACKAGE / "trainer"
+
+
+def node_dir() -> Path:
+    """The node-side job helpers (``python -m mlxops.node``), synced with the trainer."""
+    return _PACKAGE / "node"

@@ -1,6 +1,7 @@
 """Task ``sync``: the bundled trainer (and a job's workdir) to ``mlxops_root/code/``.
 
-Node layout: ``code/mlxops/__init__.py`` + ``code/mlxops/trainer/`` (so that
+Node layout: ``code/mlxops/__init__.py`` + ``code/mlxops/trainer/`` + ``code/mlxops/node/``
+(so that
 ``PYTHONPATH=<root>/code python -m mlxops.trainer`` works) and, with ``workdir`` and
 ``job``, ``code/jobs/<job>/``. One manifest command and at most one transfer per host
 (:mod:`mlxops.sync`); other jobs' directories under ``code/jobs/`` are left alone.
@@ -30,6 +31,10 @@ def bundle(workdir: Path | None = None, job: str | None = None
            ) -> tuple[dict[str, Path], list[str], Ignore]:
     """``(files, roots, ignore)`` of what ``code/`` holds: the trainer, and a job's workdir."""
     files, ignore = collect(paths.trainer_dir(), DEFAULT_EXCLUDES, prefix="mlxops/trainer")
+    # The node-side helpers of jobs (spawn, status, stop, logs) travel with the trainer.
+    node_files, node_ignore = collect(paths.node_dir(), DEFAULT_EXCLUDES, prefix="mlxops/node")
+    files.update(node_files)
+    ignore.rules.extend(node_ignore.rules)
     files["mlxops/__init__.py"] = paths.trainer_dir().parent / "__init__.py"
     roots = ["mlxops"]
     if workdir is not None:

@@ -125,6 +125,7 @@ class SSHConnection:
         self._conn = fabric_conn
         self._known_hosts = known_hosts.get(known_hosts_path)
         self._options = options
+        self._lock = threading.Lock()
 
     @property
     def address(self) -> str:
@@ -150,6 +151,10 @@ class SSHConnection:
                                   ) from None
 
     def _open(self) -> paramiko.Transport:
+        with self._lock:  # channels may be opened from several threads; connect once
+            return self._open_locked()
+
+    def _open_locked(self) -> paramiko.Transport:
         if self._conn.is_connected:
             return self._conn.client.get_transport()
         client = self._conn.client
@@ -235,16 +240,40 @@ def _drain(channel: paramiko.Channel, timeout: float | None) -> tuple[bytes, byt
 
 
 class Connector:
-    """Makes the connection for each host, sharing parsed known_hosts files across hosts."""
+    """Connections to hosts: one per host, opened on first use and kept for the run.
+
+    Parsed known_hosts files are shared across hosts. ``close()`` ends every connection.
+    """
 
     def __init__(self, options: ConnectOptions | None = None):
         self.options = options or ConnectOptions()
         self._known_hosts = KnownHostsCache()
         # One Fabric config for all hosts: ~/.ssh/config is read once, not per host.
         self._fabric_config = fabric.Config()
+        self._lock = threading.Lock()
+        self._connections: dict[str, Connection] = {}
 
     def connect(self, host) -> Connection:
-        """``host`` is an :class:`mlxops.inventory.Host`."""
+        """The connection to ``host`` (an :class:`mlxops.inventory.Host`), made once."""
+        with self._lock:
+            conn = self._connections.get(host.name)
+            if conn is None:
+                conn = self._connections[host.name] = self._make(host)
+            return conn
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for conn in connections:
+            conn.close()
+
+    def __enter__(self) -> Connector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _make(self, host) -> Connection:
         if host.connection == "local":
             return LocalConnection(host.name)
         connect_kwargs = {}

@@ -1,0 +1,128 @@
+"""Following a job in the terminal: a progress bar of steps with loss and tokens/s.
+
+Following supervises too (the watchdog restarts the job on a dead or stalled rank) unless
+another mlxops process already does. Ctrl-C detaches: the job keeps running on the nodes.
+"""
+
+from __future__ import annotations
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from mlxops import console
+from mlxops.jobs.record import FINISHED, JobRecord, supervisor_lock
+from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.watch import supervise
+from mlxops.transport import Connector
+
+STATE_STYLE = {"running": "green", "finished": "bold green", "failed": "bold red",
+               "stalled": "yellow", "stopped": "cyan", "unreachable": "magenta"}
+
+
+def _describe(status: JobStatus) -> str:
+    lead = next((r for r in status.ranks if r.rank == 0), None)
+    parts = [f"[bold]{status.name}[/]", f"[{STATE_STYLE.get(status.state, '')}]{status.state}[/]"]
+    if lead and lead.loss is not None:
+        parts.append(f"loss {lead.loss:.4f}")
+    if lead and lead.tokens_per_sec:
+        parts.append(f"{lead.tokens_per_sec:,.0f} tok/s")
+    if status.restarts:
+        parts.append(f"restarts {len(status.restarts)}")
+    return " | ".join(parts)
+
+
+def follow(record: JobRecord, connector: Connector) -> JobStatus:
+    """Follow (and supervise) until the job ends; returns the final status."""
+    try:
+        with supervisor_lock(record.name) as supervising:
+            if not supervising:
+                console.err.print("another mlxops process supervises this job: following only")
+            return _follow(record, connector, supervising)
+    except KeyboardInterrupt:
+        console.err.print(
+            f"\ndetached: job {record.name!r} keeps running on the nodes.\n"
+            f"  mlxops watch {record.name}    follow and supervise again\n"
+            f"  mlxops status {record.name}   where it is\n"
+            f"  mlxops stop {record.name}     stop it")
+        raise SystemExit(0) from None
+
+
+def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobStatus:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console.err,
+                  disable=not console.err.is_terminal) as progress:
+        task = progress.add_task(record.name, total=record.steps or None)
+        last_logged = [-1]
+
+        def on_status(status: JobStatus) -> None:
+            step = status.step or 0
+            progress.update(task, completed=step, description=_describe(status))
+            if not console.err.is_terminal and step >= last_logged[0] + 10:
+                # No live bar (CI, a pipe): a line now and then instead.
+                last_logged[0] = step
+                console.err.print(_describe(status) + f" | step {step}/{status.steps or '?'}")
+
+        def on_event(message: str) -> None:
+            progress.console.print(f"[yellow]watchdog:[/] {message}")
+
+        if supervising:
+            return supervise(record, connector, on_status=on_status, on_event=on_event)
+        import time
+
+        while True:
+            status = gather(record, connector)
+            on_status(status)
+            if status.state not in ("running", "stalled"):
+                return status
+            time.sleep(1.0)
+
+
+def status_table(status: JobStatus) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("rank", "host", "pid", "state", "step", "loss", "tok/s", "heartbeat"):
+        table.add_column(col, justify="right" if col in ("rank", "step", "loss", "tok/s",
+                                                         "heartbeat", "pid") else "left")
+    for r in status.ranks:
+        table.add_row(
+            str(r.rank), r.host, str(r.pid or ""),
+            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]"
+            + (f" ({r.exit})" if r.exit not in (None, 0) else ""),
+            "" if r.step is None else str(r.step),
+            "" if r.loss is None else f"{r.loss:.4f}",
+            "" if not r.tokens_per_sec else f"{r.tokens_per_sec:,.0f}",
+            "" if r.heartbeat_age is None else f"{r.heartbeat_age:.1f}s ago")
+    return table
+
+
+def print_status(status: JobStatus) -> None:
+    head = (f"[bold]{status.name}[/]: [{STATE_STYLE.get(status.state, '')}]{status.state}[/]"
+            f" | step {status.step if status.step is not None else '-'}"
+            f"/{status.steps or '?'} | attempt {status.attempt}")
+    console.out.print(head)
+    if status.message:
+        console.out.print(f"  {status.message}", markup=False)
+    console.out.print(status_table(status))
+    for restart in status.restarts:
+        import datetime
+
+        when = datetime.datetime.fromtimestamp(restart["time"]).strftime("%H:%M:%S")
+        console.out.print(f"  restart at {when} (attempt {restart['attempt']}): "
+                          f"{restart['reason']}", markup=False)
+    for host, reason in status.unreachable.items():
+        console.out.print(f"  [magenta]{host} unreachable[/]: {reason}")
+
+
+def hints(record: JobRecord, status: JobStatus) -> None:
+    name = record.name
+    if status.state == FINISHED:
+        console.out.print(f"\njob {name!r} finished. Next: mlxops logs {name} | "
+                          f"mlxops status {name} --json | mlxops resume {name} (after raising "
+                          "train.steps)")
+    else:
+        console.out.print(f"\nNext: mlxops logs {name} --rank 0 | mlxops status {name} | "
+                          f"mlxops resume {name}")
+
+
+def echo_line(line: str) -> None:
+    click.echo(line)

@@ -1,0 +1,178 @@
+"""Job commands: launch, status, logs, watch, stop, resume (thin layers over mlxops.jobs)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from mlxops import console
+from mlxops.cli.follow import echo_line, follow, hints, print_status
+from mlxops.cli.options import connector_from, forks_option, host_key_options, json_option
+from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from mlxops.jobs import logs as joblogs
+from mlxops.jobs.launch import launch as launch_job
+from mlxops.jobs.record import FAILED, FINISHED, STOPPED, list_jobs, load_record
+from mlxops.jobs.spec import load_job
+from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.stop import stop_job
+
+
+def _exit_for(status: JobStatus) -> int:
+    if status.state == FAILED:
+        return EXIT_FAILED
+    if status.unreachable:
+        return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
+def _after_start(record, connector, detach: bool, as_json: bool) -> None:
+    if detach:
+        status = gather(record, connector)
+        if as_json:
+            console.print_json(status.to_dict())
+        else:
+            console.out.print(f"job {record.name!r} started: {record.world_size} ranks on "
+                              f"{len(record.hosts)} host(s), attempt {record.attempt}"
+                              + (f" ({record.message})" if record.message else ""))
+            console.out.print(f"Next: mlxops watch {record.name} | mlxops status {record.name} "
+                              f"| mlxops logs {record.name} -f | mlxops stop {record.name}")
+        sys.exit(_exit_for(status))
+    status = follow(record, connector)
+    if as_json:
+        console.print_json(status.to_dict())
+    else:
+        print_status(status)
+        hints(load_record(record.name), status)
+    sys.exit(_exit_for(status))
+
+
+@click.command("launch")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--detach", "-d", is_flag=True, help="Start and return; the job runs on its own.")
+@json_option
+@forks_option
+@host_key_options
+def launch(job, detach, as_json, forks, accept_new_host_keys, connect_timeout):
+    """Start JOB on its hosts and follow it (Ctrl-C detaches, never kills).
+
+    Pre-flight checks every host first (reachable, same mlx, code synced, ring ports free,
+    no leftover rank): nothing starts anywhere unless all pass.
+    """
+    spec = load_job(job)
+    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        record = launch_job(spec, connector, forks=forks)
+        _after_start(record, connector, detach, as_json)
+
+
+@click.command("resume")
+@click.argument("name")
+@click.option("--exclude", "-x", metavar="HOST,..", default="",
+              help="Continue without these hosts (the global batch stays the same).")
+@click.option("--detach", "-d", is_flag=True)
+@json_option
+@forks_option
+@host_key_options
+def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_timeout):
+    """Relaunch job NAME from the newest checkpoint that every node has."""
+    record = load_record(name)
+    spec = load_job(record.job_file)
+    excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
+    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
+                            previous=record)
+        _after_start(record, connector, detach, as_json)
+
+
+@click.command("watch")
+@click.argument("name")
+@host_key_options
+def watch(name, accept_new_host_keys, connect_timeout):
+    """Follow job NAME and supervise it: restart on a dead or stalled rank."""
+    record = load_record(name)
+    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        status = follow(record, connector)
+        print_status(status)
+        hints(load_record(name), status)
+        sys.exit(_exit_for(status))
+
+
+@click.command("status")
+@click.argument("name", required=False)
+@json_option
+@host_key_options
+def status(name, as_json, accept_new_host_keys, connect_timeout):
+    """Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat."""
+    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        if name is None:
+            statuses = [gather(load_record(n), connector) for n in list_jobs()]
+            if as_json:
+                console.print_json({"jobs": [s.to_dict() for s in statuses]})
+            elif not statuses:
+                console.out.print("no jobs yet. Start one: mlxops launch JOB.yml")
+            for s in statuses if not as_json else []:
+                step = "-" if s.step is None else s.step
+                console.out.print(f"{s.name}: {s.state} step {step}/{s.steps or '?'} "
+                                  f"({len(s.ranks)} ranks, attempt {s.attempt})")
+            sys.exit(EXIT_OK)
+        st = gather(load_record(name), connector)
+        if as_json:
+            console.print_json(st.to_dict())
+        else:
+            print_status(st)
+        sys.exit(EXIT_UNREACHABLE if st.unreachable else EXIT_OK)
+
+
+@click.command("logs")
+@click.argument("name")
+@click.option("--rank", "-r", type=int, default=None, help="Only this rank.")
+@click.option("--follow", "-f", "follow_", is_flag=True, help="Keep printing new lines.")
+@host_key_options
+def logs(name, rank, follow_, accept_new_host_keys, connect_timeout):
+    """The ranks' output, merged, each line prefixed with host and rank."""
+    record = load_record(name)
+    if rank is not None and rank not in {r.rank for r in record.ranks}:
+        raise click.BadParameter(f"job {name!r} has ranks 0..{record.world_size - 1}",
+                                 param_hint="--rank")
+    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        if follow_:
+            try:
+                joblogs.follow(name, connector, echo_line, rank=rank)
+            except KeyboardInterrupt:
+                pass
+            return
+        for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
+            echo_line(line)
+
+
+@click.command("stop")
+@click.argument("name")
+@click.option("--grace", type=click.FloatRange(0, 600), default=None,
+              help="Seconds between SIGTERM and SIGKILL (default: the job's stop_grace, 5).")
+@json_option
+@host_key_options
+def stop(name, grace, as_json, accept_new_host_keys, connect_timeout):
+    """Stop every rank of job NAME and verify nothing of it runs (safe to repeat)."""
+    record = load_record(name)
+    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        results = stop_job(record, connector, grace=grace)
+    if as_json:
+        console.print_json({"name": name, "state": load_record(name).state, "hosts": {
+            h: {"status": r.status, "message": r.message, **r.data} for h, r in results.items()}})
+    else:
+        for host, result in results.items():
+            data = result.data or {}
+            detail = result.message or (
+                f"{len(data.get('signalled', []))} rank(s) stopped"
+                + (f", {len(data['killed'])} needed SIGKILL" if data.get("killed") else ""))
+            console.out.print(f"{host}: ", console.status_text(result.status), f" {detail}",
+                              sep="")
+        if results.exit_code == EXIT_OK:
+            state = load_record(name).state
+            verb = "was already finished" if state == FINISHED else "is stopped"
+            console.out.print(f"job {name!r} {verb}; nothing of it runs. Next: mlxops resume "
+                              f"{name}" if state == STOPPED else f"job {name!r} {verb}")
+    sys.exit(results.exit_code)
+
+
+commands = [launch, resume, watch, status, logs, stop]

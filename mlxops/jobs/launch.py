@@ -1,0 +1,262 @@
+"""Start a job: pre-flight every node, then start every rank detached, then record the job.
+
+Pre-flight (one pass over the hosts, in parallel): reachable; ``mlxops_root`` and the
+interpreter resolved to absolute paths; code synced (only what changed travels); the same
+mlx and Python everywhere; the ring ports free; no leftover rank of this job. Nothing is
+started anywhere unless every host passes. Then, one command per host writes the run
+directory (configs, hostfile, one start script per rank) and spawns that host's ranks in
+their own sessions, so they outlive the SSH connection and the controller.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mlxops import shell
+from mlxops.errors import MlxopsError, UserError
+from mlxops.inventory import load_inventory
+from mlxops.jobs import nodecmd
+from mlxops.jobs.code import sync_code
+from mlxops.jobs.placement import (
+    NodePaths,
+    Rank,
+    jaccl_devices,
+    place_ranks,
+    rank_environment,
+    rank_script,
+    ring_hostfile,
+)
+from mlxops.jobs.record import RUNNING, HostRecord, JobRecord
+from mlxops.jobs.spec import JobSpec
+from mlxops.transport import Connector, HostResult, Results, run_parallel
+from mlxops.transport.results import OK
+
+
+class PreflightError(MlxopsError):
+    pass
+
+
+@dataclass
+class HostPrep:
+    """What pre-flight learned about one host."""
+
+    host: object                    # mlxops.inventory.Host
+    root: str = ""
+    python: str = ""
+    answer: dict = field(default_factory=dict)
+
+
+def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
+    inventory = load_inventory(spec.inventory)
+    hosts = inventory.select(spec.hosts, source=f"{spec.path}: hosts")
+    unknown = [h for h in exclude if h not in inventory.hosts]
+    if unknown:
+        raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")
+    hosts = [h for h in hosts if h.name not in set(exclude)]
+    if not hosts:
+        raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
+    if spec.backend in ("jaccl", "jaccl-ring"):
+        many = [h.name for h in hosts if h.slots != 1]
+        if many:
+            raise UserError(f"{spec.inventory}: {many[0]}.mlxops_slots: jaccl runs one rank per "
+                            "Mac (one RDMA device per peer)")
+    return hosts
+
+
+def _preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connector,
+               forks: int | None) -> tuple[Results, dict[str, HostPrep]]:
+    preps: dict[str, HostPrep] = {}
+
+    def work(host) -> HostResult:
+        conn = connector.connect(host)
+        result = conn.run(nodecmd.resolve_command(host.root, host.python), timeout=60)
+        root, python = nodecmd.parse_resolve(host.name, result, host.python)
+        paths = NodePaths(root, spec.name)
+        sync_code(conn, paths, spec, python)
+        mine = [r for r in ranks if r.host == host.name]
+        ports = [str(r.port) for r in mine] if spec.backend == "ring" else []
+        answer = nodecmd.run_node(conn, python, paths.code, [
+            "preflight", "--run-dir", paths.run_dir, "--ip", host.ip if ports else "",
+            "--ports", *ports])
+        preps[host.name] = HostPrep(host, root, python, answer)
+        return HostResult(host.name, OK)
+
+    return run_parallel(hosts, work, forks=forks), preps
+
+
+def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
+                    resume: bool) -> int | None:
+    """Refuse what would fail or hang later; returns the checkpoint step to resume from."""
+    problems = []
+    versions = {name: (p.answer.get("mlx"), p.answer.get("python_version", "")[:4])
+                for name, p in preps.items()}
+    for name, (mlx, _) in versions.items():
+        if mlx is None:
+            problems.append(f"{name}: mlx is not importable by {preps[name].python} "
+                            "(run 'mlxops provision')")
+    if len({v for v in versions.values()}) > 1:
+        listing = ", ".join(f"{n}: mlx {m} python {p}" for n, (m, p) in versions.items())
+        problems.append(f"mlx/python versions differ across hosts ({listing})")
+    for name, prep in preps.items():
+        if prep.answer.get("leftovers"):
+            pids = ", ".join(str(x["pid"]) for x in prep.answer["leftovers"])
+            problems.append(f"{name}: ranks of job {spec.name!r} still run (pids {pids}); "
+                            f"run 'mlxops stop {spec.name}'")
+        elif prep.answer.get("ports_busy"):
+            ports = ", ".join(map(str, prep.answer["ports_busy"]))
+            problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "
+                            f"{spec.path.name})")
+        if spec.backend in ("jaccl", "jaccl-ring") and prep.answer.get("system") != "Darwin":
+            problems.append(f"{name}: the {spec.backend} backend needs macOS with RDMA over "
+                            "Thunderbolt 5; this node runs " + str(prep.answer.get("system")))
+    if problems:
+        raise PreflightError("pre-flight failed: " + "; ".join(problems))
+    steps = [set(p.answer.get("checkpoints", [])) for p in preps.values()]
+    if not resume:
+        if any(steps):
+            holders = [n for n, p in preps.items() if p.answer.get("checkpoints")]
+            raise PreflightError(
+                f"job {spec.name!r} already has checkpoints on {', '.join(holders)}: "
+                f"'mlxops resume {spec.name}' continues it, or give the job another name")
+        return None
+    common = set.intersection(*steps) if steps else set()
+    return max(common) if common else None
+
+
+def _run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
+               rdma: dict[str, dict[str, str]]) -> dict[str, bytes]:
+    host = prep.host
+    paths = NodePaths(prep.root, spec.name)
+    files: dict[str, bytes] = {}
+    if spec.trainer is not None:
+        config = dict(spec.trainer, out=paths.run_dir)
+        files["trainer.json"] = json.dumps(config, indent=1).encode()
+        argv = [prep.python, "-m", "mlxops.trainer", "--config", f"{paths.run_dir}/trainer.json"]
+        if resume:
+            argv.append("--resume")
+        cwd = paths.run_dir
+    else:
+        argv = list(spec.command or [])
+        if argv[0] in ("python", "python3"):
+            argv[0] = prep.python  # the node's absolute interpreter, as mlx.launch --python
+        cwd = paths.workdir() if spec.workdir else paths.run_dir
+    if spec.backend == "ring" and len(ranks) > 1:
+        files["hostfile.json"] = ring_hostfile(ranks).encode()
+    if spec.backend in ("jaccl", "jaccl-ring"):
+        files["ibv_devices.json"] = jaccl_devices(ranks, rdma).encode()
+    for rank in (r for r in ranks if r.host == host.name):
+        env = rank_environment(backend=spec.backend, rank=rank, ranks=ranks, paths=paths,
+                               host_env=host.env, job_env=spec.env, resume=resume)
+        files[f"rank-{rank.rank}.sh"] = rank_script(env=env, argv=argv, paths=paths, cwd=cwd,
+                                                    rank=rank.rank).encode()
+    return files
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o600
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def start_command_prefix(run_dir: str) -> str:
+    """Clear the previous attempt's rank files (not logs, not checkpoints), then unpack."""
+    q = shell.quote(run_dir)
+    return (f"mkdir -p {q} && rm -f {q}/rank-*.sh {q}/rank-*.pid {q}/rank-*.exit "
+            f"{q}/progress/rank-*.json && tar -xf - -C {q}")
+
+
+def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume: bool,
+           connector: Connector, forks: int | None) -> Results:
+    rdma = {name: dict(p.host.vars.get("mlxops_rdma") or {}) for name, p in preps.items()}
+
+    def work(host) -> HostResult:
+        prep = preps[host.name]
+        paths = NodePaths(prep.root, spec.name)
+        archive = _tar(_run_files(spec, prep, ranks, resume, rdma))
+        mine = [str(r.rank) for r in ranks if r.host == host.name]
+        conn = connector.connect(host)
+        answer = nodecmd.run_node(conn, prep.python, paths.code,
+                                  ["spawn", "--run-dir", paths.run_dir, "--ranks", *mine],
+                                  stdin=archive, prefix=start_command_prefix(paths.run_dir))
+        return HostResult(host.name, OK, data=answer)
+
+    return run_parallel([p.host for p in preps.values()], work, forks=forks)
+
+
+def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
+           exclude: Sequence[str] = (), forks: int | None = None,
+           previous: JobRecord | None = None) -> JobRecord:
+    """Pre-flight, then start every rank; returns the saved record. Raises on any problem."""
+    hosts = select_hosts(spec, exclude)
+    ranks = place_ranks(hosts, spec.base_port)
+    results, preps = _preflight(spec, hosts, ranks, connector, forks)
+    results.raise_on_failure("pre-flight")
+    step = check_preflight(spec, preps, ranks, resume)
+    if resume and step is not None:
+        # Every node resumes from the same step: drop newer checkpoints only some nodes have.
+        _align_checkpoints(spec, preps, step, connector, forks)
+    started = _start(spec, preps, ranks, resume, connector, forks)
+    record = JobRecord(
+        name=spec.name, job_file=str(spec.path), inventory=str(spec.inventory),
+        backend=spec.backend,
+        hosts=[HostRecord(n, p.root, p.python) for n, p in preps.items()],
+        ranks=ranks, state=RUNNING,
+        attempt=(previous.attempt + 1) if previous else 1,
+        steps=((spec.trainer or {}).get("train") or {}).get("steps") if spec.trainer else None,
+        stall_timeout=spec.restart.stall_timeout, max_restarts=spec.restart.max_restarts,
+        stop_grace=spec.stop_grace,
+        excluded=list(exclude),
+        restarts=list(previous.restarts) if previous else [],
+        created=previous.created if previous else time.time(),
+        message=f"resumed from step {step}" if resume and step is not None else "",
+    )
+    record.save()
+    if started.exit_code:
+        # Some ranks started, some did not: leave nothing half-running.
+        from mlxops.jobs.stop import stop_job
+
+        stop_job(record, connector, grace=1.0)
+        record.state = "failed"
+        record.save()
+        started.raise_on_failure("starting ranks")
+    return record
+
+
+def _align_checkpoints(spec: JobSpec, preps: dict[str, HostPrep], step: int,
+                       connector: Connector, forks: int | None) -> None:
+    behind = {n: p for n, p in preps.items() if max(p.answer.get("checkpoints") or [0]) > step}
+    if not behind:
+        return
+
+    def work(host) -> HostResult:
+        prep = preps[host.name]
+        paths = NodePaths(prep.root, spec.name)
+        nodecmd.run_node(connector.connect(host), prep.python, paths.code,
+                         ["keep-checkpoints", "--run-dir", paths.run_dir, "--step", str(step)])
+        return HostResult(host.name, OK)
+
+    results = run_parallel([p.host for p in behind.values()], work, forks=forks)
+    if results.exit_code:
+        results.raise_on_failure("aligning checkpoints")
+
+
+
+def inventory_hosts(record: JobRecord) -> dict:
+    """The job's hosts as the inventory describes them now (for connecting)."""
+    inventory = load_inventory(record.inventory)
+    missing = [h.name for h in record.hosts if h.name not in inventory.hosts]
+    if missing:
+        raise UserError(f"{record.inventory}: host {missing[0]!r} of job {record.name!r} is no "
+                        "longer in the inventory")
+    return {h.name: inventory.hosts[h.name] for h in record.hosts}

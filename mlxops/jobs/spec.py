@@ -1,0 +1,206 @@
+"""The job file (DESIGN.md, "Job file"): loaded and validated before anything touches a host.
+
+Every error is one line naming the file and the key, e.g.
+``jobs/tiny.yml: restart.stall_timeout: must be a positive number, got 'soon'``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlxops import shell
+from mlxops.errors import bad_input
+
+BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")
+RUNNABLE_HERE = ("ring", "mpi")  # jaccl needs RDMA over Thunderbolt 5: rendered, not run here
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
+            "restart", "port", "stop_grace"}
+RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval"}
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int = 3
+    stall_timeout: float = 60.0   # seconds without progress from any rank = stalled
+    poll_interval: float = 1.0    # how often the watchdog looks
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    path: Path
+    name: str
+    inventory: Path
+    hosts: str = "all"
+    backend: str = "ring"
+    trainer: dict[str, Any] | None = None      # the bundled trainer's config, or
+    command: list[str] | None = None           # the user's own command (words)
+    workdir: Path | None = None                # synced to <root>/code/jobs/<name>/
+    env: dict[str, str] = field(default_factory=dict)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    port: int = 0                              # first ring port; 0 = derived from the name
+    stop_grace: float = 5.0                    # seconds between SIGTERM and SIGKILL
+
+    @property
+    def base_port(self) -> int:
+        # A per-name default keeps two jobs on one cluster off each other's ports.
+        return self.port or 20000 + (zlib.crc32(self.name.encode()) % 2000) * 10
+
+
+def _number(path: Path, key: str, value: Any, *, integer: bool = False,
+            minimum: float = 0.0, allow_zero: bool = False) -> Any:
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+    if not ok or value < minimum or (value == 0 and not allow_zero):
+        kind = "integer" if integer else "number"
+        qual = "non-negative" if allow_zero else "positive"
+        raise bad_input(path, key, f"must be a {qual} {kind}, got {value!r}")
+    return value
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise bad_input(path, None, f"cannot read job file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise bad_input(path, None, f"invalid YAML{where}: {getattr(exc, 'problem', exc)}"
+                        ) from None
+    if not isinstance(data, dict):
+        raise bad_input(path, None, "a job file is a mapping (name:, inventory:, ...)")
+    return data
+
+
+def load_job(path: str | Path) -> JobSpec:
+    path = Path(path)
+    data = _read(path)
+    for key in data:
+        if key not in TOP_KEYS:
+            raise bad_input(path, str(key), f"unknown key (known: {', '.join(sorted(TOP_KEYS))})")
+    for key in ("name", "inventory"):
+        if key not in data:
+            raise bad_input(path, key, "required")
+    name = data["name"]
+    if not isinstance(name, str) or not NAME.match(name):
+        raise bad_input(path, "name", "letters, digits, '.', '_' and '-' only (max 64), "
+                                      f"got {name!r}")
+    inventory = data["inventory"]
+    if not isinstance(inventory, str) or not inventory:
+        raise bad_input(path, "inventory", "must be a path (relative to the job file)")
+    inventory_path = (path.parent / inventory).resolve()
+    if not inventory_path.is_file():
+        raise bad_input(path, "inventory", f"no such file: {inventory_path}")
+    hosts = data.get("hosts", "all")
+    if not isinstance(hosts, str) or not hosts.strip():
+        raise bad_input(path, "hosts", "must be a host pattern such as 'all' or 'macs:!mac3'")
+    backend = data.get("backend", "ring")
+    if backend not in BACKENDS:
+        raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+    trainer, command = data.get("trainer"), data.get("command")
+    if (trainer is None) == (command is None):
+        raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
+                                         "trainer) or 'command:' (your own program)")
+    if trainer is not None:
+        trainer = _validate_trainer(path, trainer)
+    if command is not None:
+        command = _command_words(path, command)
+    workdir = data.get("workdir")
+    if workdir is not None:
+        if command is None:
+            raise bad_input(path, "workdir", "goes with 'command:' (the trainer is synced anyway)")
+        if not isinstance(workdir, str):
+            raise bad_input(path, "workdir", "must be a directory path")
+        workdir = (path.parent / workdir).resolve()
+        if not workdir.is_dir():
+            raise bad_input(path, "workdir", f"no such directory: {workdir}")
+
+    env = data.get("env") or {}
+    if not isinstance(env, dict):
+        raise bad_input(path, "env", "must be a mapping of NAME: value")
+    for k, v in env.items():
+        if not isinstance(k, str) or not shell.is_env_name(k):
+            raise bad_input(path, f"env.{k}", "not a valid environment variable name")
+        if not isinstance(v, (str, int, float, bool)):
+            raise bad_input(path, f"env.{k}", "must be a string or a number")
+    env = {k: str(v) for k, v in env.items()}
+
+    return JobSpec(
+        path=path.resolve(), name=name, inventory=inventory_path, hosts=hosts, backend=backend,
+        trainer=trainer, command=command, workdir=workdir, env=env,
+        restart=_restart(path, data.get("restart")),
+        port=_port(path, data.get("port", 0)),
+        stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
+    )
+
+
+def _restart(path: Path, data: Any) -> RestartPolicy:
+    if data is None:
+        return RestartPolicy()
+    if not isinstance(data, dict):
+        raise bad_input(path, "restart", "must be a mapping (max_restarts, stall_timeout)")
+    for key in data:
+        if key not in RESTART_KEYS:
+            raise bad_input(path, f"restart.{key}", "unknown key (known: "
+                                                    f"{', '.join(sorted(RESTART_KEYS))})")
+    d = RestartPolicy()
+    return RestartPolicy(
+        max_restarts=_number(path, "restart.max_restarts", data.get("max_restarts",
+                             d.max_restarts), integer=True, allow_zero=True),
+        stall_timeout=float(_number(path, "restart.stall_timeout",
+                                    data.get("stall_timeout", d.stall_timeout))),
+        poll_interval=float(_number(path, "restart.poll_interval",
+                                    data.get("poll_interval", d.poll_interval))),
+    )
+
+
+def _port(path: Path, value: Any) -> int:
+    if value == 0:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 1024 <= value <= 65000:
+        raise bad_input(path, "port", f"must be a port number from 1024 to 65000, got {value!r}")
+    return value
+
+
+def _command_words(path: Path, command: Any) -> list[str]:
+    if isinstance(command, str):
+        try:
+            words = shlex.split(command)
+        except ValueError as exc:
+            raise bad_input(path, "command", f"cannot split into words: {exc}") from None
+    elif isinstance(command, list) and all(isinstance(w, (str, int, float)) for w in command):
+        words = [str(w) for w in command]
+    else:
+        raise bad_input(path, "command", "must be a list of words or one command line")
+    if not words:
+        raise bad_input(path, "command", "is empty")
+    return words
+
+
+def _validate_trainer(path: Path, trainer: Any) -> dict[str, Any]:
+    """The trainer's own loader validates the section (it names the key that is wrong)."""
+    from mlxops.trainer.config import ConfigError, from_dict
+
+    if not isinstance(trainer, dict):
+        raise bad_input(path, "trainer", "must be a mapping (model:, data:, train:)")
+    if "out" in trainer:
+        raise bad_input(path, "trainer.out", "is set by mlxops (the job's run directory)")
+    try:
+        from_dict(dict(trainer), where="trainer")
+    except ConfigError as exc:
+        # The trainer says "trainer: model.dims: ..."; make it "trainer.model.dims: ...".
+        message = str(exc)
+        if message.startswith("trainer: "):
+            message = "trainer." + message[len("trainer: "):]
+        raise bad_input(path, None, message) from None
+    return trainer

@@ -1,0 +1,140 @@
+"""A job's state, from every node's answer: per rank and for the job as a whole.
+
+Rank states: running, finished (exit 0), failed (non-zero exit, or gone without one),
+stalled (alive, but no progress for ``stall_timeout`` seconds), stopped (mlxops stopped it),
+unreachable (its host did not answer). Heartbeat ages are computed on each node's own clock,
+so clock skew between Macs does not make a healthy rank look stalled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlxops.jobs import nodecmd
+from mlxops.jobs.record import FAILED, FINISHED, RUNNING, STALLED, STOPPED, JobRecord
+from mlxops.transport import Connector, HostResult, run_parallel
+from mlxops.transport.results import OK
+
+UNREACHABLE = "unreachable"
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    host: str
+    state: str
+    pid: int | None = None
+    exit: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    tokens_per_sec: float | None = None
+    heartbeat_age: float | None = None
+
+
+@dataclass
+class JobStatus:
+    name: str
+    state: str
+    ranks: list[RankStatus]
+    attempt: int = 1
+    restarts: list[dict[str, Any]] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)   # host -> reason
+    steps: int | None = None
+    message: str = ""
+
+    @property
+    def step(self) -> int | None:
+        """The job's progress: the step every rank has reached."""
+        steps = [r.step for r in self.ranks if r.step is not None]
+        return min(steps) if len(steps) == len(self.ranks) and steps else None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the watchdog should restart, or None."""
+        failed = [r for r in self.ranks if r.state == FAILED]
+        if failed:
+            r = failed[0]
+            how = f"exited with code {r.exit}" if r.exit is not None else "vanished"
+            return f"rank {r.rank} on {r.host} {how}"
+        stalled = [r for r in self.ranks if r.state == STALLED]
+        if stalled:
+            r = stalled[0]
+            return (f"rank {r.rank} on {r.host} made no progress for "
+                    f"{r.heartbeat_age:.0f}s (stalled)")
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "state": self.state, "step": self.step, "steps": self.steps,
+                "attempt": self.attempt, "restarts": self.restarts,
+                "unreachable": self.unreachable, "message": self.message,
+                "ranks": [asdict(r) for r in self.ranks]}
+
+
+def rank_state(answer: dict[str, Any], node_stopped: bool, job_stopped: bool,
+               stall_timeout: float) -> str:
+    if answer.get("exit") is not None:
+        return FINISHED if answer["exit"] == 0 else FAILED
+    if answer.get("alive"):
+        age = answer.get("heartbeat_age")
+        return STALLED if age is not None and age > stall_timeout else RUNNING
+    if node_stopped or job_stopped:
+        return STOPPED
+    return FAILED  # gone without an exit code: killed by a signal it could not record
+
+
+def job_state(record: JobRecord, ranks: list[RankStatus]) -> str:
+    states = {r.state for r in ranks}
+    if record.state == STOPPED and not states & {RUNNING, STALLED}:
+        return STOPPED
+    if states == {FINISHED}:
+        return FINISHED
+    if FAILED in states:
+        return FAILED
+    if STALLED in states:
+        return STALLED
+    if STOPPED in states and not states & {RUNNING}:
+        return STOPPED
+    return RUNNING
+
+
+def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
+             unreachable: dict[str, str]) -> JobStatus:
+    """Pure: the record plus each host's ``mlxops.node status`` answer → the job's status."""
+    ranks: list[RankStatus] = []
+    for rank in record.ranks:
+        answer = answers.get(rank.host)
+        if answer is None:
+            ranks.append(RankStatus(rank.rank, rank.host, UNREACHABLE))
+            continue
+        mine = next((a for a in answer.get("ranks", []) if a.get("rank") == rank.rank), {})
+        progress = mine.get("progress") or {}
+        state = rank_state(mine, answer.get("stopped", False), record.state == STOPPED,
+                           record.stall_timeout)
+        ranks.append(RankStatus(
+            rank.rank, rank.host, state, mine.get("pid"), mine.get("exit"),
+            progress.get("step"), progress.get("loss"), progress.get("tokens_per_sec"),
+            mine.get("heartbeat_age")))
+    return JobStatus(record.name, job_state(record, ranks), ranks, record.attempt,
+                     record.restarts, unreachable, record.steps, record.message)
+
+
+def gather(record: JobRecord, connector: Connector, forks: int | None = None,
+           hosts: dict[str, Any] | None = None) -> JobStatus:
+    """Ask every host of the job (in parallel) and classify the answers."""
+    from mlxops.jobs.launch import inventory_hosts
+
+    hosts = hosts or inventory_hosts(record)
+    answers: dict[str, dict[str, Any]] = {}
+
+    def work(host) -> HostResult:
+        h = record.host(host.name)
+        paths = h.paths(record.name)
+        answers[host.name] = nodecmd.run_node(connector.connect(host), h.python, paths.code,
+                                              ["status", "--run-dir", paths.run_dir],
+                                              timeout=30)
+        return HostResult(host.name, OK)
+
+    results = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)
+    unreachable = {name: r.message for name, r in results.items() if not r.succeeded}
+    return classify(record, answers, unreachable)

@@ -1,0 +1,46 @@
+"""Stop a job: SIGTERM every rank's process group, SIGKILL after the grace period, verify.
+
+Idempotent: stopping a stopped (or finished) job checks again that nothing of it runs.
+"""
+
+from __future__ import annotations
+
+from mlxops.jobs import nodecmd
+from mlxops.jobs.record import FINISHED, STOPPED, JobRecord
+from mlxops.transport import Connector, HostResult, Results, run_parallel
+from mlxops.transport.results import FAILED, OK
+
+
+def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = None,
+             forks: int | None = None, mark_stopped: bool = True,
+             hosts: dict | None = None) -> Results:
+    """Stop every rank on every host, in parallel; each host verifies its ports are free."""
+    from mlxops.jobs.launch import inventory_hosts
+
+    hosts = hosts or inventory_hosts(record)
+    grace = record.stop_grace if grace is None else grace
+
+    def work(host) -> HostResult:
+        h = record.host(host.name)
+        paths = h.paths(record.name)
+        mine = record.ranks_on(host.name)
+        ports = [str(r.port) for r in mine] if record.backend == "ring" else []
+        answer = nodecmd.run_node(
+            connector.connect(host), h.python, paths.code,
+            ["stop", "--run-dir", paths.run_dir, "--grace", str(grace),
+             "--ip", host.ip if ports else "", "--ports", *ports], timeout=grace + 60)
+        if answer.get("alive"):
+            return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",
+                              data=answer)
+        if answer.get("ports_busy"):
+            return HostResult(host.name, FAILED, f"ports still in use: {answer['ports_busy']}",
+                              data=answer)
+        return HostResult(host.name, OK, data=answer)
+
+    results = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)
+    if mark_stopped and record.state != FINISHED:
+        record.state = STOPPED
+        record.save()
+    return results
+
+
