@@ -170,6 +170,18 @@ def environment(value: Any) -> None:
             raise Invalid(f"must be a string or a number, got {item!r}", subkey=name)
 
 
+def rdma_devices(value: Any) -> None:
+    """``{peer host: device}``; a device may be a list (several Thunderbolt 5 links)."""
+    if not isinstance(value, Mapping):
+        raise Invalid(f"must be a mapping of peer host: RDMA device, got {value!r}")
+    for peer, device in value.items():
+        ok = isinstance(device, str) and device or (
+            isinstance(device, list) and device and all(isinstance(d, str) and d for d in device))
+        if not ok:
+            raise Invalid(f"must be a device name such as 'rdma_en3' (or a list), got {device!r}",
+                          subkey=str(peer))
+
+
 # --- the variables ------------------------------------------------------------------------
 
 # Ansible's connection variables, with Ansible's names and meanings.
@@ -204,3 +216,7 @@ register("mlxops_btl_tcp_if_include", None, interfaces,
          "OMPI_MCA_btl_tcp_if_include: interface(s) MPI uses (mpi backend only)")
 register("mlxops_metal_fast_synch", 0, zero_or_one,
          "MLX_METAL_FAST_SYNCH: 1 turns it on (MLX warns it can wedge the GPU)")
+register("mlxops_rdma", None, rdma_devices,
+         "jaccl: RDMA device towards each peer host, e.g. {studio2: rdma_en3}")
+register("mlxops_ssh_target", None, word,
+         "what mlx.launch/mpirun ssh to for this host (default: user@address)")

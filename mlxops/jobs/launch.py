@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mlxops import shell
+from mlxops import render, shell
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
 from mlxops.jobs import nodecmd
@@ -25,7 +25,6 @@ from mlxops.jobs.code import sync_code
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
-    jaccl_devices,
     place_ranks,
     rank_environment,
     rank_script,
@@ -60,12 +59,14 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
-    if spec.backend in ("jaccl", "jaccl-ring"):
-        many = [h.name for h in hosts if h.slots != 1]
-        if many:
-            raise UserError(f"{spec.inventory}: {many[0]}.mlxops_slots: jaccl runs one rank per "
-                            "Mac (one RDMA device per peer)")
     return hosts
+
+
+def rdma_devices(spec: JobSpec, hosts: list) -> list | None:
+    """MLX_IBV_DEVICES for jaccl (checked like mlx.launch checks it), else None."""
+    if spec.backend not in ("jaccl", "jaccl-ring"):
+        return None
+    return render.rdma_matrix(hosts, spec.backend, source=spec.inventory)
 
 
 def _preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connector,
@@ -129,7 +130,7 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
 
 
 def _run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
-               rdma: dict[str, dict[str, str]]) -> dict[str, bytes]:
+               rdma: list | None) -> dict[str, bytes]:
     host = prep.host
     paths = NodePaths(prep.root, spec.name)
     files: dict[str, bytes] = {}
@@ -147,8 +148,8 @@ def _run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         cwd = paths.workdir() if spec.workdir else paths.run_dir
     if spec.backend == "ring" and len(ranks) > 1:
         files["hostfile.json"] = ring_hostfile(ranks).encode()
-    if spec.backend in ("jaccl", "jaccl-ring"):
-        files["ibv_devices.json"] = jaccl_devices(ranks, rdma).encode()
+    if rdma is not None:
+        files["ibv_devices.json"] = json.dumps(rdma).encode()
     for rank in (r for r in ranks if r.host == host.name):
         env = rank_environment(backend=spec.backend, rank=rank, ranks=ranks, paths=paths,
                                host_env=host.env, job_env=spec.env, resume=resume)
@@ -177,9 +178,7 @@ def start_command_prefix(run_dir: str) -> str:
 
 
 def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume: bool,
-           connector: Connector, forks: int | None) -> Results:
-    rdma = {name: dict(p.host.vars.get("mlxops_rdma") or {}) for name, p in preps.items()}
-
+           rdma: list | None, connector: Connector, forks: int | None) -> Results:
     def work(host) -> HostResult:
         prep = preps[host.name]
         paths = NodePaths(prep.root, spec.name)
@@ -199,6 +198,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
            previous: JobRecord | None = None) -> JobRecord:
     """Pre-flight, then start every rank; returns the saved record. Raises on any problem."""
     hosts = select_hosts(spec, exclude)
+    rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
     ranks = place_ranks(hosts, spec.base_port)
     results, preps = _preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
@@ -206,7 +206,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     if resume and step is not None:
         # Every node resumes from the same step: drop newer checkpoints only some nodes have.
         _align_checkpoints(spec, preps, step, connector, forks)
-    started = _start(spec, preps, ranks, resume, connector, forks)
+    started = _start(spec, preps, ranks, resume, rdma, connector, forks)
     record = JobRecord(
         name=spec.name, job_file=str(spec.path), inventory=str(spec.inventory),
         backend=spec.backend,

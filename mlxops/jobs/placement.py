@@ -45,12 +45,6 @@ def ring_hostfile(ranks: Sequence[Rank]) -> str:
     return json.dumps([[f"{r.ip}:{r.port}"] for r in ranks])
 
 
-def jaccl_devices(ranks: Sequence[Rank], rdma: dict[str, dict[str, str]]) -> str:
-    """MLX_IBV_DEVICES for jaccl: for each rank, the RDMA device towards every other rank."""
-    return json.dumps([[None if a.host == b.host else rdma.get(a.host, {}).get(b.host)
-                        for b in ranks] for a in ranks])
-
-
 @dataclass(frozen=True)
 class NodePaths:
     """Absolute paths on one node (the node resolved ``mlxops_root`` at launch)."""
