@@ -249,10 +249,18 @@ class PlayResult:
                           "facts": self.facts.get(h) or {}} for h in self.hosts},
             "tasks": [{"name": r.task.name, "task": r.task.spec.name,
                        "duration": round(r.duration, 3),
-                       "hosts": {h: {"status": res.status, "message": res.message}
-                                 for h, res in r.results.items()}} for r in self.tasks],
+                       "hosts": {h: _result_json(res) for h, res in r.results.items()}}
+                      for r in self.tasks],
             "duration": round(self.duration, 3),
         }
+
+
+def _result_json(result: HostResult) -> dict[str, Any]:
+    doc: dict[str, Any] = {"status": result.status, "message": result.message}
+    outcome = outcome_of(result)
+    if outcome is not None and outcome.data.get("warnings"):
+        doc["warnings"] = list(outcome.data["warnings"])
+    return doc
 
 
 class Callbacks:
