@@ -94,7 +94,8 @@ ANSIBLE_PLAY = """\
     - name: env file
       copy: {content: "{{ bench_env }}", dest: "{{ root }}/env.sh", mode: "0600"}
     - name: python imports the pinned mlx
-      command: ["{{ mlxops_python }}", "-c", "import mlx.core as mx; print(mx.__version__)"]
+      command:
+        argv: ["{{ mlxops_python }}", "-c", "import mlx.core as mx; print(mx.__version__)"]
       register: mlx
       changed_when: false
       failed_when: mlx.stdout != "%(pin)s"

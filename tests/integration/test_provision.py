@@ -151,3 +151,56 @@ def test_bad_input_is_exit_2_before_any_host_is_touched(sandbox, tmp_path):
     proc, _ = provision(inv, tmp_path, "--tags", "nosuchtag")
     assert proc.returncode == 2 and "--tags: unknown tag 'nosuchtag'" in proc.stderr
     assert not any((sandbox.node_home(n) / ".prov-bad").exists() for n in sandbox.nodes)
+
+
+def _tiny_mlx_wheel(directory: Path, version: str) -> Path:
+    """A pure-Python wheel named mlx whose `mlx.core.__version__` is ``version``: enough for
+    the python task's real path (venv, pushed wheelhouse, pip --no-index) in seconds."""
+    import base64
+    import zipfile
+
+    files = {
+        "mlx/__init__.py": "",
+        "mlx/core.py": f"__version__ = {version!r}\n",
+        f"mlx-{version}.dist-info/METADATA":
+            f"Metadata-Version: 2.1\nName: mlx\nVersion: {version}\nProvides-Extra: cpu\n",
+        f"mlx-{version}.dist-info/WHEEL":
+            "Wheel-Version: 1.0\nGenerator: mlxops-test\nRoot-Is-Purelib: true\n"
+            "Tag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"mlx-{version}.dist-info/RECORD,,")
+    files[f"mlx-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    path = directory / f"mlx-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as whl:
+        for name, text in files.items():
+            whl.writestr(name, text)
+    return path
+
+
+def test_python_task_makes_a_venv_from_a_pushed_wheelhouse(sandbox, tmp_path):
+    # node2's interpreter is the system Python, which has no mlx: the task must make
+    # ~/.prov-venv/venv and install the pin offline from the wheelhouse it pushes.
+    from importlib.metadata import version
+
+    pin = version("mlx")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _tiny_mlx_wheel(wheels, pin)
+    inv = inventory_copy(sandbox, tmp_path, "~/.prov-venv", {"node2": {
+        "mlxops_python": "/usr/bin/python3", "mlxops_wheelhouse": str(wheels)}})
+    play = tmp_path / "python.yml"
+    play.write_text("tasks:\n  - {task: facts}\n  - {task: python}\n")
+    proc, doc = provision(inv, tmp_path, "--playbook", str(play), "--limit", "node2")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    host = doc["hosts"]["node2"]
+    assert host["changed"] == 1
+    venv_python = f"/home/{sandbox.user}/.prov-venv/venv/bin/python"
+    assert host["facts"]["python"] == {"path": venv_python, "version": host["facts"]["python"]
+                                       ["version"], "mlx": pin}
+    proc, doc = provision(inv, tmp_path, "--playbook", str(play), "--limit", "node2")
+    assert proc.returncode == 0 and doc["hosts"]["node2"]["changed"] == 0
+    assert doc["hosts"]["node2"]["facts"]["python"]["path"] == venv_python
