@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.measure import Measurement
 from rich.table import Table
 
 from mlxops import console
@@ -15,6 +16,18 @@ from mlxops.transport import ConnectOptions, Connector
 from mlxops.trust import KEY_CHANGED, NEW, check_host_keys, record_new_keys
 
 _STATE_STYLE = {"known": "green", "new": "yellow", "changed": "bold red", "local": "cyan"}
+
+
+def _print_uncut(table: Table) -> None:
+    """Print the table whole: a fingerprint cut to fit 80 columns cannot be compared."""
+    out = console.out
+    need = Measurement.get(out, out.options.update(max_width=10_000), table).maximum
+    width = out.width
+    out.width = max(width, need)
+    try:
+        out.print(table)
+    finally:
+        out.width = width
 
 
 @click.command("trust")
@@ -46,7 +59,7 @@ def command(inventory, limit, forks, yes, connect_timeout):
             continue
         table.add_row(host, check.name, check.key_type, check.fingerprint,
                       f"[{_STATE_STYLE[check.state]}]{check.state}[/]")
-    console.out.print(table)
+    _print_uncut(table)
 
     new = [h for h, c in checks.items() if c.state == NEW]
     if new and (yes or click.confirm(f"Record {len(new)} new host key(s)?", default=False)):
