@@ -91,15 +91,26 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
     ssh_dir = files.home / ".ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(client_pub)
+    tmp_dir = files.home / TMP_DIR
+    tmp_dir.mkdir(exist_ok=True)
     for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
-                       (ssh_dir / "authorized_keys", 0o600)):
+                       (ssh_dir / "authorized_keys", 0o600), (tmp_dir, 0o700)):
         os.chown(path, user.pw_uid, user.pw_gid)
         os.chmod(path, mode)
     files.sshd_config.write_text(sshd_config(files, node, user.pw_name))
 
 
+# Each node's own temporary directory, as macOS gives every user one ($TMPDIR). Nodes
+# share this machine's /tmp otherwise, and MLX's CPU backend compiles kernels under
+# $TMPDIR/mlx/<version>/: a /tmp/mlx made by root (a test run as root) is unwritable for
+# the node user, and nodes would share compiled files.
+TMP_DIR = ".tmp"
+
+
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:
+    home = pwd.getpwnam(user).pw_dir
     return "\n".join([
+        f"SetEnv TMPDIR={home}/{TMP_DIR}",
         f"ListenAddress {node.ip}",
         "Port 22",
         f"HostKey {files.host_key}",
@@ -133,7 +144,7 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
     if user is not None:
         home = pwd.getpwnam(user).pw_dir
         base = {"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
-                "PATH": "/usr/local/bin:/usr/bin:/bin"}
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": f"{home}/{TMP_DIR}"}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
                  *inner]

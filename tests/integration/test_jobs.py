@@ -1,0 +1,209 @@
+"""Jobs on 4 sandbox nodes: launch, stop, resume, and the watchdog's restarts.
+
+Real sshd nodes, real detached ranks, a real MLX ring between network namespaces. Each
+test runs its own job name (own ports, own run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlxops.jobs.launch import launch
+from mlxops.jobs.logs import fetch, prefixed
+from mlxops.jobs.record import load_record
+from mlxops.jobs.spec import load_job
+from mlxops.jobs.status import gather
+from mlxops.jobs.stop import stop_job
+from mlxops.jobs.watch import supervise
+from mlxops.transport import Connector
+
+HOSTS = "node1,node2,node3,node4"
+TRAINER = {
+    "model": {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32},
+    "data": {"source": "synthetic", "seed": 0},
+    "train": {"steps": 60, "global_batch": 8, "micro_batch": 2, "lr": 3e-3,
+              "checkpoint_every": 10, "keep": 3, "log_every": 1},
+}
+
+
+@pytest.fixture(autouse=True)
+def controller_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def connector():
+    with Connector() as conn:
+        yield conn
+
+
+def write_job(tmp_path: Path, sandbox, name: str, *, steps: int = 60,
+              restart: dict | None = None) -> Path:
+    trainer = json.loads(json.dumps(TRAINER))
+    trainer["train"]["steps"] = steps
+    job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
+           "backend": "ring", "trainer": trainer,
+           "restart": restart or {"max_restarts": 2, "stall_timeout": 30}}
+    path = tmp_path / f"{name}.yml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def run_dir(sandbox, node: str, name: str) -> Path:
+    return Path(sandbox.node_home(node)) / ".mlxops" / "runs" / name
+
+
+def losses(sandbox, name: str) -> dict[int, float]:
+    """step -> loss from rank 0's metrics (node1); a re-done step keeps its last value."""
+    out = {}
+    for line in (run_dir(sandbox, "node1", name) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+def job_processes(name: str) -> list[str]:
+    """Every process on this machine (all nodes share its PID namespace) of the job."""
+    out = subprocess.run(["pgrep", "-af", f"/runs/{name}/"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = gather(record, connector)
+        if status.state not in ("running", "stalled"):
+            logs = "\n".join(prefixed(fetch(record, connector, {})))
+            raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
+        if (status.step or 0) >= step:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {record.name} did not reach step {step}")
+
+
+def trainer_pid(sandbox, name: str, rank: int, node: str) -> int:
+    pgid = int((run_dir(sandbox, node, name) / f"rank-{rank}.pid").read_text())
+    children = subprocess.run(["pgrep", "-P", str(pgid)], capture_output=True, text=True)
+    return int(children.stdout.split()[0])
+
+
+def test_launch_runs_to_finished_with_falling_loss(sandbox, tmp_path, connector):
+    spec = load_job(write_job(tmp_path, sandbox, "t-finish", steps=40))
+    record = launch(spec, connector)
+    assert record.world_size == 4
+    assert {r.host for r in record.ranks} == set(HOSTS.split(","))
+    final = supervise(record, connector)
+    assert final.state == "finished", final.to_dict()
+    assert all(r.state == "finished" and r.step == 40 for r in final.ranks)
+    seen = losses(sandbox, "t-finish")
+    assert seen[40] < seen[1]
+    assert job_processes("t-finish") == []
+    # Every node keeps its own checkpoint copy.
+    for node in HOSTS.split(","):
+        assert (run_dir(sandbox, node, "t-finish") / "ckpt" / "latest").exists()
+
+
+def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
+        sandbox, tmp_path, connector):
+    straight = load_job(write_job(tmp_path, sandbox, "t-straight", steps=40))
+    assert supervise(launch(straight, connector), connector).state == "finished"
+
+    spec = load_job(write_job(tmp_path, sandbox, "t-resume", steps=40))
+    record = launch(spec, connector)
+    wait_for_step(record, connector, 24)
+    results = stop_job(record, connector)
+    assert results.exit_code == 0, {h: r.message for h, r in results.items()}
+    assert job_processes("t-resume") == []
+    assert gather(load_record("t-resume"), connector).state == "stopped"
+    assert stop_job(load_record("t-resume"), connector).exit_code == 0  # idempotent
+
+    resumed = launch(spec, connector, resume=True, previous=load_record("t-resume"))
+    assert resumed.message.startswith("resumed from step 20")
+    assert supervise(resumed, connector).state == "finished"
+    want, got = losses(sandbox, "t-straight"), losses(sandbox, "t-resume")
+    after = [s for s in want if s > 20]
+    assert after and all(got[s] == want[s] for s in after), \
+        [(s, want[s], got[s]) for s in after if got[s] != want[s]]
+
+
+def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
+        sandbox, tmp_path, connector):
+    spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=80))
+    record = launch(spec, connector)
+    events: list[str] = []
+    result = {}
+    watcher = threading.Thread(target=lambda: result.update(
+        status=supervise(record, connector, on_event=events.append)), daemon=True)
+    watcher.start()
+    wait_for_step(record, connector, 12)
+    killed_at = time.time()
+    os.kill(trainer_pid(sandbox, "t-kill", 2, "node3"), signal.SIGKILL)
+    watcher.join(timeout=180)
+    assert result["status"].state == "finished", result["status"].to_dict()
+    restarts = load_record("t-kill").restarts
+    assert len(restarts) == 1 and "rank 2 on node3" in restarts[0]["reason"]
+    # The restart is recorded once every other rank has been stopped.
+    assert restarts[0]["time"] - killed_at < 10
+    assert job_processes("t-kill") == []
+
+
+def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connector):
+    spec = load_job(write_job(tmp_path, sandbox, "t-stall", steps=60,
+                              restart={"max_restarts": 2, "stall_timeout": 6}))
+    record = launch(spec, connector)
+    result = {}
+    watcher = threading.Thread(target=lambda: result.update(
+        status=supervise(record, connector)), daemon=True)
+    watcher.start()
+    wait_for_step(record, connector, 12)
+    os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
+    watcher.join(timeout=180)
+    assert result["status"].state == "finished", result["status"].to_dict()
+    reasons = [r["reason"] for r in load_record("t-stall").restarts]
+    assert len(reasons) == 1 and "stalled" in reasons[0], reasons
+    assert job_processes("t-stall") == []
+
+
+def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
+        sandbox, tmp_path, connector):
+    path = write_job(tmp_path, sandbox, "t-detach", steps=80)
+    env = dict(os.environ)
+    cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                record = load_record("t-detach")
+                break
+            except Exception:  # noqa: BLE001 - not recorded yet
+                time.sleep(0.2)
+        wait_for_step(record, connector, 5)
+    finally:
+        cli.kill()  # SIGKILL: no chance to clean anything up
+        cli.wait()
+    step_then = gather(record, connector).step
+    time.sleep(2)
+    status = gather(record, connector)
+    assert status.state == "running" and status.step > step_then
+    out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["name"] == "t-detach" and doc["state"] == "running"
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    watch = subprocess.run([sys.executable, "-m", "mlxops", "watch", "t-detach"],
+                           capture_output=True, text=True, env=env, timeout=240)
+    assert watch.returncode == 0, watch.stderr
+    assert "finished" in watch.stdout
+    assert job_processes("t-detach") == []

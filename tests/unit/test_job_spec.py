@@ -1,0 +1,95 @@
+"""Job files: what loads, and a one-line error naming the file and key for what does not."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from mlxops.errors import UserError
+from mlxops.jobs.spec import load_job
+
+INVENTORY = {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1"}}}}
+GOOD = {
+    "name": "tiny",
+    "inventory": "inv.yml",
+    "trainer": {"model": {"dims": 32, "layers": 1, "heads": 2, "seq_len": 16},
+                "train": {"steps": 10}},
+}
+
+
+def write(tmp_path, job):
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(INVENTORY))
+    path = tmp_path / "job.yml"
+    path.write_text(job if isinstance(job, str) else yaml.safe_dump(job))
+    return path
+
+
+def with_(**changes):
+    job = dict(GOOD)
+    for key, value in changes.items():
+        if value is None:
+            job.pop(key, None)
+        else:
+            job[key] = value
+    return job
+
+
+def test_a_good_job_loads_with_defaults(tmp_path):
+    spec = load_job(write(tmp_path, GOOD))
+    assert spec.name == "tiny"
+    assert spec.inventory == (tmp_path / "inv.yml").resolve()
+    assert (spec.hosts, spec.backend) == ("all", "ring")
+    assert spec.restart.max_restarts == 3 and spec.restart.stall_timeout == 60
+    assert 20000 <= spec.base_port < 40000
+    assert spec.base_port == load_job(write(tmp_path, GOOD)).base_port  # stable per name
+
+
+def test_command_jobs_split_a_string_and_take_a_workdir(tmp_path):
+    (tmp_path / "work").mkdir()
+    spec = load_job(write(tmp_path, with_(trainer=None, command="python train.py --lr 'a b'",
+                                          workdir="work", env={"X": 1})))
+    assert spec.command == ["python", "train.py", "--lr", "a b"]
+    assert spec.workdir == (tmp_path / "work").resolve()
+    assert spec.env == {"X": "1"}
+
+
+BAD = [
+    ("name: [unclosed", "invalid YAML at line 1"),
+    ("- a list", "a job file is a mapping"),
+    (with_(nmae="x"), "nmae: unknown key"),
+    (with_(name=None), "name: required"),
+    (with_(name="has space"), "name: letters, digits"),
+    (with_(name="$(reboot)"), "name: letters, digits"),
+    (with_(inventory="missing.yml"), "inventory: no such file"),
+    (with_(backend="nccl"), "backend: must be one of ring, mpi, jaccl, jaccl-ring"),
+    (with_(hosts=""), "hosts: must be a host pattern"),
+    (with_(command=["python", "x.py"]), "trainer: give exactly one of"),
+    (with_(trainer=None), "trainer: give exactly one of"),
+    (with_(trainer={"model": {"dimz": 3}}), "trainer.model.dimz: unknown key"),
+    (with_(trainer={"train": {"steps": "many"}}), "trainer.train.steps: expected int"),
+    (with_(trainer={"out": "x"}), "trainer.out: is set by mlxops"),
+    (with_(trainer=None, command=""), "command: is empty"),
+    (with_(trainer=None, command="python 'unclosed"), "command: cannot split"),
+    (with_(workdir="."), "workdir: goes with 'command:'"),
+    (with_(env={"A-B": "x"}), "env.A-B: not a valid environment variable name"),
+    (with_(env={"A": ["x"]}), "env.A: must be a string or a number"),
+    (with_(restart={"max_restart": 1}), "restart.max_restart: unknown key"),
+    (with_(restart={"stall_timeout": "soon"}), "restart.stall_timeout: must be a positive"),
+    (with_(restart={"max_restarts": -1}), "restart.max_restarts: must be a non-negative"),
+    (with_(port=80), "port: must be a port number from 1024 to 65000"),
+]
+
+
+@pytest.mark.parametrize("job,message", BAD, ids=[m for _, m in BAD])
+def test_bad_jobs_get_one_line_naming_file_and_key(tmp_path, job, message):
+    with pytest.raises(UserError) as err:
+        load_job(write(tmp_path, job))
+    text = str(err.value)
+    assert text.startswith(str(tmp_path / "job.yml") + ": ")
+    assert message in text
+    assert "\n" not in text
+
+
+def test_an_unreadable_job_file(tmp_path):
+    with pytest.raises(UserError, match="cannot read job file"):
+        load_job(tmp_path / "nope.yml")

@@ -1,0 +1,39 @@
+"""Job and rank states from node answers, as data (answers in, states out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlxops.jobs.placement import Rank
+from mlxops.jobs.record import HostRecord, JobRecord
+from mlxops.jobs.status import classify
+
+CASES = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "status_cases.yml").read_text())
+
+
+def record(state: str) -> JobRecord:
+    return JobRecord(
+        name="j", job_file="j.yml", inventory="inv.yml", backend="ring",
+        hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],
+        ranks=[Rank(0, "a", "1.1.1.1", 1, 0), Rank(1, "a", "1.1.1.1", 2, 1),
+               Rank(2, "b", "1.1.1.2", 3, 0)],
+        state=state, stall_timeout=10)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_classify(name):
+    case = CASES[name]
+    answers = {h: a for h, a in case["answers"].items() if a is not None}
+    unreachable = {h: "timed out" for h, a in case["answers"].items() if a is None}
+    status = classify(record(case["record_state"]), answers, unreachable)
+    assert [r.state for r in status.ranks] == case["ranks"]
+    assert status.state == case["job"]
+    assert status.problem == case["problem"]
+    if "step" in case:
+        assert status.step == case["step"]
+    doc = status.to_dict()
+    assert {"name", "state", "ranks"} <= set(doc)
+    assert all({"rank", "host", "state", "step", "loss"} <= set(r) for r in doc["ranks"])
