@@ -47,7 +47,11 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str, **train: obj
         launch = str(Path(sys.executable).parent / "mlx.launch")
         cmd = [launch, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
                "--starting-port", str(random.randint(20000, 50000)), "--", *cmd]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                              timeout=args.timeout, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"{name}: no result within {args.timeout}s (is the machine busy?)")
     if proc.returncode:
         sys.exit(f"{name}: trainer failed:\n{proc.stderr[-2000:]}")
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -67,14 +71,15 @@ def main() -> None:
     p.add_argument("--ranks", default="1,2,4", help="world sizes to run, comma separated")
     p.add_argument("--variant-ranks", type=int, default=1,
                    help="world size of the grad-checkpointing and bf16 runs")
-    p.add_argument("--dims", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dims", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--global-batch", type=int, default=16)
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=15)
-    p.add_argument("--skip", type=int, default=3, help="leading steps left out")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--skip", type=int, default=2, help="leading steps left out")
+    p.add_argument("--timeout", type=float, default=300, help="seconds allowed per run")
     p.add_argument("--json", action="store_true", help="print the rows as JSON only")
     args = p.parse_args()
 
