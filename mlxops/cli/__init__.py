@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "hostfile",
     "provision",
     "jobs",
+    "plan",
 ]
 
 

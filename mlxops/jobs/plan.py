@@ -1,0 +1,66 @@
+"""``mlxops plan JOB``: the trainer's memory plan for every node of a job.
+
+Node memory comes from the facts ``mlxops provision`` cached; hosts without cached facts
+are asked (one facts command each). The plan itself is the trainer's own
+(:func:`mlxops.trainer.plan.plan_memory`), so it is the same estimate the ranks use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlxops.errors import UserError
+from mlxops.jobs.launch import select_hosts
+from mlxops.jobs.spec import JobSpec
+from mlxops.tasks.facts import gather as gather_facts
+from mlxops.tasks.facts import load_cached_facts, save_facts
+from mlxops.trainer.plan import MemoryPlan, plan_memory
+from mlxops.transport import Connector, HostResult, Results, run_parallel
+from mlxops.transport.results import OK
+
+
+@dataclass
+class NodePlan:
+    host: str
+    memory_bytes: int
+    chip: str
+    ranks: int
+    plan: MemoryPlan
+    source: str            # "cached facts" or "asked now"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "memory_bytes": self.memory_bytes, "chip": self.chip,
+                "ranks": self.ranks, "facts": self.source, **self.plan.to_dict()}
+
+
+def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False
+             ) -> tuple[list[NodePlan], Results]:
+    if spec.trainer is None:
+        raise UserError(f"{spec.path}: trainer: 'mlxops plan' plans the bundled trainer; this "
+                        "job runs its own 'command:'")
+    hosts = select_hosts(spec)
+    world = sum(h.slots for h in hosts)
+    facts: dict[str, tuple[dict, str]] = {}
+
+    def work(host) -> HostResult:
+        cached = None if refresh else load_cached_facts(host.name)
+        if cached and cached.get("memory_bytes"):
+            facts[host.name] = (cached, "cached facts")
+        else:
+            fresh = gather_facts(connector.connect(host), host)
+            save_facts(host.name, fresh)
+            facts[host.name] = (fresh, "asked now")
+        return HostResult(host.name, OK)
+
+    results = run_parallel(hosts, work)
+    plans = []
+    for host in hosts:
+        if host.name not in facts:
+            continue
+        node, source = facts[host.name]
+        memory = int(node.get("memory_bytes") or 0)
+        plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots)
+        plans.append(NodePlan(host.name, memory, node.get("chip") or node.get("arch") or "",
+                              host.slots, plan, source))
+    return plans, results
