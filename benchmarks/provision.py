@@ -91,6 +91,8 @@ ANSIBLE_PLAY = """\
   gather_facts: true
   vars: {root: "{{ ansible_env.HOME }}/%(root)s"}
   tasks:
+    - name: root dir
+      file: {path: "{{ root }}/code/mlxops", state: directory}
     - name: env file
       copy: {content: "{{ bench_env }}", dest: "{{ root }}/env.sh", mode: "0600"}
     - name: python imports the pinned mlx
