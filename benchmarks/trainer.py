@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,13 +49,16 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str, **train: obj
         launch = str(Path(sys.executable).parent / "mlx.launch")
         cmd = [launch, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
                "--starting-port", str(random.randint(20000, 50000)), "--", *cmd]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                              timeout=args.timeout, start_new_session=True)
+        _, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+        proc.wait()
         sys.exit(f"{name}: no result within {args.timeout}s (is the machine busy?)")
     if proc.returncode:
-        sys.exit(f"{name}: trainer failed:\n{proc.stderr[-2000:]}")
+        sys.exit(f"{name}: trainer failed:\n{err[-2000:]}")
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     recs = recs[args.skip:]
 
