@@ -240,17 +240,22 @@ def validate(cfg: TrainerConfig, where: str) -> None:
 
 
 def load_config(
-    source: str | os.PathLike[str] | dict[str, Any], overrides: list[str] | None = None
+    source: str | os.PathLike[str] | dict[str, Any],
+    overrides: list[str] | None = None,
+    where: str | None = None,
 ) -> TrainerConfig:
     """Load a config from a file path or a mapping (a job's ``trainer:`` section).
+
+    ``where`` names the origin in messages (e.g. ``"job.yml: trainer"``); it defaults to
+    the path, or ``trainer`` for a mapping.
 
     Raises :class:`ConfigError` with a one-line message naming the file and the key.
     """
     if isinstance(source, dict):
-        cfg = from_dict(source, "trainer")
+        cfg = from_dict(source, where or "trainer")
     else:
         path = Path(source)
-        cfg = from_dict(_read_file(path), str(path))
+        cfg = from_dict(_read_file(path), where or str(path))
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
