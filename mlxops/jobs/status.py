@@ -30,6 +30,7 @@ class RankStatus:
     loss: float | None = None
     tokens_per_sec: float | None = None
     heartbeat_age: float | None = None
+    ended_ago: float | None = None   # seconds since it exited (node clock), when it has
 
 
 @dataclass
@@ -54,7 +55,11 @@ class JobStatus:
         """Why the watchdog should restart, or None."""
         failed = [r for r in self.ranks if r.state == FAILED]
         if failed:
-            r = failed[0]
+            # When one rank dies its peers fail too (their all-reduce breaks): name the likely
+            # cause: a rank killed by a signal (or gone without an exit code) before one that
+            # raised an error, then the one that ended first.
+            r = max(failed, key=lambda r: (r.exit is None or r.exit >= 128,
+                                           float("inf") if r.ended_ago is None else r.ended_ago))
             how = f"exited with code {r.exit}" if r.exit is not None else "vanished"
             return f"rank {r.rank} on {r.host} {how}"
         stalled = [r for r in self.ranks if r.state == STALLED]
@@ -114,7 +119,7 @@ def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
         ranks.append(RankStatus(
             rank.rank, rank.host, state, mine.get("pid"), mine.get("exit"),
             progress.get("step"), progress.get("loss"), progress.get("tokens_per_sec"),
-            mine.get("heartbeat_age")))
+            mine.get("heartbeat_age"), mine.get("ended_ago")))
     return JobStatus(record.name, job_state(record, ranks), ranks, record.attempt,
                      record.restarts, unreachable, record.steps, record.message)
 

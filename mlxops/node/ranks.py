@@ -134,11 +134,13 @@ def rank_status(run_dir: Path, rank: int, now: float) -> dict[str, Any]:
     if beat is None or (started is not None and beat < started):
         beat = started
     log = run_dir / f"rank-{rank}.log"
+    exit_file = _exitfile(run_dir, rank)
     return {
         "rank": rank,
         "pid": pid,
         "alive": group_alive(pid),
-        "exit": _read_int(_exitfile(run_dir, rank)),
+        "exit": _read_int(exit_file),
+        "ended_ago": now - exit_file.stat().st_mtime if exit_file.exists() else None,
         "started": started,
         "heartbeat_age": None if beat is None else max(0.0, now - beat),
         "progress": progress if progress and (started is None or

@@ -21,6 +21,7 @@ from pathlib import Path
 from mlxops.errors import MlxopsError
 from mlxops.sandbox.layout import NodeLayout
 from mlxops.sandbox.netns import pid_alive, run, send_signal
+from mlxops.sandbox.python import CACHE_DIR
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -91,26 +92,32 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
     ssh_dir = files.home / ".ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(client_pub)
-    tmp_dir = files.home / TMP_DIR
-    tmp_dir.mkdir(exist_ok=True)
+    ensure_node_tmp()
     for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
-                       (ssh_dir / "authorized_keys", 0o600), (tmp_dir, 0o700)):
+                       (ssh_dir / "authorized_keys", 0o600)):
         os.chown(path, user.pw_uid, user.pw_gid)
         os.chmod(path, mode)
     files.sshd_config.write_text(sshd_config(files, node, user.pw_name))
 
 
-# Each node's own temporary directory, as macOS gives every user one ($TMPDIR). Nodes
-# share this machine's /tmp otherwise, and MLX's CPU backend compiles kernels under
+# The nodes' temporary directory ($TMPDIR, which macOS also sets per user). Nodes share
+# this machine's /tmp otherwise, and MLX's CPU backend compiles kernels with g++ under
 # $TMPDIR/mlx/<version>/: a /tmp/mlx made by root (a test run as root) is unwritable for
-# the node user, and nodes would share compiled files.
-TMP_DIR = ".tmp"
+# the node user. One cache shared by the nodes (sticky, world-writable like /tmp) keeps
+# the compiled kernels across nodes and sandboxes: a per-node one made every job's first
+# step wait for a fresh g++ run of every kernel, on every node.
+NODE_TMP = CACHE_DIR / "tmp"
+
+
+def ensure_node_tmp() -> Path:
+    NODE_TMP.mkdir(parents=True, exist_ok=True)
+    NODE_TMP.chmod(0o1777)
+    return NODE_TMP
 
 
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:
-    home = pwd.getpwnam(user).pw_dir
     return "\n".join([
-        f"SetEnv TMPDIR={home}/{TMP_DIR}",
+        f"SetEnv TMPDIR={NODE_TMP}",
         f"ListenAddress {node.ip}",
         "Port 22",
         f"HostKey {files.host_key}",
@@ -144,7 +151,7 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
     if user is not None:
         home = pwd.getpwnam(user).pw_dir
         base = {"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
-                "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": f"{home}/{TMP_DIR}"}
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": str(NODE_TMP)}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
                  *inner]
