@@ -48,9 +48,10 @@ def connector():
 
 
 def write_job(tmp_path: Path, sandbox, name: str, *, steps: int = 60,
-              restart: dict | None = None) -> Path:
+              restart: dict | None = None, global_batch: int = 8) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"]["steps"] = steps
+    trainer["train"]["global_batch"] = global_batch
     job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
            "backend": "ring", "trainer": trainer,
            "restart": restart or {"max_restarts": 2, "stall_timeout": 30}}
@@ -134,6 +135,25 @@ def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
     after = [s for s in want if s > 20]
     assert after and all(got[s] == want[s] for s in after), \
         [(s, want[s], got[s]) for s in after if got[s] != want[s]]
+
+
+def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connector):
+    """--exclude: 4 ranks -> 3, the same global batches, losses within 1e-4 relative."""
+    straight = load_job(write_job(tmp_path, sandbox, "t-wide", steps=30, global_batch=12))
+    assert supervise(launch(straight, connector), connector).state == "finished"
+    spec = load_job(write_job(tmp_path, sandbox, "t-narrow", steps=30, global_batch=12))
+    record = launch(spec, connector)
+    wait_for_step(record, connector, 12)
+    assert stop_job(record, connector).exit_code == 0
+    resumed = launch(spec, connector, resume=True, exclude=["node4"],
+                     previous=load_record("t-narrow"))
+    assert resumed.world_size == 3 and resumed.excluded == ["node4"]
+    assert resumed.message.startswith("resumed from step 10")
+    assert supervise(resumed, connector).state == "finished"
+    want, got = losses(sandbox, "t-wide"), losses(sandbox, "t-narrow")
+    for step in range(11, 31):
+        assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step],
+                                                                       want[step])
 
 
 def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
