@@ -47,13 +47,7 @@ def cli() -> None:
 
 def _register() -> None:
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"mlxops.cli.{name}")
-        except ModuleNotFoundError as exc:
-            # A command module not written yet must not break the others.
-            if exc.name == f"mlxops.cli.{name}":
-                continue
-            raise
+        module = importlib.import_module(f"mlxops.cli.{name}")
         for command in getattr(module, "commands", None) or [module.command]:
             cli.add_command(command)
 
