@@ -6,8 +6,13 @@ import json
 import subprocess
 
 from mlxops.inventory.model import Host
-from mlxops.jobs.placement import NodePaths, place_ranks, rank_environment, rank_script, \
-    ring_hostfile
+from mlxops.jobs.placement import (
+    NodePaths,
+    place_ranks,
+    rank_environment,
+    rank_script,
+    ring_hostfile,
+)
 
 
 def host(name, slots=1, ip=None):

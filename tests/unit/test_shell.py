@@ -1,4 +1,4 @@
-"""Quoting: every hostile value must reach the command as the exact same bytes, executing nothing."""
+"""Quoting: every hostile value reaches the command as the same bytes, executing nothing."""
 
 from __future__ import annotations
 

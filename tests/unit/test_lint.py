@@ -1,0 +1,20 @@
+"""The tree stays ruff clean (the style rules live in pyproject.toml)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
