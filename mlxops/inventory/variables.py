@@ -209,7 +209,7 @@ register("mlxops_known_hosts", None, path,
 register("mlxops_mlx_version", None, version, "mlx version to install on the node (pinned)")
 register("mlxops_wheelhouse", None, path, "directory of wheels to install from, offline")
 register("mlxops_wired_limit_mb", None, positive_int,
-         "iogpu.wired_limit_mb: GPU-wired memory limit in MB (default: macOS's own)")
+         "iogpu.wired_limit_mb: GPU-wired memory limit in MB (default: wired_share of RAM, 75%)")
 register("mlxops_btl_tcp_links", 4, positive_int,
          "OMPI_MCA_btl_tcp_links: TCP connections per peer (mpi backend only)")
 register("mlxops_btl_tcp_if_include", None, interfaces,

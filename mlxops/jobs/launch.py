@@ -197,6 +197,11 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
            exclude: Sequence[str] = (), forks: int | None = None,
            previous: JobRecord | None = None) -> JobRecord:
     """Pre-flight, then start every rank; returns the saved record. Raises on any problem."""
+    if spec.backend == "mpi":
+        # mpirun starts every rank itself (over its own ssh), which the per-rank detached
+        # start, status and watchdog here do not model yet.
+        raise UserError(f"{spec.path}: backend: mpi jobs are not launched by mlxops yet; use "
+                        "ring, or `mlxops hostfile --backend mpi` with mlx.launch")
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
     ranks = place_ranks(hosts, spec.base_port)
