@@ -184,9 +184,14 @@ class SSHConnection:
             stdin: Stdin = None) -> CommandResult:
         transport = self._open()
         start = time.monotonic()
+        # With a timeout, the command first reports its process group on stderr: sshd makes
+        # each session's shell a group leader, so `$$` is the group of everything the
+        # command starts, and giving up on it can then kill them all (closing the channel
+        # alone leaves a command that does not write running on the node).
+        wire = _REPORT_PGID + command if timeout is not None else command
         try:
             channel = transport.open_session(timeout=self._options.connect_timeout)
-            channel.exec_command(command)
+            channel.exec_command(wire)
             feeder = None
             if stdin is not None:
                 feeder = threading.Thread(target=_feed, args=(channel, stdin), daemon=True)
@@ -198,13 +203,37 @@ class SSHConnection:
             channel.close()
             if feeder is not None:
                 feeder.join(timeout=1)
+            pgid, err = _split_pgid(err) if timeout is not None else (None, err)
+            if timed_out and pgid:
+                self._kill_group(transport, pgid)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return CommandResult(command, exit_code, out.decode(errors="replace"),
                              err.decode(errors="replace"), time.monotonic() - start, timed_out)
 
+    def _kill_group(self, transport: paramiko.Transport, pgid: int) -> None:
+        """TERM, then KILL a second later, the process group of a command we gave up on."""
+        group = f"-{pgid}"
+        channel = transport.open_session(timeout=self._options.connect_timeout)
+        channel.exec_command(f"kill -TERM -- {group} 2>/dev/null; sleep 1; "
+                             f"kill -KILL -- {group} 2>/dev/null; true")
+        channel.shutdown_write()
+        _drain(channel, 5.0)
+        channel.close()
+
     def close(self) -> None:
         self._conn.close()
+
+
+_REPORT_PGID = "printf 'MLXOPS_PGID=%s\\n' \"$$\" >&2; "
+
+
+def _split_pgid(err: bytes) -> tuple[int | None, bytes]:
+    """The process group the command reported first on stderr, and the rest of stderr."""
+    head, sep, rest = err.partition(b"\n")
+    if head.startswith(b"MLXOPS_PGID=") and head[12:].isdigit():
+        return int(head[12:]), rest
+    return None, err
 
 
 def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:

@@ -205,8 +205,6 @@ def test_hostile_values_execute_nothing(sandbox, tmp_path):
         assert not (sandbox.node_home(name) / ".mlxops; touch").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="--timeout closes the SSH channel but does not kill the "
-                   "remote command; it runs on until it ends by itself")
 def test_timeout_kills_the_remote_command(sandbox, tmp_path):
     word = f"{30 + uuid.uuid4().int % 1000 / 1000:.3f}"  # a sleep nobody else runs
     proc, doc = run_json(tmp_path, sandbox.inventory_path, "--limit", "node1",
