@@ -51,7 +51,8 @@ def _ansible_list(path: Path, tmp_path: Path) -> dict:
         "ANSIBLE_INVENTORY_UNPARSED_FAILED": "true",
     }
     proc = subprocess.run([ANSIBLE_INVENTORY, "-i", str(path), "--list"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)  # Ansible refuses a non-blocking stdin
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
