@@ -2,10 +2,16 @@
 
 Pre-flight (one pass over the hosts, in parallel): reachable; ``mlxops_root`` and the
 interpreter resolved to absolute paths; code synced (only what changed travels); the same
-mlx and Python everywhere; the ring ports free; no leftover rank of this job. Nothing is
-started anywhere unless every host passes. Then, one command per host writes the run
-directory (configs, hostfile, one start script per rank) and spawns that host's ranks in
-their own sessions, so they outlive the SSH connection and the controller.
+mlx and Python everywhere; the ring ports free (ring) or Open MPI found (mpi); no leftover
+rank of this job. Nothing is started anywhere unless every host passes. Then, one command
+per host writes the run directory (configs, hostfile, one start script per rank) and
+spawns that host's ranks in their own sessions, so they outlive the SSH connection and the
+controller.
+
+``backend: mpi``: the rank scripts are the same, but mpirun starts them. The job's first
+host (the one with rank 0) also gets ``launcher.sh`` (mpirun with one app context per rank,
+each running that rank's script on its own host); every other host is written first, then
+the first host is written and its launcher spawned detached, like a rank.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import tarfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from mlxops import render, shell
 from mlxops.errors import MlxopsError, UserError
@@ -25,6 +32,7 @@ from mlxops.jobs.code import sync_code
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
+    launcher_script,
     place_ranks,
     rank_environment,
     rank_script,
@@ -81,9 +89,10 @@ def _preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connect
         sync_code(conn, paths, spec, python)
         mine = [r for r in ranks if r.host == host.name]
         ports = [str(r.port) for r in mine] if spec.backend == "ring" else []
+        mpi = ["--mpi"] if spec.backend == "mpi" else []
         answer = nodecmd.run_node(conn, python, paths.code, [
             "preflight", "--run-dir", paths.run_dir, "--ip", host.ip if ports else "",
-            "--ports", *ports])
+            *mpi, "--ports", *ports])
         preps[host.name] = HostPrep(host, root, python, answer)
         return HostResult(host.name, OK)
 
@@ -115,6 +124,8 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
         if spec.backend in ("jaccl", "jaccl-ring") and prep.answer.get("system") != "Darwin":
             problems.append(f"{name}: the {spec.backend} backend needs macOS with RDMA over "
                             "Thunderbolt 5; this node runs " + str(prep.answer.get("system")))
+    if spec.backend == "mpi" and ranks:
+        problems += _mpi_problems(preps, ranks[0].host)
     if problems:
         raise PreflightError("pre-flight failed: " + "; ".join(problems))
     steps = [set(p.answer.get("checkpoints", [])) for p in preps.values()]
@@ -129,8 +140,37 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     return max(common) if common else None
 
 
+def _mpi_problems(preps: dict[str, HostPrep], launcher: str) -> list[str]:
+    """mpirun on the launcher host, and Open MPI at the same place on every other node
+    (mpirun's ``--prefix`` tells the remote orted where it is)."""
+    mpirun = preps[launcher].answer.get("mpirun")
+    if not mpirun:
+        return [f"mpirun not found on {launcher}: install Open MPI (brew install open-mpi)"]
+    problems = []
+    for name, prep in preps.items():
+        theirs = prep.answer.get("mpirun")
+        if name != launcher and theirs != mpirun:
+            problems.append(f"{name}: Open MPI must be installed at the same path on every "
+                            f"node: mpirun on {launcher} is {mpirun}, here "
+                            f"{theirs or 'not found'}")
+    return problems
+
+
+def mpi_environment(launcher: dict) -> dict[str, str]:
+    """What every mpi rank gets from the launcher node's pre-flight answer, as
+    ``mlx.launch`` sets it: ``MLX_MPI_LIBNAME`` (and on macOS ``DYLD_LIBRARY_PATH``, the
+    ``lib`` beside mpirun's ``bin``) when a libmpi was found."""
+    libname = launcher.get("mpi_libname")
+    if not libname:
+        return {}
+    env = {"MLX_MPI_LIBNAME": libname}
+    if launcher.get("system") == "Darwin" and launcher.get("mpirun"):
+        env["DYLD_LIBRARY_PATH"] = str(PurePosixPath(launcher["mpirun"]).parent.parent / "lib")
+    return env
+
+
 def _run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
-               rdma: list | None) -> dict[str, bytes]:
+               rdma: list | None, preps: dict[str, HostPrep]) -> dict[str, bytes]:
     host = prep.host
     paths = NodePaths(prep.root, spec.name)
     files: dict[str, bytes] = {}
@@ -150,11 +190,19 @@ def _run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         files["hostfile.json"] = ring_hostfile(ranks).encode()
     if rdma is not None:
         files["ibv_devices.json"] = json.dumps(rdma).encode()
+    mpi = spec.backend == "mpi"
+    launcher = preps[ranks[0].host].answer if mpi else {}
     for rank in (r for r in ranks if r.host == host.name):
         env = rank_environment(backend=spec.backend, rank=rank, ranks=ranks, paths=paths,
-                               host_env=host.env, job_env=spec.env, resume=resume)
+                               host_env=host.env, job_env=spec.env, resume=resume,
+                               mpi_env=mpi_environment(launcher) if mpi else None)
         files[f"rank-{rank.rank}.sh"] = rank_script(env=env, argv=argv, paths=paths, cwd=cwd,
-                                                    rank=rank.rank).encode()
+                                                    rank=rank.rank, mpi=mpi).encode()
+    if mpi and host.name == ranks[0].host:
+        scripts = {r.rank: f"{NodePaths(preps[r.host].root, spec.name).run_dir}/rank-{r.rank}.sh"
+                   for r in ranks}
+        files["launcher.sh"] = launcher_script(mpirun=launcher["mpirun"], ranks=ranks,
+                                               scripts=scripts, paths=paths).encode()
     return files
 
 
@@ -174,34 +222,44 @@ def start_command_prefix(run_dir: str) -> str:
     """Clear the previous attempt's rank files (not logs, not checkpoints), then unpack."""
     q = shell.quote(run_dir)
     return (f"mkdir -p {q} && rm -f {q}/rank-*.sh {q}/rank-*.pid {q}/rank-*.exit "
+            f"{q}/launcher.sh {q}/launcher.pid {q}/launcher.exit "
             f"{q}/progress/rank-*.json && tar -xf - -C {q}")
 
 
 def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume: bool,
            rdma: list | None, connector: Connector, forks: int | None) -> Results:
+    mpi = spec.backend == "mpi"
+    launcher = ranks[0].host
+
     def work(host) -> HostResult:
         prep = preps[host.name]
         paths = NodePaths(prep.root, spec.name)
-        archive = _tar(_run_files(spec, prep, ranks, resume, rdma))
-        mine = [str(r.rank) for r in ranks if r.host == host.name]
+        archive = _tar(_run_files(spec, prep, ranks, resume, rdma, preps))
+        # mpi: mpirun starts the ranks; this only writes the files (and clears `stopped`).
+        mine = [] if mpi else [str(r.rank) for r in ranks if r.host == host.name]
+        args = ["spawn", "--run-dir", paths.run_dir, "--ranks", *mine]
+        if mpi and host.name == launcher:
+            args.append("--launcher")
         conn = connector.connect(host)
-        answer = nodecmd.run_node(conn, prep.python, paths.code,
-                                  ["spawn", "--run-dir", paths.run_dir, "--ranks", *mine],
+        answer = nodecmd.run_node(conn, prep.python, paths.code, args,
                                   stdin=archive, prefix=start_command_prefix(paths.run_dir))
         return HostResult(host.name, OK, data=answer)
 
-    return run_parallel([p.host for p in preps.values()], work, forks=forks)
+    hosts = [p.host for p in preps.values()]
+    if not mpi:
+        return run_parallel(hosts, work, forks=forks)
+    # Every rank script must be in place before mpirun (on the first host) starts them.
+    others = run_parallel([h for h in hosts if h.name != launcher], work, forks=forks)
+    if others.exit_code:
+        return others
+    first = run_parallel([h for h in hosts if h.name == launcher], work, forks=forks)
+    return Results({**dict(others.items()), **dict(first.items())})
 
 
 def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
            exclude: Sequence[str] = (), forks: int | None = None,
            previous: JobRecord | None = None) -> JobRecord:
     """Pre-flight, then start every rank; returns the saved record. Raises on any problem."""
-    if spec.backend == "mpi":
-        # mpirun starts every rank itself (over its own ssh), which the per-rank detached
-        # start, status and watchdog here do not model yet.
-        raise UserError(f"{spec.path}: backend: mpi jobs are not launched by mlxops yet; use "
-                        "ring, or `mlxops hostfile --backend mpi` with mlx.launch")
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
     ranks = place_ranks(hosts, spec.base_port)

@@ -12,6 +12,7 @@ managed ``env.sh``, the host's ``mlxops_env``, the job's ``env:`` and mlxops' ow
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,14 +71,24 @@ class NodePaths:
 
 def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: NodePaths,
                      host_env: dict[str, str], job_env: dict[str, str],
-                     resume: bool) -> dict[str, str]:
-    """Environment of one rank, later entries winning (mlxops' own variables last)."""
+                     resume: bool, mpi_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of one rank, later entries winning (mlxops' own variables last).
+
+    ``mpi_env``: for the mpi backend, what the launcher node found about Open MPI
+    (``MLX_MPI_LIBNAME``, and ``DYLD_LIBRARY_PATH`` on macOS), as ``mlx.launch`` sets it.
+    MPI numbers the ranks itself, so an mpi rank gets no ``MLX_RANK``.
+    """
     env: dict[str, str] = {}
     env.update(host_env)
     env.update(job_env)
     world = len(ranks)
+    if backend == "mpi":
+        for name in ("MLX_RANK", "MLX_HOSTFILE"):
+            env.pop(name, None)
+        env.update(mpi_env or {})
+    else:
+        env["MLX_RANK"] = str(rank.rank)
     env.update({
-        "MLX_RANK": str(rank.rank),
         "MLXOPS_WORLD_SIZE": str(world),
         "MLXOPS_LOCAL_RANK": str(rank.local_rank),
         "MLXOPS_BACKEND": backend,
@@ -96,15 +107,28 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
 
 
 def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, cwd: str,
-                rank: int) -> str:
+                rank: int, mpi: bool = False) -> str:
     """The script a rank runs, detached: managed env, then its own, then the program.
 
     It does not ``exec`` the program: it stays to record the exit code, which is how the
-    watchdog tells a rank that finished or failed from one that vanished.
+    watchdog tells a rank that finished or failed from one that vanished. Under ``mpi``,
+    mpirun (or its orted), not ``mlxops.node spawn``, starts it: so it records its own pid
+    and sends its output to its own log first.
     """
     exit_file = f"{paths.run_dir}/rank-{rank}.exit"
+    pid_file = f"{paths.run_dir}/rank-{rank}.pid"
+    log_file = f"{paths.run_dir}/rank-{rank}.log"
+    started_by = "mpirun (launcher.sh)" if mpi else "mlxops.node spawn"
     lines = [
-        f"# rank {rank} of job {paths.name}: written by mlxops, started by mlxops.node spawn",
+        f"# rank {rank} of job {paths.name}: written by mlxops, started by {started_by}",
+    ]
+    if mpi:
+        lines += [
+            f"exec >> {shell.quote(log_file)} 2>&1 < /dev/null",
+            f'printf "%s\\n" "$$" > {shell.quote(pid_file + ".tmp")} && '
+            f"mv {shell.quote(pid_file + '.tmp')} {shell.quote(pid_file)}",
+        ]
+    lines += [
         f"if [ -f {shell.quote(paths.env_file)} ]; then . {shell.quote(paths.env_file)}; fi",
         shell.export_lines(env).rstrip("\n"),
         f"export PYTHONPATH={shell.quote(paths.code)}${{PYTHONPATH:+:$PYTHONPATH}}",
@@ -116,3 +140,47 @@ def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, c
         'exit "$code"',
     ]
     return "\n".join(line for line in lines if line) + "\n"
+
+
+def mpirun_argv(*, mpirun: str, ranks: Sequence[Rank], scripts: dict[int, str]) -> list[str]:
+    """The mpirun command of an mpi job: one app context per rank, in rank order.
+
+    ``-np 1 -host <ip> /bin/sh <rank-r.sh on that host>`` joined by ``:`` (MPMD), so MPI
+    rank r runs ``rank-r.sh`` on its own host with that host's paths. On the command line,
+    not in an ``--app`` file: Open MPI splits appfile lines at spaces and keeps quotes, so
+    a path with a space could not be said there. ``--prefix`` gives the remote orted the
+    same Open MPI (PATH, library path) as this node's: Open MPI must be installed at the
+    same path on every node.
+    """
+    prefix = os.path.dirname(os.path.dirname(mpirun))
+    argv = [mpirun, "--prefix", prefix, "--oversubscribe", "--bind-to", "none"]
+    for i, rank in enumerate(ranks):
+        if i:
+            argv.append(":")
+        argv += ["-np", "1", "-host", rank.ip, "/bin/sh", scripts[rank.rank]]
+    return argv
+
+
+def launcher_script(*, mpirun: str, ranks: Sequence[Rank], scripts: dict[int, str],
+                    paths: NodePaths) -> str:
+    """``launcher.sh`` of an mpi job, on its first host: env.sh (``OMPI_MCA_*``), mpirun.
+
+    Like a rank script it stays to record mpirun's exit code (``launcher.exit``).
+    ``--allow-run-as-root`` only when it runs as root (Open MPI refuses root otherwise).
+    """
+    exit_file = f"{paths.run_dir}/launcher.exit"
+    argv = mpirun_argv(mpirun=mpirun, ranks=ranks, scripts=scripts)
+    lines = [
+        f"# mpirun of job {paths.name}: written by mlxops, started by mlxops.node spawn",
+        f"if [ -f {shell.quote(paths.env_file)} ]; then . {shell.quote(paths.env_file)}; fi",
+        f"cd {shell.quote(paths.run_dir)} || exit 1",
+        "set --",
+        'if [ "$(id -u)" = 0 ]; then set -- --allow-run-as-root; fi',
+        # "$@" goes right after the program: mpirun's options come before the first app.
+        f'{shell.quote(argv[0])} "$@" {shell.join(argv[1:])}',
+        "code=$?",
+        f'printf "%s\\n" "$code" > {shell.quote(exit_file + ".tmp")} && '
+        f"mv {shell.quote(exit_file + '.tmp')} {shell.quote(exit_file)}",
+        'exit "$code"',
+    ]
+    return "\n".join(lines) + "\n"

@@ -2,8 +2,11 @@
 
 Rank states: running, finished (exit 0), failed (non-zero exit, or gone without one),
 stalled (alive, but no progress for ``stall_timeout`` seconds), stopped (mlxops stopped it),
-unreachable (its host did not answer). Heartbeat ages are computed on each node's own clock,
-so clock skew between Macs does not make a healthy rank look stalled.
+unreachable (its host did not answer). An mpi job also has a launcher (mpirun, on its first
+host): a rank it has not started yet counts as running while it runs, and the job failed
+when it exited non-zero (or vanished) before every rank finished. Heartbeat ages are
+computed on each node's own clock, so clock skew between Macs does not make a healthy rank
+look stalled.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class JobStatus:
     unreachable: dict[str, str] = field(default_factory=dict)   # host -> reason
     steps: int | None = None
     message: str = ""
+    launcher: dict[str, Any] | None = None   # mpi: {"host", "state", "pid", "exit"}
 
     @property
     def step(self) -> int | None:
@@ -54,6 +58,14 @@ class JobStatus:
     def problem(self) -> str | None:
         """Why the watchdog should restart, or None."""
         failed = [r for r in self.ranks if r.state == FAILED]
+        launcher = self.launcher or {}
+        if launcher.get("state") == FAILED and self.state == FAILED and \
+                not any(r.pid is not None for r in failed):
+            # mpirun itself failed (e.g. could not reach a node): no rank to blame.
+            how = (f"exited with code {launcher['exit']}" if launcher.get("exit") is not None
+                   else "vanished")
+            return (f"mpirun on {launcher['host']} {how} "
+                    "(see launcher.log in the job's run directory there)")
         if failed:
             # When one rank dies its peers fail too (their all-reduce breaks): name the likely
             # cause: a rank killed by a signal (or gone without an exit code) before one that
@@ -70,10 +82,13 @@ class JobStatus:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state, "step": self.step, "steps": self.steps,
-                "attempt": self.attempt, "restarts": self.restarts,
-                "unreachable": self.unreachable, "message": self.message,
-                "ranks": [asdict(r) for r in self.ranks]}
+        doc = {"name": self.name, "state": self.state, "step": self.step, "steps": self.steps,
+               "attempt": self.attempt, "restarts": self.restarts,
+               "unreachable": self.unreachable, "message": self.message,
+               "ranks": [asdict(r) for r in self.ranks]}
+        if self.launcher is not None:
+            doc["launcher"] = self.launcher
+        return doc
 
 
 def rank_state(answer: dict[str, Any], node_stopped: bool, job_stopped: bool,
@@ -88,13 +103,13 @@ def rank_state(answer: dict[str, Any], node_stopped: bool, job_stopped: bool,
     return FAILED  # gone without an exit code: killed by a signal it could not record
 
 
-def job_state(record: JobRecord, ranks: list[RankStatus]) -> str:
+def job_state(record: JobRecord, ranks: list[RankStatus], launcher: str | None = None) -> str:
     states = {r.state for r in ranks}
     if record.state == STOPPED and not states & {RUNNING, STALLED}:
         return STOPPED
     if states == {FINISHED}:
         return FINISHED
-    if FAILED in states:
+    if FAILED in states or launcher == FAILED:
         return FAILED
     if STALLED in states:
         return STALLED
@@ -107,6 +122,7 @@ def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
              unreachable: dict[str, str]) -> JobStatus:
     """Pure: the record plus each host's ``mlxops.node status`` answer → the job's status."""
     ranks: list[RankStatus] = []
+    launcher = _launcher(record, answers)
     for rank in record.ranks:
         answer = answers.get(rank.host)
         if answer is None:
@@ -116,12 +132,38 @@ def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
         progress = mine.get("progress") or {}
         state = rank_state(mine, answer.get("stopped", False), record.state == STOPPED,
                            record.stall_timeout)
+        age = mine.get("heartbeat_age")
+        if (launcher and launcher["state"] in (RUNNING, STALLED) and mine.get("pid") is None
+                and mine.get("exit") is None and state in (FAILED, STOPPED)):
+            # Not started yet: mpirun is still bringing it up (ssh, orted) - or hangs at it.
+            state, age = launcher["state"], launcher.get("age")
         ranks.append(RankStatus(
             rank.rank, rank.host, state, mine.get("pid"), mine.get("exit"),
             progress.get("step"), progress.get("loss"), progress.get("tokens_per_sec"),
-            mine.get("heartbeat_age"), mine.get("ended_ago")))
-    return JobStatus(record.name, job_state(record, ranks), ranks, record.attempt,
-                     record.restarts, unreachable, record.steps, record.message)
+            age, mine.get("ended_ago")))
+    return JobStatus(record.name,
+                     job_state(record, ranks, launcher["state"] if launcher else None),
+                     ranks, record.attempt, record.restarts, unreachable, record.steps,
+                     record.message, launcher)
+
+
+def _launcher(record: JobRecord, answers: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """An mpi job's launcher (mpirun on the first host), classified like a rank."""
+    if record.backend != "mpi" or not record.ranks:
+        return None
+    host = record.ranks[0].host
+    answer = answers.get(host)
+    if answer is None:
+        return {"host": host, "state": UNREACHABLE, "pid": None, "exit": None}
+    mine = answer.get("launcher") or {}
+    # Its "heartbeat" is its start: it only matters while it has not started every rank.
+    state = rank_state({**mine, "heartbeat_age": mine.get("age")}, answer.get("stopped", False),
+                       record.state == STOPPED, record.stall_timeout)
+    if state == FAILED and mine.get("exit") is None and all(
+            (a.get("exit") == 0) for h in answers.values() for a in h.get("ranks", [])):
+        state = FINISHED  # every rank finished; how mpirun ended does not matter
+    return {"host": host, "state": state, "pid": mine.get("pid"), "exit": mine.get("exit"),
+            "age": mine.get("age")}
 
 
 def gather(record: JobRecord, connector: Connector, forks: int | None = None,

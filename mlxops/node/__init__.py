@@ -12,4 +12,7 @@ Run directory of a job on a node (``<mlxops_root>/runs/<name>/``)::
     rank-<r>.exit    the rank's exit code, written when it ends by itself
     progress/rank-<r>.json   the trainer's heartbeat (step, loss, time)
     stopped          present when mlxops stopped the job on purpose
+    launcher.sh      mpi jobs, first host only: mpirun of every rank (its .pid/.log/.exit
+                     like a rank's); mpirun starts the rank scripts, which then write their
+                     own rank-<r>.pid (a plain pid, not necessarily a group leader)
 """

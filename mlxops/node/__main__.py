@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
+import os
 import platform
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +29,11 @@ def _preflight(args: argparse.Namespace) -> dict:
             st = ranks.rank_status(run_dir, rank, 0.0)
             if st["alive"]:
                 leftovers.append({"rank": rank, "pid": st["pid"]})
-    return {
+        launcher = ranks.launcher_status(run_dir, 0.0)
+        if launcher and launcher["alive"]:
+            leftovers.append({"rank": ranks.LAUNCHER, "pid": launcher["pid"]})
+    mpi = _open_mpi() if args.mpi else {}
+    return {**mpi,
         "python": sys.executable,
         "python_version": platform.python_version(),
         "mlx": mlx_version,
@@ -36,10 +44,37 @@ def _preflight(args: argparse.Namespace) -> dict:
     }
 
 
+# Where Open MPI lives when a non-interactive SSH session's PATH lacks it (Homebrew on
+# Apple Silicon and on Intel, MacPorts).
+MPI_DIRS = ("/opt/homebrew/bin", "/usr/local/bin", "/opt/local/bin")
+
+
+def _open_mpi() -> dict:
+    """mpirun's absolute path, and the libmpi MLX should dlopen (as mlx.launch finds it:
+    the libmpi that ``ompi_info`` links, by ldd or otool), else ``find_library``."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), *MPI_DIRS])
+    mpirun = shutil.which("mpirun", path=search)
+    libname = None
+    if mpirun:
+        ompi_info = Path(mpirun).with_name("ompi_info")
+        tool = ["otool", "-L"] if platform.system() == "Darwin" else ["ldd"]
+        try:
+            out = subprocess.run([*tool, str(ompi_info)], capture_output=True, text=True,
+                                 timeout=20, check=False).stdout
+            line = next(x for x in out.splitlines() if "libmpi" in x)
+            libname = line.strip().split()[0].removeprefix("@rpath/")
+        except (OSError, StopIteration, subprocess.SubprocessError):
+            libname = ctypes.util.find_library("mpi")
+    return {"mpirun": mpirun, "mpi_libname": libname}
+
+
 def _spawn(args: argparse.Namespace) -> dict:
     run_dir = Path(args.run_dir)
     ranks.clear_stopped(run_dir)
-    return {"pids": {str(r): ranks.spawn(run_dir, r) for r in args.ranks}}
+    answer = {"pids": {str(r): ranks.spawn(run_dir, r) for r in args.ranks}}
+    if args.launcher:
+        answer["launcher"] = ranks.spawn_script(run_dir, ranks.LAUNCHER)
+    return answer
 
 
 def _logs(args: argparse.Namespace) -> dict:
@@ -72,9 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--run-dir", required=True)
     pre.add_argument("--ip", default="")
     pre.add_argument("--ports", type=int, nargs="*", default=[])
+    pre.add_argument("--mpi", action="store_true", help="also find mpirun and libmpi")
     sp = sub.add_parser("spawn")
     sp.add_argument("--run-dir", required=True)
-    sp.add_argument("--ranks", type=int, nargs="+", required=True)
+    sp.add_argument("--ranks", type=int, nargs="*", default=[])
+    sp.add_argument("--launcher", action="store_true",
+                    help="also start launcher.sh (mpirun of an mpi job)")
     st = sub.add_parser("status")
     st.add_argument("--run-dir", required=True)
     stop = sub.add_parser("stop")

@@ -39,8 +39,11 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _process_table() -> list[tuple[int, int, str]]:
-    """(pid, pgid, state) of every process; state 'Z' is a zombie."""
+Table = list[tuple[int, int, int, str, str]]
+
+
+def _process_table() -> Table:
+    """(pid, ppid, pgid, state, name) of every process; state 'Z' is a zombie."""
     table = []
     proc = Path("/proc")
     if proc.is_dir():  # Linux: no subprocess needed
@@ -52,19 +55,22 @@ def _process_table() -> list[tuple[int, int, str]]:
             except OSError:
                 continue
             # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after ')'.
-            fields = stat.rsplit(")", 1)[1].split()
-            table.append((int(entry.name), int(fields[2]), fields[0]))
+            head, tail = stat.rsplit(")", 1)
+            fields = tail.split()
+            table.append((int(entry.name), int(fields[1]), int(fields[2]), fields[0],
+                          head.split("(", 1)[1]))
         return table
-    out = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat="], capture_output=True,
-                         text=True, check=False).stdout
+    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,pgid=,stat=,comm="],
+                         capture_output=True, text=True, check=False).stdout
     for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 3:
-            table.append((int(parts[0]), int(parts[1]), parts[2][0]))
+        parts = line.split(None, 4)
+        if len(parts) >= 5:
+            table.append((int(parts[0]), int(parts[1]), int(parts[2]), parts[3][0],
+                          os.path.basename(parts[4].strip())))
     return table
 
 
-def group_alive(pgid: int | None, table: list[tuple[int, int, str]] | None = None) -> bool:
+def group_alive(pgid: int | None, table: Table | None = None) -> bool:
     """Whether any process of the group is alive (zombies don't count).
 
     Zombies matter: where nothing reaps orphans (PID 1 in some containers), a rank that
@@ -79,20 +85,59 @@ def group_alive(pgid: int | None, table: list[tuple[int, int, str]] | None = Non
     except PermissionError:
         pass  # exists, owned by someone else: look at the table
     table = _process_table() if table is None else table
-    return any(g == pgid and state != "Z" for _, g, state in table)
+    return any(g == pgid and state != "Z" for _, _, g, state, _ in table)
+
+
+def process_alive(pid: int | None, table: Table | None = None) -> bool:
+    """Whether this one process is alive (not a zombie)."""
+    if not pid:
+        return False
+    table = _process_table() if table is None else table
+    return any(p == pid and state != "Z" for p, _, _, state, _ in table)
+
+
+def alive(pid: int | None, table: Table | None = None) -> bool:
+    """A rank is alive while its process group is (ranks mlxops spawned lead their group)
+    or, for a rank another launcher started (mpirun), while its own process is."""
+    if not pid:
+        return False
+    table = _process_table() if table is None else table
+    return group_alive(pid, table) or process_alive(pid, table)
+
+
+def descendants(pid: int, table: Table) -> set[int]:
+    """Every live process below ``pid`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for p, ppid, _, state, _ in table:
+        if state != "Z":
+            children.setdefault(ppid, []).append(p)
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def spawn(run_dir: Path, rank: int) -> int:
-    """Start ``rank-<r>.sh`` in its own session, detached from this (SSH) session.
+    """Start ``rank-<r>.sh`` detached (see :func:`spawn_script`)."""
+    return spawn_script(run_dir, f"rank-{rank}")
+
+
+def spawn_script(run_dir: Path, stem: str) -> int:
+    """Start ``<stem>.sh`` in its own session, detached from this (SSH) session.
 
     The child becomes a session and process-group leader, so killing the group later takes
     the shell and the trainer with it; its output goes to the log, its stdin is /dev/null, and
-    it holds none of our file descriptors, so the SSH command returns at once.
+    it holds none of our file descriptors, so the SSH command returns at once. Writes
+    ``<stem>.pid``; the script itself writes ``<stem>.exit``.
     """
-    script = run_dir / f"rank-{rank}.sh"
-    log = run_dir / f"rank-{rank}.log"
-    pidfile = _pidfile(run_dir, rank)
-    for stale in (pidfile, _exitfile(run_dir, rank)):
+    script = run_dir / f"{stem}.sh"
+    log = run_dir / f"{stem}.log"
+    pidfile = run_dir / f"{stem}.pid"
+    for stale in (pidfile, run_dir / f"{stem}.exit"):
         stale.unlink(missing_ok=True)
     pid = os.fork()
     if pid == 0:  # child
@@ -124,7 +169,8 @@ def _progress(run_dir: Path, rank: int) -> dict[str, Any] | None:
         return None
 
 
-def rank_status(run_dir: Path, rank: int, now: float) -> dict[str, Any]:
+def rank_status(run_dir: Path, rank: int, now: float,
+                table: Table | None = None) -> dict[str, Any]:
     pidfile = _pidfile(run_dir, rank)
     pid = _read_int(pidfile)
     progress = _progress(run_dir, rank)
@@ -138,7 +184,7 @@ def rank_status(run_dir: Path, rank: int, now: float) -> dict[str, Any]:
     return {
         "rank": rank,
         "pid": pid,
-        "alive": group_alive(pid),
+        "alive": alive(pid, table),
         "exit": _read_int(exit_file),
         "ended_ago": now - exit_file.stat().st_mtime if exit_file.exists() else None,
         "started": started,
@@ -149,16 +195,43 @@ def rank_status(run_dir: Path, rank: int, now: float) -> dict[str, Any]:
     }
 
 
+LAUNCHER = "launcher"   # launcher.sh: mpirun of an mpi job, on the job's first host
+
+
+def launcher_status(run_dir: Path, now: float, table: Table | None = None
+                    ) -> dict[str, Any] | None:
+    """pid / alive / exit of ``launcher.sh`` (mpi jobs), None where there is none."""
+    if not (run_dir / f"{LAUNCHER}.sh").exists():
+        return None
+    pidfile = run_dir / f"{LAUNCHER}.pid"
+    exit_file = run_dir / f"{LAUNCHER}.exit"
+    pid = _read_int(pidfile)
+    started = pidfile.stat().st_mtime if pidfile.exists() else None
+    return {
+        "pid": pid,
+        "alive": alive(pid, table),
+        "exit": _read_int(exit_file),
+        "started": started,
+        "age": None if started is None else max(0.0, now - started),
+        "ended_ago": now - exit_file.stat().st_mtime if exit_file.exists() else None,
+    }
+
+
 def status(run_dir: Path) -> dict[str, Any]:
     now = time.time()
     ranks = ranks_in(run_dir)
-    return {
+    table = _process_table()
+    answer = {
         "now": now,
         "exists": run_dir.is_dir(),
         "stopped": (run_dir / STOPPED_MARKER).exists(),
-        "ranks": [rank_status(run_dir, r, now) for r in ranks],
+        "ranks": [rank_status(run_dir, r, now, table) for r in ranks],
         "checkpoints": checkpoint_steps(run_dir),
     }
+    launcher = launcher_status(run_dir, now, table)
+    if launcher is not None:
+        answer["launcher"] = launcher
+    return answer
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
@@ -203,28 +276,92 @@ def keep_checkpoints_up_to(run_dir: Path, step: int) -> list[int]:
     return removed
 
 
+class _Target:
+    """One thing to stop: a process group mlxops made (ring ranks, the launcher), or a
+    process another launcher started (an mpi rank) together with its descendants."""
+
+    def __init__(self, pid: int, table: Table):
+        self.pid = pid
+        self.group = any(p == pid and g == pid for p, _, g, _, _ in table)
+        # Snapshot now: once the shell dies its children are re-parented out of its tree.
+        self.tree = {pid} | descendants(pid, table)
+
+    def alive(self, table: Table) -> bool:
+        if self.group and group_alive(self.pid, table):
+            return True
+        return any(process_alive(p, table) for p in self.tree)
+
+    def signal(self, sig: int) -> None:
+        if self.group:
+            _signal(self.pid, sig)
+        for p in self.tree:
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _wait_gone(targets: dict[Any, _Target], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        table = _process_table()
+        if not any(t.alive(table) for t in targets.values()):
+            return
+        time.sleep(0.02)
+
+
 def stop(run_dir: Path, grace: float) -> dict[str, Any]:
-    """SIGTERM every rank's process group, SIGKILL what is left after ``grace`` seconds."""
+    """Stop the launcher (mpi) and every rank: SIGTERM, then SIGKILL after ``grace`` seconds.
+
+    The launcher's group goes first (mpirun forwards the signal to every rank, on every
+    node); then whatever rank is still alive, by its process group (a rank mlxops spawned)
+    or by its pid and descendants (a rank mpirun started); last, an MPI daemon (orted) that
+    started this node's ranks and outlived them.
+    """
     if run_dir.is_dir():
         (run_dir / STOPPED_MARKER).write_text(f"{time.time()}\n")
-    groups = {r: _read_int(_pidfile(run_dir, r)) for r in ranks_in(run_dir)}
-    live = {r: g for r, g in groups.items() if group_alive(g)}
-    for pgid in live.values():
-        _signal(pgid, signal.SIGTERM)
-        _signal(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) rank must wake up to die
+    table = _process_table()
+    names = {p: n for p, _, _, _, n in table}
+    parents = {p: pp for p, pp, _, _, _ in table}
+    pids: dict[Any, int | None] = {r: _read_int(_pidfile(run_dir, r)) for r in ranks_in(run_dir)}
+    daemons: dict[Any, _Target] = {}
+    for pid in pids.values():
+        parent = parents.get(pid or -1)
+        if parent and names.get(parent) == "orted" and alive(pid, table):
+            daemons[f"orted-{parent}"] = _Target(parent, table)
+    live = {r: _Target(p, table) for r, p in pids.items() if p and alive(p, table)}
+    launcher_pid = _read_int(run_dir / f"{LAUNCHER}.pid")
     deadline = time.monotonic() + grace
-    while any(group_alive(g) for g in live.values()) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    killed = [r for r, g in live.items() if group_alive(g)]
+    if launcher_pid and alive(launcher_pid, table):
+        launcher = {LAUNCHER: _Target(launcher_pid, table)}
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            launcher[LAUNCHER].signal(sig)
+        _wait_gone({**launcher, **live}, grace)
+        live.update(launcher)
+    for target in live.values():
+        target.signal(signal.SIGTERM)
+        target.signal(signal.SIGCONT)  # a stopped (SIGSTOP) rank must wake up to die
+    _wait_gone(live, max(0.0, deadline - time.monotonic()))
+    table = _process_table()
+    killed = [r for r, t in live.items() if t.alive(table)]
     for r in killed:
-        _signal(live[r], signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while any(group_alive(g) for g in live.values()) and time.monotonic() < deadline:
-        time.sleep(0.02)
+        live[r].signal(signal.SIGKILL)
+    _wait_gone(live, 5)
+    # The node's orted exits by itself once mpirun is gone; give it a moment, then make sure.
+    _wait_gone(daemons, 2)
+    for target in daemons.values():
+        target.signal(signal.SIGTERM)
+    _wait_gone(daemons, 2)
+    table = _process_table()
+    for target in daemons.values():
+        if target.alive(table):
+            target.signal(signal.SIGKILL)
+    _wait_gone(daemons, 2)
+    table = _process_table()
     return {
-        "signalled": sorted(live),
+        "signalled": sorted(live, key=str),
         "killed": killed,
-        "alive": [r for r, g in live.items() if group_alive(g)],
+        "alive": [r for r, t in {**live, **daemons}.items() if t.alive(table)],
     }
 
 

@@ -225,15 +225,21 @@ class Sandbox:
             netns.create_node_net(self.layout, node, rate_bits)
         nodes.wait_all(keygens, "ssh-keygen")
         self.key_path.chmod(0o600)
-        client_pub = self.key_path.with_name("id_ed25519.pub").read_text()
+        known = self._nodes_known_hosts(plan)
         for node in plan:
-            nodes.prepare_node(self._files(node.name), node, account, client_pub)
+            nodes.prepare_node(self._files(node.name), node, account, self.key_path, known)
         for node in plan:
             self._entry(node.name)["sshd_pid"] = nodes.start_sshd(
                 node, self._files(node.name), self.user)
         self._save()
         self._wait_listening(plan)
         self._write_client_files()
+
+    def _nodes_known_hosts(self, plan: list[NodeLayout] | None = None) -> str:
+        """known_hosts text with every node's current host key under its address."""
+        plan = plan or [self._node(n) for n in self.nodes]
+        return clientfiles.known_hosts({n.ip: self._files(n.name).host_key_line()
+                                        for n in plan})
 
     def _wait_listening(self, plan: list[NodeLayout]) -> None:
         nodes.wait_listening(
@@ -357,6 +363,11 @@ class Sandbox:
                 self.start_node(name)
         host_keys = {self.ip(n): self._files(n).host_key_line() for n in self.nodes}
         clientfiles.write_atomic(self.known_hosts_path, clientfiles.known_hosts(host_keys))
+        # The nodes' own known_hosts (node-to-node SSH, e.g. mpirun) follow new host keys.
+        account = pwd.getpwnam(self.user)
+        known = self._nodes_known_hosts()
+        for name in self.nodes:
+            nodes.write_node_known_hosts(self._files(name), account, known)
 
     def host_key_line(self, name: str) -> str:
         self._node(name)

@@ -85,19 +85,40 @@ class NodeFiles:
 
 
 def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
-                 client_pub: str) -> None:
-    """Home with authorized_keys owned by the node user, and the sshd_config."""
+                 client_key: Path, known_hosts: str) -> None:
+    """Home with ``~/.ssh`` owned by the node user, and the sshd_config.
+
+    ``~/.ssh`` holds authorized_keys (the client key's public half) and, for node-to-node
+    SSH as a real cluster needs it for ``mpirun``, the client key itself as
+    ``id_ed25519`` plus a ``known_hosts`` with every node's host key (strict checking
+    stays on).
+    """
     files.dir.mkdir(parents=True, exist_ok=True)
     files.dir.chmod(0o755)
     ssh_dir = files.home / ".ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
+    client_pub = client_key.with_name(client_key.name + ".pub").read_text()
     (ssh_dir / "authorized_keys").write_text(client_pub)
+    (ssh_dir / "id_ed25519").write_bytes(client_key.read_bytes())
+    (ssh_dir / "id_ed25519.pub").write_text(client_pub)
     ensure_node_tmp()
     for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
-                       (ssh_dir / "authorized_keys", 0o600)):
+                       (ssh_dir / "authorized_keys", 0o600), (ssh_dir / "id_ed25519", 0o600),
+                       (ssh_dir / "id_ed25519.pub", 0o644)):
         os.chown(path, user.pw_uid, user.pw_gid)
         os.chmod(path, mode)
+    write_node_known_hosts(files, user, known_hosts)
     files.sshd_config.write_text(sshd_config(files, node, user.pw_name))
+
+
+def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str) -> None:
+    """``~/.ssh/known_hosts`` of the node: every node's host key under its address."""
+    path = files.home / ".ssh" / "known_hosts"
+    tmp = path.with_name(".known_hosts.tmp")
+    tmp.write_text(text)
+    os.chown(tmp, user.pw_uid, user.pw_gid)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
 
 
 # The nodes' temporary directory ($TMPDIR, which macOS also sets per user). Nodes share

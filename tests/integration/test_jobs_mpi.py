@@ -1,0 +1,162 @@
+"""``backend: mpi`` jobs on 3 sandbox nodes (4 ranks: node2 has 2 slots), through mpirun.
+
+mpirun runs on node1 (the job's first host) and reaches node2 and node3 over node-to-node
+SSH as the node user, the way Open MPI does on Macs; each rank runs its own start script.
+The trainer is deterministic, so an mpi run must log the losses of the same ring run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlxops.jobs.launch import launch
+from mlxops.jobs.logs import fetch, prefixed
+from mlxops.jobs.record import load_record
+from mlxops.jobs.spec import load_job
+from mlxops.jobs.status import gather
+from mlxops.jobs.stop import stop_job
+from mlxops.jobs.watch import supervise
+from mlxops.transport import Connector
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("mpirun") is None or shutil.which("orted") is None,
+    reason="mpi jobs: mpirun/orted not found (apt-get install openmpi-bin; `make test` "
+           "installs it when root)")
+
+HOSTS = "node1,node2,node3"
+TRAINER = {
+    "model": {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32},
+    "data": {"source": "synthetic", "seed": 0},
+    "train": {"steps": 16, "global_batch": 8, "micro_batch": 2, "lr": 3e-3,
+              "checkpoint_every": 4, "keep": 2, "log_every": 1},
+}
+
+
+@pytest.fixture(autouse=True)
+def controller_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def connector():
+    with Connector() as conn:
+        yield conn
+
+
+@pytest.fixture
+def inventory(sandbox, tmp_path) -> Path:
+    """The sandbox inventory with 2 slots on node2: ranks 0 | 1 2 | 3."""
+    doc = yaml.safe_load(sandbox.inventory_path.read_text())
+    doc["all"]["children"]["sandbox"]["hosts"]["node2"]["mlxops_slots"] = 2
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int) -> Path:
+    trainer = json.loads(json.dumps(TRAINER))
+    trainer["train"]["steps"] = steps
+    job = {"name": name, "inventory": str(inventory), "hosts": HOSTS, "backend": backend,
+           "trainer": trainer, "stop_grace": 3,
+           "restart": {"max_restarts": 0, "stall_timeout": 60}}
+    path = tmp_path / f"{name}.yml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def run_dir(sandbox, node: str, name: str) -> Path:
+    return Path(sandbox.node_home(node)) / ".mlxops" / "runs" / name
+
+
+def losses(sandbox, name: str) -> dict[int, float]:
+    out = {}
+    for line in (run_dir(sandbox, "node1", name) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+def _zombie(pid: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True  # gone
+
+
+def leftovers(name: str) -> list[str]:
+    """Live processes of the job on any node (one PID namespace), and any MPI daemon
+    (a zombie its parent has not reaped yet runs nothing)."""
+    found = []
+    for args in (["-af", f"/runs/{name}/"], ["-ax", "orted"], ["-ax", "mpirun"]):
+        out = subprocess.run(["pgrep", *args], capture_output=True, text=True).stdout
+        found += [line for line in out.splitlines()
+                  if "pgrep" not in line and not _zombie(line.split()[0])]
+    return found
+
+
+def no_leftovers(name: str, within: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + within
+    while (left := leftovers(name)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def logs(record, connector) -> str:
+    return "\n".join(prefixed(fetch(record, connector, {})))[-3000:]
+
+
+def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
+        sandbox, tmp_path, inventory, connector):
+    ring = launch(load_job(write_job(tmp_path, inventory, "m-ring", "ring", 16)), connector)
+    assert supervise(ring, connector).state == "finished"
+
+    record = launch(load_job(write_job(tmp_path, inventory, "m-mpi", "mpi", 16)), connector)
+    assert [(r.rank, r.host) for r in record.ranks] == [
+        (0, "node1"), (1, "node2"), (2, "node2"), (3, "node3")]
+    script = (run_dir(sandbox, "node1", "m-mpi") / "launcher.sh").read_text()
+    assert "mpirun" in script and "-host" in script
+    final = supervise(record, connector)
+    assert final.state == "finished", (final.to_dict(), logs(record, connector))
+    assert all(r.state == "finished" and r.step == 16 for r in final.ranks)
+    assert final.launcher and final.launcher["exit"] == 0
+    # Each rank records its own pid (mpirun started it) and logs to its own file.
+    for rank, node in ((1, "node2"), (2, "node2"), (3, "node3")):
+        assert (run_dir(sandbox, node, "m-mpi") / f"rank-{rank}.pid").exists()
+        assert (run_dir(sandbox, node, "m-mpi") / f"rank-{rank}.exit").read_text() == "0\n"
+    want, got = losses(sandbox, "m-ring"), losses(sandbox, "m-mpi")
+    assert sorted(got) == sorted(want) == list(range(1, 17))
+    for step in want:
+        assert abs(got[step] - want[step]) <= 1e-5, (step, got[step], want[step])
+    assert no_leftovers("m-mpi") == []
+
+
+def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
+        sandbox, tmp_path, inventory, connector):
+    spec = load_job(write_job(tmp_path, inventory, "m-stop", "mpi", 30))
+    record = launch(spec, connector)
+    deadline = time.monotonic() + 60
+    while (gather(record, connector).step or 0) < 5:
+        status = gather(record, connector)
+        assert status.state == "running", (status.to_dict(), logs(record, connector))
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.3)
+    results = stop_job(record, connector)
+    assert results.exit_code == 0, {h: r.message for h, r in results.items()}
+    assert no_leftovers("m-stop", within=1.0) == []
+    status = gather(load_record("m-stop"), connector)
+    assert status.state == "stopped", status.to_dict()
+    assert stop_job(load_record("m-stop"), connector).exit_code == 0  # idempotent
+
+    # Resume on the same layout: continues from the newest common checkpoint.
+    resumed = launch(spec, connector, resume=True, previous=load_record("m-stop"))
+    assert resumed.message.startswith("resumed from step")
+    final = supervise(resumed, connector)
+    assert final.state == "finished", (final.to_dict(), logs(resumed, connector))
+    assert no_leftovers("m-stop") == []
