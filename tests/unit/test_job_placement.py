@@ -78,3 +78,26 @@ def test_rank_script_runs_with_hostile_values_verbatim_and_records_the_exit_code
     assert out.stdout == f"{hostile}|managed|{hostile}"
     assert (run / "rank-0.exit").read_text().strip() == "7"
     assert not canary.exists()
+
+
+def test_mpi_rank_environment_leaves_rank_numbers_to_mpi():
+    ranks = place_ranks([host("a", 2), host("b")], 30000)
+    env = rank_environment(backend="mpi", rank=ranks[2], ranks=ranks,
+                           paths=NodePaths("/r", "j"), host_env={"MLX_RANK": "7"}, job_env={},
+                           resume=False, mpi_env={"MLX_MPI_LIBNAME": "libmpi.so.40"})
+    assert "MLX_RANK" not in env and "MLX_HOSTFILE" not in env
+    assert env["MLXOPS_BACKEND"] == "mpi"
+    assert (env["MLXOPS_WORLD_SIZE"], env["MLXOPS_LOCAL_RANK"]) == ("3", "0")
+    assert env["MLX_MPI_LIBNAME"] == "libmpi.so.40"
+
+
+def test_mpi_environment_from_the_launcher_node_is_what_mlx_launch_sets():
+    from mlxops.jobs.launch import mpi_environment
+
+    assert mpi_environment({"mpirun": "/usr/bin/mpirun", "mpi_libname": None}) == {}
+    assert mpi_environment({"mpirun": "/usr/bin/mpirun", "mpi_libname": "libmpi.so.40",
+                            "system": "Linux"}) == {"MLX_MPI_LIBNAME": "libmpi.so.40"}
+    assert mpi_environment({"mpirun": "/opt/homebrew/bin/mpirun", "system": "Darwin",
+                            "mpi_libname": "/opt/homebrew/opt/open-mpi/lib/libmpi.40.dylib"}) == {
+        "MLX_MPI_LIBNAME": "/opt/homebrew/opt/open-mpi/lib/libmpi.40.dylib",
+        "DYLD_LIBRARY_PATH": "/opt/homebrew/lib"}

@@ -1,0 +1,100 @@
+"""The mpi launcher (mpirun of one rank script per app context) and mpi rank scripts, as
+data, and run by a real sh against a stand-in mpirun that prints the words it gets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mlxops.inventory.model import Host
+from mlxops.jobs.placement import (
+    NodePaths,
+    Rank,
+    launcher_script,
+    mpirun_argv,
+    place_ranks,
+    rank_script,
+)
+from mlxops.jobs.record import HostRecord, JobRecord
+from mlxops.jobs.status import classify
+
+CASE = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_launch.yml").read_text())
+
+
+def layout():
+    hosts = [Host(n, {"ansible_host": h["ip"], "mlxops_slots": h["slots"]})
+             for n, h in CASE["hosts"].items()]
+    ranks = place_ranks(hosts, 30000)
+    scripts = {r.rank: f"{NodePaths(CASE['hosts'][r.host]['root'], 'tiny').run_dir}"
+                       f"/rank-{r.rank}.sh" for r in ranks}
+    return ranks, scripts
+
+
+def test_mpirun_runs_each_rank_script_on_its_own_host_in_rank_order():
+    ranks, scripts = layout()
+    assert mpirun_argv(mpirun=CASE["mpirun"], ranks=ranks, scripts=scripts) == CASE["argv"]
+
+
+def test_launcher_script_passes_hostile_paths_verbatim_and_records_the_exit_code(tmp_path):
+    ranks, scripts = layout()
+    root = tmp_path / "root $(touch pwned) 'q'"
+    paths = NodePaths(str(root), "tiny")
+    run = Path(paths.run_dir)
+    run.mkdir(parents=True)
+    (root / "env.sh").write_text("export OMPI_MCA_btl_tcp_links=4\n")
+    fake = tmp_path / "bin dir" / "mpirun"
+    fake.parent.mkdir()
+    # Prints each word on its own line, and the env.sh variable it must see; exits 3.
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$OMPI_MCA_btl_tcp_links" "$PWD" "$@"\nexit 3\n')
+    fake.chmod(0o755)
+    script = launcher_script(mpirun=str(fake), ranks=ranks, scripts=scripts, paths=paths)
+    (run / "launcher.sh").write_text(script)
+    out = subprocess.run(["/bin/sh", str(run / "launcher.sh")], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 3
+    words = out.stdout.split("\n")[:-1]
+    assert words[:2] == ["4", str(run)]
+    root_flag = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    want = [str(fake.parent.parent), *CASE["argv"][3:]]
+    assert words[2:] == root_flag + ["--prefix", *want]
+    assert (run / "launcher.exit").read_text() == "3\n"
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_mpi_rank_script_records_its_pid_and_logs_to_its_own_file(tmp_path):
+    root = tmp_path / "a root"
+    paths = NodePaths(str(root), "tiny")
+    run = Path(paths.run_dir)
+    run.mkdir(parents=True)
+    script = rank_script(env={"X": "y z"}, argv=["sh", "-c", 'echo "out $X $$"; exit 5'],
+                         paths=paths, cwd=str(run), rank=2, mpi=True)
+    (run / "rank-2.sh").write_text(script)
+    proc = subprocess.run(["/bin/sh", str(run / "rank-2.sh")], capture_output=True, text=True)
+    assert proc.returncode == 5 and proc.stdout == ""
+    pid = int((run / "rank-2.pid").read_text())
+    assert (run / "rank-2.log").read_text().startswith("out y z ")
+    assert pid > 0 and (run / "rank-2.exit").read_text() == "5\n"
+
+
+STATUS = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_status_cases.yml")
+                        .read_text())
+
+
+@pytest.mark.parametrize("name", sorted(STATUS))
+def test_classify_an_mpi_job_with_its_launcher(name):
+    case = STATUS[name]
+    record = JobRecord(
+        name="j", job_file="j.yml", inventory="inv.yml", backend="mpi",
+        hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],
+        ranks=[Rank(0, "a", "1.1.1.1", 1, 0), Rank(1, "a", "1.1.1.1", 2, 1),
+               Rank(2, "b", "1.1.1.2", 3, 0)],
+        state=case["record_state"], stall_timeout=10)
+    status = classify(record, case["answers"], {})
+    assert [r.state for r in status.ranks] == case["ranks"]
+    assert status.state == case["job"]
+    assert status.problem == case["problem"]
+    assert status.to_dict()["launcher"]["host"] == "a"
