@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # System packages the integration tests need (real sshd nodes in network namespaces, a
 # world-readable Python for the node user, OpenMPI for the mpi backend).
-SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc
+SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin
 
 .PHONY: demo test test-unit lint venv system-deps clean
 
