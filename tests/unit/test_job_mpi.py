@@ -98,3 +98,16 @@ def test_classify_an_mpi_job_with_its_launcher(name):
     assert status.state == case["job"]
     assert status.problem == case["problem"]
     assert status.to_dict()["launcher"]["host"] == "a"
+
+
+def test_preflight_wants_mpirun_on_the_first_host_and_at_the_same_path_everywhere():
+    from mlxops.jobs.launch import HostPrep, _mpi_problems
+
+    def preps(**mpiruns):
+        return {n: HostPrep(Host(n, {}), answer={"mpirun": m}) for n, m in mpiruns.items()}
+
+    assert _mpi_problems(preps(a=None, b="/usr/bin/mpirun"), "a") == [
+        "mpirun not found on a: install Open MPI (brew install open-mpi)"]
+    assert _mpi_problems(preps(a="/usr/bin/mpirun", b="/usr/bin/mpirun"), "a") == []
+    [problem] = _mpi_problems(preps(a="/opt/homebrew/bin/mpirun", b=None), "a")
+    assert problem.startswith("b: Open MPI must be installed at the same path on every node")
