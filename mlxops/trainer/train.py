@@ -72,6 +72,9 @@ class Trainer:
         self.key = mx.random.key(t.seed)
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = 0
+        # What the last progress record said; a resume at or past the final step has none.
+        self._last_loss: float | None = None
+        self._last_tps = 0.0
         self._start(resume)
         self._compile()
 
@@ -246,7 +249,7 @@ class Trainer:
         self._progress(self._last_loss, self._last_tps, "finished")
         self._log(f"done: {self.step} steps")
 
-    def _progress(self, loss: float, tps: float, state: str) -> None:
+    def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
         d = self.out / "progress"
         d.mkdir(parents=True, exist_ok=True)

@@ -161,3 +161,13 @@ def test_cli_help_and_bad_config(tmp_path):
     proc = subprocess.run(trainer_cmd(bad), env=env, capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {bad}: train.stepz: unknown key"
+
+
+def test_resume_of_a_finished_run_ends_at_once(tmp_path):
+    """A resume at (or past) the last step has nothing to do: exit 0, progress 'finished'."""
+    out = tmp_path / "done"
+    cfg = write_config(tmp_path, out, train={"steps": 6, "checkpoint_every": 3})
+    ok(run_trainer(cfg))
+    ok(run_trainer(cfg, "--resume"))
+    progress = json.loads((out / "progress" / "rank-0.json").read_text())
+    assert (progress["state"], progress["step"]) == ("finished", 6)
