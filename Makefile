@@ -28,8 +28,9 @@ system-deps:
 		echo "not root: integration tests will skip (missing: $$missing)"; \
 	fi
 
+# --fresh: a second `make demo` starts over instead of refusing the demo's checkpoints.
 demo: venv
-	$(VENV)/bin/mlxops launch jobs/demo.yml
+	$(VENV)/bin/mlxops launch --fresh jobs/demo.yml
 
 test: venv system-deps
 	$(PY) -m pytest -q -ra

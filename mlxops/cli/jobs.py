@@ -50,10 +50,13 @@ def _after_start(record, connector, detach: bool, as_json: bool) -> None:
 @click.command("launch")
 @click.argument("job", type=click.Path(dir_okay=False))
 @click.option("--detach", "-d", is_flag=True, help="Start and return; the job runs on its own.")
+@click.option("--fresh", is_flag=True,
+              help="Start over: remove an earlier run of this name (checkpoints, metrics, logs) "
+                   "from every node first. Refused while any rank of it runs.")
 @json_option
 @forks_option
 @host_key_options
-def launch(job, detach, as_json, forks, accept_new_host_keys, connect_timeout):
+def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_timeout):
     """Start JOB on its hosts and follow it (Ctrl-C detaches, never kills).
 
     Pre-flight checks every host first (reachable, same mlx, code synced, ring ports free,
@@ -61,7 +64,7 @@ def launch(job, detach, as_json, forks, accept_new_host_keys, connect_timeout):
     """
     spec = load_job(job)
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
-        record = launch_job(spec, connector, forks=forks)
+        record = launch_job(spec, connector, forks=forks, fresh=fresh)
         _after_start(record, connector, detach, as_json)
 
 

@@ -100,7 +100,7 @@ def _preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connect
 
 
 def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
-                    resume: bool) -> int | None:
+                    resume: bool, fresh: bool = False) -> int | None:
     """Refuse what would fail or hang later; returns the checkpoint step to resume from."""
     problems = []
     versions = {name: (p.answer.get("mlx"), p.answer.get("python_version", "")[:4])
@@ -130,11 +130,12 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
         raise PreflightError("pre-flight failed: " + "; ".join(problems))
     steps = [set(p.answer.get("checkpoints", [])) for p in preps.values()]
     if not resume:
-        if any(steps):
+        if any(steps) and not fresh:
             holders = [n for n, p in preps.items() if p.answer.get("checkpoints")]
             raise PreflightError(
                 f"job {spec.name!r} already has checkpoints on {', '.join(holders)}: "
-                f"'mlxops resume {spec.name}' continues it, or give the job another name")
+                f"'mlxops resume {spec.name}' continues it, 'mlxops launch --fresh' starts "
+                "over, or give the job another name")
         return None
     common = set.intersection(*steps) if steps else set()
     return max(common) if common else None
@@ -218,16 +219,21 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def start_command_prefix(run_dir: str) -> str:
-    """Clear the previous attempt's rank files (not logs, not checkpoints), then unpack."""
+def start_command_prefix(run_dir: str, fresh: bool = False) -> str:
+    """Clear the previous attempt's rank files (not logs, not checkpoints), then unpack.
+
+    ``fresh`` starts over: the whole run directory goes (checkpoints, metrics, logs).
+    """
     q = shell.quote(run_dir)
-    return (f"mkdir -p {q} && rm -f {q}/rank-*.sh {q}/rank-*.pid {q}/rank-*.exit "
+    wipe = f"rm -rf {q} && " if fresh else ""
+    return (f"{wipe}mkdir -p {q} && rm -f {q}/rank-*.sh {q}/rank-*.pid {q}/rank-*.exit "
             f"{q}/launcher.sh {q}/launcher.pid {q}/launcher.exit "
             f"{q}/progress/rank-*.json && tar -xf - -C {q}")
 
 
 def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume: bool,
-           rdma: list | None, connector: Connector, forks: int | None) -> Results:
+           rdma: list | None, connector: Connector, forks: int | None,
+           fresh: bool = False) -> Results:
     mpi = spec.backend == "mpi"
     launcher = ranks[0].host
 
@@ -242,7 +248,8 @@ def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume:
             args.append("--launcher")
         conn = connector.connect(host)
         answer = nodecmd.run_node(conn, prep.python, paths.code, args,
-                                  stdin=archive, prefix=start_command_prefix(paths.run_dir))
+                                  stdin=archive,
+                                  prefix=start_command_prefix(paths.run_dir, fresh))
         return HostResult(host.name, OK, data=answer)
 
     hosts = [p.host for p in preps.values()]
@@ -258,18 +265,24 @@ def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume:
 
 def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
            exclude: Sequence[str] = (), forks: int | None = None,
-           previous: JobRecord | None = None) -> JobRecord:
-    """Pre-flight, then start every rank; returns the saved record. Raises on any problem."""
+           previous: JobRecord | None = None, fresh: bool = False) -> JobRecord:
+    """Pre-flight, then start every rank; returns the saved record. Raises on any problem.
+
+    ``fresh`` starts over: an earlier run of the same name is removed from every node, but
+    only once pre-flight passed everywhere (never while a rank of it runs).
+    """
+    if fresh and resume:
+        raise UserError("--fresh starts over and resume continues: choose one")
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
     ranks = place_ranks(hosts, spec.base_port)
     results, preps = _preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
-    step = check_preflight(spec, preps, ranks, resume)
+    step = check_preflight(spec, preps, ranks, resume, fresh)
     if resume and step is not None:
         # Every node resumes from the same step: drop newer checkpoints only some nodes have.
         _align_checkpoints(spec, preps, step, connector, forks)
-    started = _start(spec, preps, ranks, resume, rdma, connector, forks)
+    started = _start(spec, preps, ranks, resume, rdma, connector, forks, fresh)
     record = JobRecord(
         name=spec.name, job_file=str(spec.path), inventory=str(spec.inventory),
         backend=spec.backend,
@@ -312,7 +325,6 @@ def _align_checkpoints(spec: JobSpec, preps: dict[str, HostPrep], step: int,
     results = run_parallel([p.host for p in behind.values()], work, forks=forks)
     if results.exit_code:
         results.raise_on_failure("aligning checkpoints")
-
 
 
 def inventory_hosts(record: JobRecord) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlxops.jobs.launch import launch
+from mlxops.jobs.launch import PreflightError, launch
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
@@ -112,6 +112,15 @@ def test_launch_runs_to_finished_with_falling_loss(sandbox, tmp_path, connector)
     # Every node keeps its own checkpoint copy.
     for node in HOSTS.split(","):
         assert (run_dir(sandbox, node, "t-finish") / "ckpt" / "latest").exists()
+
+    # The same name again is refused (it has checkpoints) unless told to start over.
+    with pytest.raises(PreflightError, match="mlxops resume t-finish"):
+        launch(spec, connector)
+    again = launch(spec, connector, fresh=True)
+    assert supervise(again, connector).state == "finished"
+    steps = [json.loads(line)["step"] for line in
+             (run_dir(sandbox, "node1", "t-finish") / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 41))  # a new run, not the old one appended to
 
 
 def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
