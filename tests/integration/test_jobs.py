@@ -236,3 +236,30 @@ def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
     assert watch.returncode == 0, watch.stderr
     assert "finished" in watch.stdout
     assert job_processes("t-detach") == []
+
+
+def test_ctrl_c_while_following_detaches_and_never_kills(sandbox, tmp_path, connector):
+    path = write_job(tmp_path, sandbox, "t-ctrlc", steps=200)
+    cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                record = load_record("t-ctrlc")
+                break
+            except Exception:  # noqa: BLE001 - not recorded yet
+                time.sleep(0.2)
+        wait_for_step(record, connector, 3)
+        cli.send_signal(signal.SIGINT)
+        out, err = cli.communicate(timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 0, err
+    assert "detached" in err and "mlxops watch t-ctrlc" in err
+    before = gather(record, connector)
+    assert before.state == "running"
+    wait_for_step(record, connector, (before.step or 0) + 2)
+    assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0
+    assert job_processes("t-ctrlc") == []
