@@ -25,10 +25,8 @@ Every process it starts is stopped by pid and the sandbox taken down, also on Ct
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -42,7 +40,7 @@ import yaml
 
 from mlxops import render
 from mlxops.inventory import load_inventory
-from mlxops.sandbox import Sandbox, prerequisites
+from mlxops.sandbox import Sandbox, netns, prerequisites
 
 POLL = 0.02
 MODEL = {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32}
@@ -332,14 +330,7 @@ def kill_group(pgid: int, sig: int) -> None:
 
 def free_subnet(pid: int) -> str:
     """A /24 in 10.245-249.x.0 that no address of this machine is in."""
-    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    used = [ipaddress.IPv4Interface(w).network for w in out.split() if re.match(r"^\d+\.", w)]
-    for step in range(1250):
-        n = (pid + step) % 1250
-        net = ipaddress.IPv4Network(f"10.{245 + n // 250}.{n % 250}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return str(net)
-    raise SystemExit("no free 10.245.0.0/16..10.249.0.0/16 subnet for the sandbox")
+    return netns.free_subnet(range(245, 250), pid)
 
 
 # --- the measures ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from mlxops.transport import Connector, HostResult, run_parallel
 from mlxops.transport.results import OK
 
 UNREACHABLE = "unreachable"
+LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
 
 
 @dataclass
@@ -108,6 +109,11 @@ def job_state(record: JobRecord, ranks: list[RankStatus], launcher: str | None =
     if record.state == STOPPED and not states & {RUNNING, STALLED}:
         return STOPPED
     if states == {FINISHED}:
+        # mpi: mpirun exits a moment after its ranks; until then (or for 10 s at most, if
+        # it lingers) the job is still ending, and a resume or relaunch must wait for it.
+        ended = [r.ended_ago for r in ranks if r.ended_ago is not None]
+        if launcher in (RUNNING, STALLED) and ended and min(ended) < LAUNCHER_LINGER:
+            return RUNNING
         return FINISHED
     if FAILED in states or launcher == FAILED:
         return FAILED

@@ -140,3 +140,20 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def free_subnet(second_octets: range, seed: int) -> str:
+    """A /24 ``10.<o>.<n>.0/24`` (``o`` in ``second_octets``) that no address here is in.
+
+    ``seed`` (a pid, say) spreads concurrent callers over different subnets.
+    """
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    used = [ipaddress.IPv4Interface(w).network for w in out.split()
+            if w[:1].isdigit() and "/" in w]
+    count = len(second_octets) * 250
+    for step in range(count):
+        n = (seed + step) % count
+        net = ipaddress.IPv4Network(f"10.{second_octets[n // 250]}.{n % 250}.0/24")
+        if not any(net.overlaps(u) for u in used):
+            return str(net)
+    raise MlxopsError(f"no free 10.{second_octets[0]}-{second_octets[-1]}.x.0/24 subnet")

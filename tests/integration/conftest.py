@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import atexit
 import glob
-import ipaddress
 import os
 import re
 import signal
-import subprocess
 
 import pytest
 
 from mlxops.sandbox import Sandbox, prerequisites
+from mlxops.sandbox.netns import free_subnet as netns_free_subnet
 
 NODES = 8
 _DIR_PREFIX = "/tmp/mlxops-test-sandbox-"
@@ -61,14 +60,7 @@ def _reap_stale_sandboxes() -> None:
 
 def _free_subnet(pid: int) -> str:
     """A /24 in 10.232-239.x.0 no address of this machine is in (pid-spread)."""
-    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    used = [ipaddress.IPv4Interface(w).network for w in out.split() if re.match(r"^\d+\.", w)]
-    for step in range(2000):
-        n = (pid + step) % 2000
-        net = ipaddress.IPv4Network(f"10.{232 + n // 250}.{n % 250}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return str(net)
-    raise RuntimeError("no free 10.232.0.0/13 subnet for the test sandbox")
+    return netns_free_subnet(range(232, 240), pid)
 
 
 def _exit_on_sigterm(signum, frame):
@@ -116,3 +108,18 @@ def sandbox_mut(sandbox):
         yield sandbox
     finally:
         sandbox.restore()
+
+
+@pytest.fixture(autouse=True)
+def controller_home(tmp_path, monkeypatch):
+    """Each test keeps its controller state (job records, facts) to itself."""
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def connector():
+    """A Connector (one connection per host, closed after the test)."""
+    from mlxops.transport import Connector
+
+    with Connector() as conn:
+        yield conn

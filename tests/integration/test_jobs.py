@@ -25,7 +25,6 @@ from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
-from mlxops.transport import Connector
 
 HOSTS = "node1,node2,node3,node4"
 TRAINER = {
@@ -34,17 +33,6 @@ TRAINER = {
     "train": {"steps": 60, "global_batch": 8, "micro_batch": 2, "lr": 3e-3,
               "checkpoint_every": 10, "keep": 3, "log_every": 1},
 }
-
-
-@pytest.fixture(autouse=True)
-def controller_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture
-def connector():
-    with Connector() as conn:
-        yield conn
 
 
 def write_job(tmp_path: Path, sandbox, name: str, *, steps: int = 60,

@@ -23,7 +23,6 @@ from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
-from mlxops.transport import Connector
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None or shutil.which("orted") is None,
@@ -37,17 +36,6 @@ TRAINER = {
     "train": {"steps": 16, "global_batch": 8, "micro_batch": 2, "lr": 3e-3,
               "checkpoint_every": 4, "keep": 2, "log_every": 1},
 }
-
-
-@pytest.fixture(autouse=True)
-def controller_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
-
-
-@pytest.fixture
-def connector():
-    with Connector() as conn:
-        yield conn
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ never record a changed one."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -11,29 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import host_key_fingerprint, known_lines, run_json
 
 pytestmark = pytest.mark.integration
-
-
-def run_json(tmp_path: Path, inventory, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    env = {**os.environ, "MLXOPS_HOME": str(tmp_path / "mlxops-home")}
-    proc = subprocess.run([sys.executable, "-m", "mlxops", "run", str(inventory), "--json",
-                           *args], capture_output=True, text=True, timeout=60, env=env,
-                          stdin=subprocess.DEVNULL)
-    return proc, json.loads(proc.stdout)
-
-
-def host_key_fingerprint(sandbox, name: str) -> str:
-    pub = Path(sandbox.dir) / "nodes" / name / "ssh_host_ed25519_key.pub"
-    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], check=True,
-                         capture_output=True, text=True).stdout
-    return out.split()[1]
-
-
-def known_lines(sandbox, name: str) -> list[str]:
-    proc = subprocess.run(["ssh-keygen", "-F", sandbox.ip(name), "-f",
-                           str(sandbox.known_hosts_path)], capture_output=True, text=True)
-    return [ln for ln in proc.stdout.splitlines() if ln and not ln.startswith("#")]
 
 
 def trust(tmp_path: Path, sandbox, *args: str) -> subprocess.CompletedProcess:
