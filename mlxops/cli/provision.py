@@ -132,10 +132,9 @@ def command(inventory, limit, tags, skip_tags, check, diff, forks, as_json, play
     hosts = inv.select(limit, source="--limit")
     tag_set = parse_tag_list(tags, "--tags", play)
     skip_set = parse_tag_list(skip_tags, "--skip-tags", play)
-    connector = connector_from(accept_new_host_keys, connect_timeout)
-
     total = len(hosts) * len(play.tasks)
-    with console.host_progress("provisioning", total, enabled=as_json) as advance:
+    with connector_from(accept_new_host_keys, connect_timeout) as connector, \
+            console.host_progress("provisioning", total, enabled=as_json) as advance:
         if as_json:
             callbacks: Callbacks = Silent(advance)
         else:

@@ -55,8 +55,8 @@ def command(inventory, limit, forks, timeout, as_json, accept_new_host_keys, con
     """
     inv = load_inventory(inventory)
     hosts = inv.select(limit, source="--limit")
-    connector = connector_from(accept_new_host_keys, connect_timeout)
-    with console.host_progress("running", len(hosts), enabled=True) as advance:
+    with connector_from(accept_new_host_keys, connect_timeout) as connector, \
+            console.host_progress("running", len(hosts), enabled=True) as advance:
         def on_result(result: HostResult) -> None:
             if not as_json:
                 _print_host(result)

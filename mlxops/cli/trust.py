@@ -46,8 +46,8 @@ def command(inventory, limit, forks, yes, connect_timeout):
     """
     inv = load_inventory(inventory)
     hosts = inv.select(limit, source="--limit")
-    connector = Connector(ConnectOptions(connect_timeout=connect_timeout))
-    results, checks = check_host_keys(hosts, connector, forks=forks)
+    with Connector(ConnectOptions(connect_timeout=connect_timeout)) as connector:
+        results, checks = check_host_keys(hosts, connector, forks=forks)
 
     table = Table(show_edge=False, pad_edge=False)
     for column in ("host", "address", "type", "fingerprint", "state"):
