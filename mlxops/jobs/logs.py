@@ -1,4 +1,8 @@
-"""Rank logs, merged: each line prefixed with its host and rank; ``follow`` tails them."""
+"""Rank logs, merged: each line prefixed with its host and rank; ``follow`` tails them.
+
+An mpi job's launcher (mpirun, on its first host) has a log too: it comes first, as
+``[host mpirun]``.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ from mlxops.transport import Connector, HostResult, run_parallel
 from mlxops.transport.results import OK
 
 Offsets = dict[int, int]
+LAUNCHER = -1  # the launcher's place among the ranks: its log sorts first
+
+
+def _key(rank: int) -> str:
+    return "launcher" if rank == LAUNCHER else str(rank)
 
 
 def fetch(record: JobRecord, connector: Connector, offsets: Offsets, *, rank: int | None = None,
@@ -27,15 +36,17 @@ def fetch(record: JobRecord, connector: Connector, offsets: Offsets, *, rank: in
         h = record.host(host.name)
         paths = h.paths(record.name)
         mine = [r.rank for r in record.ranks_on(host.name)]
+        if record.backend == "mpi" and record.ranks and record.ranks[0].host == host.name:
+            mine.append(LAUNCHER)
         args = ["logs", "--run-dir", paths.run_dir, "--tail", str(tail)]
         if rank is not None:
             args += ["--rank", str(rank)]
-        known = [f"{r}:{offsets[r]}" for r in mine if r in offsets]
+        known = [f"{_key(r)}:{offsets[r]}" for r in mine if r in offsets]
         if known:
             args += ["--offsets", *known]
         answer = nodecmd.run_node(connector.connect(host), h.python, paths.code, args)
         for key, item in answer.get("logs", {}).items():
-            r = int(key)
+            r = LAUNCHER if key == "launcher" else int(key)
             if r not in mine:
                 continue  # a script of an earlier attempt's layout
             offsets[r] = item["offset"]
@@ -50,7 +61,7 @@ def fetch(record: JobRecord, connector: Connector, offsets: Offsets, *, rank: in
 def prefixed(chunks: list[tuple[int, str, str]]) -> Iterator[str]:
     for rank, host, text in chunks:
         for line in text.splitlines():
-            yield f"[{host} r{rank}] {line}"
+            yield f"[{host} {'mpirun' if rank == LAUNCHER else f'r{rank}'}] {line}"
 
 
 def follow(name: str, connector: Connector, emit: Callable[[str], None], *,

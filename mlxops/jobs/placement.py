@@ -176,6 +176,8 @@ def launcher_script(*, mpirun: str, ranks: Sequence[Rank], scripts: dict[int, st
         f"cd {shell.quote(paths.run_dir)} || exit 1",
         "set --",
         'if [ "$(id -u)" = 0 ]; then set -- --allow-run-as-root; fi',
+        # The command line first, so `mlxops logs` shows what was run.
+        f"printf '%s\\n' {shell.quote('mlxops: starting ' + shell.join(argv))}",
         # "$@" goes right after the program: mpirun's options come before the first app.
         f'{shell.quote(argv[0])} "$@" {shell.join(argv[1:])}',
         "code=$?",

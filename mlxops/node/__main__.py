@@ -78,15 +78,20 @@ def _spawn(args: argparse.Namespace) -> dict:
 
 
 def _logs(args: argparse.Namespace) -> dict:
-    """New bytes of each rank's log since the offsets the controller already has."""
+    """New bytes of each log since the offsets the controller already has.
+
+    Keys are rank numbers, plus ``launcher`` (mpirun's own log, on an mpi job's first host)
+    when the whole job is asked for.
+    """
     run_dir = Path(args.run_dir)
     offsets = dict(item.split(":") for item in args.offsets) if args.offsets else {}
+    logs = {str(r): run_dir / f"rank-{r}.log" for r in ranks.ranks_in(run_dir)
+            if args.rank is None or r == args.rank}
+    if args.rank is None and (run_dir / "launcher.log").exists():
+        logs["launcher"] = run_dir / "launcher.log"
     out = {}
-    for rank in ranks.ranks_in(run_dir):
-        if args.rank is not None and rank != args.rank:
-            continue
-        path = run_dir / f"rank-{rank}.log"
-        start = int(offsets.get(str(rank), 0))
+    for key, path in logs.items():
+        start = int(offsets.get(key, 0))
         data = b""
         if path.exists():
             with open(path, "rb") as f:
@@ -96,7 +101,7 @@ def _logs(args: argparse.Namespace) -> dict:
                 f.seek(start if start <= size else 0)
                 data = f.read(args.max_bytes)
                 start = f.tell()
-        out[str(rank)] = {"text": data.decode(errors="replace"), "offset": start}
+        out[key] = {"text": data.decode(errors="replace"), "offset": start}
     return {"logs": out}
 
 
@@ -123,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     lg = sub.add_parser("logs")
     lg.add_argument("--run-dir", required=True)
     lg.add_argument("--rank", type=int)
-    lg.add_argument("--offsets", nargs="*", default=[], help="rank:byte_offset ...")
+    lg.add_argument("--offsets", nargs="*", default=[], help="rank:byte_offset ... "
+                    "(launcher:byte_offset for mpirun's log)")
     lg.add_argument("--tail", type=int, default=0, help="start this many bytes from the end")
     lg.add_argument("--max-bytes", type=int, default=1 << 20)
     ck = sub.add_parser("keep-checkpoints")

@@ -123,6 +123,10 @@ def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
     for step in want:
         assert abs(got[step] - want[step]) <= 1e-5, (step, got[step], want[step])
     assert no_leftovers("m-mpi") == []
+    # `mlxops logs` shows mpirun's own log (first) beside the ranks'.
+    merged = list(prefixed(fetch(record, connector, {})))
+    assert any(line.startswith("[node1 r0] ") for line in merged)  # rank 0 prints
+    assert merged[0].startswith("[node1 mpirun] mlxops: starting ")
 
 
 def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(

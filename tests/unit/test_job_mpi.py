@@ -56,7 +56,9 @@ def test_launcher_script_passes_hostile_paths_verbatim_and_records_the_exit_code
     out = subprocess.run(["/bin/sh", str(run / "launcher.sh")], capture_output=True, text=True,
                          cwd=tmp_path)
     assert out.returncode == 3
-    words = out.stdout.split("\n")[:-1]
+    header, *words = out.stdout.split("\n")[:-1]
+    # The log says what runs, quoted as a shell would need it.
+    assert header.startswith("mlxops: starting ") and "'/Users/me/ml ops/$(touch pwned)" in header
     assert words[:2] == ["4", str(run)]
     root_flag = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     want = [str(fake.parent.parent), *CASE["argv"][3:]]
