@@ -251,10 +251,19 @@ _SH_MANIFEST = (
 )
 
 
+def python_manifest_args(dest: str, roots: Sequence[str]) -> str:
+    """What follows a node interpreter to print the manifest of ``dest``'s roots as JSON.
+
+    Callers that already run a command on the node (jobs' pre-flight) append it to theirs
+    and pass the parsed result to :func:`sync_files` as ``remote``.
+    """
+    return f"{shell.join(['-c', _PY_MANIFEST])} {shell.path_word(dest)} {shell.join(roots)}"
+
+
 def manifest_command(dest: str, roots: Sequence[str], python: str | None) -> str:
     d = shell.path_word(dest)
     if python:
-        return f"{shell.join([python, '-c', _PY_MANIFEST])} {d} {shell.join(roots)}"
+        return f"{shell.quote(python)} {python_manifest_args(dest, roots)}"
     return (f"cd {d} 2>/dev/null || exit 0; "
             f"{shell.join(['sh', '-c', _SH_MANIFEST, 'sh', *roots])}")
 
@@ -317,15 +326,18 @@ def _parents(rel: str) -> list[str]:
 
 def sync_files(conn: Connection, files: Mapping[str, Path], dest: str, *,
                roots: Sequence[str] = (".",), ignore: Ignore | None = None,
-               check: bool = False, python: str | None = None) -> SyncReport:
+               check: bool = False, python: str | None = None,
+               remote: Mapping[str, tuple[str, int]] | None = None) -> SyncReport:
     """Make ``dest``'s ``roots`` hold exactly ``files`` (``{rel path: local file}``).
 
     Node files under ``roots`` that ``ignore`` excludes are left alone; files outside
-    ``roots`` are never looked at.
+    ``roots`` are never looked at. ``remote``: the node's manifest when the caller already
+    fetched it (then nothing is sent unless something differs).
     """
     ignore = ignore or Ignore(DEFAULT_EXCLUDES)
-    remote = {k: v for k, v in remote_manifest(conn, dest, roots, python).items()
-              if not ignore.excluded(k)}
+    if remote is None:
+        remote = remote_manifest(conn, dest, roots, python)
+    remote = {k: v for k, v in remote.items() if not ignore.excluded(k)}
     report = SyncReport()
     for rel in sorted(files):
         want = file_digest(files[rel])

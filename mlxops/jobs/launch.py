@@ -28,7 +28,7 @@ from mlxops import render, shell
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
 from mlxops.jobs import nodecmd
-from mlxops.jobs.code import sync_code
+from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
@@ -40,6 +40,7 @@ from mlxops.jobs.placement import (
 )
 from mlxops.jobs.record import RUNNING, HostRecord, JobRecord
 from mlxops.jobs.spec import JobSpec
+from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.results import OK
 
@@ -81,18 +82,29 @@ def _preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connect
                forks: int | None) -> tuple[Results, dict[str, HostPrep]]:
     preps: dict[str, HostPrep] = {}
 
+    _, roots, _ = code_bundle(spec)
+    manifest_args = python_manifest_args("code", roots)
+
     def work(host) -> HostResult:
         conn = connector.connect(host)
-        result = conn.run(nodecmd.resolve_command(host.root, host.python), timeout=60)
-        root, python = nodecmd.parse_resolve(host.name, result, host.python)
-        paths = NodePaths(root, spec.name)
-        sync_code(conn, paths, spec, python)
         mine = [r for r in ranks if r.host == host.name]
         ports = [str(r.port) for r in mine] if spec.backend == "ring" else []
         mpi = ["--mpi"] if spec.backend == "mpi" else []
-        answer = nodecmd.run_node(conn, python, paths.code, [
-            "preflight", "--run-dir", paths.run_dir, "--ip", host.ip if ports else "",
-            *mpi, "--ports", *ports])
+        ask = ["preflight", "--run-dir", f"runs/{spec.name}", "--ip", host.ip if ports else "",
+               *mpi, "--ports", *ports]
+        # One round trip when the code is current: resolve, manifest and the questions.
+        result = conn.run(nodecmd.preflight_command(host.root, host.python, manifest_args,
+                                                    ask), timeout=60)
+        root, python, manifest, answer = nodecmd.parse_preflight(host.name, result,
+                                                                 host.python)
+        paths = NodePaths(root, spec.name)
+        report = sync_code(conn, paths, spec, python, remote=parse_manifest(manifest, True))
+        helpers_changed = any(p.startswith("mlxops/node/")
+                              for p in report.added + report.changed + report.deleted)
+        if answer is None or helpers_changed:
+            # The answer came from missing or older helpers: ask the ones just synced.
+            answer = nodecmd.run_node(conn, python, paths.code, [
+                "preflight", "--run-dir", paths.run_dir, *ask[3:]])
         preps[host.name] = HostPrep(host, root, python, answer)
         return HostResult(host.name, OK)
 

@@ -19,25 +19,48 @@ class NodeCommandError(MlxopsError):
     pass
 
 
-def resolve_command(root: str, python: str) -> str:
-    """Create ``mlxops_root``, print its absolute path, then the absolute interpreter.
+SECTION = "@@mlxops-section@@"
 
-    A venv made by ``mlxops provision`` (``<root>/venv``) wins over ``mlxops_python``.
+
+def preflight_command(root: str, python: str, manifest_args: str,
+                      preflight_args: Sequence[object]) -> str:
+    """Pre-flight in one round trip: resolve root and interpreter, list the synced code,
+    and ask the node helpers (as synced last time, if at all) the pre-flight questions.
+
+    Runs in ``<root>``, so ``code`` and ``runs/<name>`` are relative. Prints the root, the
+    interpreter, then two sections: the code manifest (JSON) and the pre-flight answer (empty
+    when the node has no helpers yet; the caller asks again after syncing them).
     """
-    return (
+    # A venv made by `mlxops provision` (<root>/venv) wins over mlxops_python.
+    resolve = (
         f"mkdir -p {shell.path_word(root)} && cd {shell.path_word(root)} && pwd && "
-        "if [ -x venv/bin/python ]; then printf '%s\\n' \"$PWD/venv/bin/python\"; "
-        f"else command -v {shell.quote(python)}; fi"
+        "{ if [ -x venv/bin/python ]; then P=\"$PWD/venv/bin/python\"; "
+        f"else P=$(command -v {shell.quote(python)}); fi; "
+        '[ -n "$P" ] || exit 127; } && printf \'%s\\n\' "$P"'
     )
+    ask = shell.join(["-m", "mlxops.node", *preflight_args])
+    return (f"{resolve} && echo {SECTION} && \"$P\" {manifest_args} && echo && echo {SECTION}"
+            f" && {{ PYTHONPATH=code \"$P\" {ask} 2>/dev/null || true; }}")
 
 
-def parse_resolve(host: str, result: CommandResult, python: str) -> tuple[str, str]:
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    if not result.ok and len(lines) < 1:
-        raise NodeCommandError(f"{host}: cannot create mlxops_root: {result.stderr.strip()}")
-    if len(lines) < 2 or not lines[1].startswith("/"):
+def parse_preflight(host: str, result: CommandResult, python: str
+                    ) -> tuple[str, str, str, dict[str, Any] | None]:
+    """``(root, interpreter, manifest JSON, pre-flight answer or None)``."""
+    if result.exit_code == 127:
         raise NodeCommandError(f"{host}: interpreter {python!r} (mlxops_python) not found")
-    return lines[0], lines[1]
+    parts = result.stdout.split(SECTION + "\n")
+    head = [line for line in parts[0].splitlines() if line.strip()]
+    if not result.ok or len(parts) != 3 or len(head) < 2:
+        detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+        raise NodeCommandError(f"{host}: pre-flight failed (exit {result.exit_code}): "
+                               f"{detail[-1] if detail else 'no output'}")
+    answer = None
+    if parts[2].strip():
+        try:
+            answer = json.loads(parts[2].strip().splitlines()[-1])
+        except ValueError:
+            answer = None  # helpers too old to answer: asked again after the sync
+    return head[0], head[1], parts[1].strip(), answer
 
 
 def node_command(python: str, code_dir: str, args: Sequence[object]) -> str:
