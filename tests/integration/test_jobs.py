@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from job_helpers import losses, run_dir, wait_for_record
 
 from mlxops.jobs.launch import PreflightError, launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -46,19 +47,6 @@ def write_job(tmp_path: Path, sandbox, name: str, *, steps: int = 60,
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
-
-
-def run_dir(sandbox, node: str, name: str) -> Path:
-    return Path(sandbox.node_home(node)) / ".mlxops" / "runs" / name
-
-
-def losses(sandbox, name: str) -> dict[int, float]:
-    """step -> loss from rank 0's metrics (node1); a re-done step keeps its last value."""
-    out = {}
-    for line in (run_dir(sandbox, "node1", name) / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]
-    return out
 
 
 def job_processes(name: str) -> list[str]:
@@ -198,13 +186,7 @@ def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
     cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                record = load_record("t-detach")
-                break
-            except Exception:  # noqa: BLE001 - not recorded yet
-                time.sleep(0.2)
+        record = wait_for_record("t-detach")
         wait_for_step(record, connector, 5)
     finally:
         cli.kill()  # SIGKILL: no chance to clean anything up
@@ -231,13 +213,7 @@ def test_ctrl_c_while_following_detaches_and_never_kills(sandbox, tmp_path, conn
     cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                record = load_record("t-ctrlc")
-                break
-            except Exception:  # noqa: BLE001 - not recorded yet
-                time.sleep(0.2)
+        record = wait_for_record("t-ctrlc")
         wait_for_step(record, connector, 3)
         cli.send_signal(signal.SIGINT)
         out, err = cli.communicate(timeout=30)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from job_helpers import losses, run_dir
 
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -57,18 +58,6 @@ def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: i
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
-
-
-def run_dir(sandbox, node: str, name: str) -> Path:
-    return Path(sandbox.node_home(node)) / ".mlxops" / "runs" / name
-
-
-def losses(sandbox, name: str) -> dict[int, float]:
-    out = {}
-    for line in (run_dir(sandbox, "node1", name) / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]
-    return out
 
 
 def _zombie(pid: str) -> bool:
