@@ -8,8 +8,11 @@ The trainer is deterministic, so an mpi run must log the losses of the same ring
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -49,12 +52,13 @@ def inventory(sandbox, tmp_path) -> Path:
     return path
 
 
-def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int) -> Path:
+def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int,
+              max_restarts: int = 0) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"]["steps"] = steps
     job = {"name": name, "inventory": str(inventory), "hosts": HOSTS, "backend": backend,
            "trainer": trainer, "stop_grace": 3,
-           "restart": {"max_restarts": 0, "stall_timeout": 60}}
+           "restart": {"max_restarts": max_restarts, "stall_timeout": 60}}
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -141,3 +145,27 @@ def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
     final = supervise(resumed, connector)
     assert final.state == "finished", (final.to_dict(), logs(resumed, connector))
     assert no_leftovers("m-stop") == []
+
+
+def test_kill_9_of_an_mpi_rank_is_restarted_by_the_watchdog(
+        sandbox, tmp_path, inventory, connector):
+    spec = load_job(write_job(tmp_path, inventory, "m-kill", "mpi", 40, max_restarts=1))
+    record = launch(spec, connector)
+    result = {}
+    watcher = threading.Thread(target=lambda: result.update(
+        status=supervise(record, connector)), daemon=True)
+    watcher.start()
+    deadline = time.monotonic() + 60
+    while (gather(record, connector).step or 0) < 6:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.3)
+    # mpirun started rank 3's script (its pid file holds the sh); the trainer is its child.
+    script_pid = (run_dir(sandbox, "node3", "m-kill") / "rank-3.pid").read_text().strip()
+    trainer = subprocess.run(["pgrep", "-P", script_pid], capture_output=True, text=True)
+    os.kill(int(trainer.stdout.split()[0]), signal.SIGKILL)
+    watcher.join(timeout=180)
+    final = result["status"]
+    assert final.state == "finished", (final.to_dict(), logs(record, connector))
+    restarts = load_record("m-kill").restarts
+    assert len(restarts) == 1, restarts
+    assert no_leftovers("m-kill") == []
