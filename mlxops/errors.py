@@ -1,7 +1,9 @@
 """The exceptions that map to mlxops' exit codes (DESIGN.md, "Commands").
 
 0 all good; 2 bad input; 3 one or more hosts unreachable; 1 any other failure.
-The CLI turns these into one line on stderr and the exit code, never a traceback.
+The CLI turns these into one line on stderr and the exit code, never a traceback. Exit 3
+comes from per-host results (``mlxops.transport.results``): a host that cannot be reached
+is a result, not an exception.
 """
 
 from __future__ import annotations
@@ -25,12 +27,6 @@ class UserError(MlxopsError):
     """
 
     exit_code = EXIT_BAD_INPUT
-
-
-class UnreachableError(MlxopsError):
-    """One or more hosts could not be reached; exit code 3."""
-
-    exit_code = EXIT_UNREACHABLE
 
 
 def bad_input(path: object, key: str | None, problem: str) -> UserError:

@@ -102,10 +102,6 @@ def list_complete(ckpt_dir: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: p.name)
 
 
-def has_checkpoints(ckpt_dir: Path) -> bool:
-    return bool(list_complete(ckpt_dir))
-
-
 def find_latest(ckpt_dir: Path) -> Path | None:
     """The ``latest`` pointer if it names a complete checkpoint, else the newest complete."""
     pointer = ckpt_dir / "latest"
