@@ -111,6 +111,9 @@ def print_status(status: JobStatus) -> None:
                           f"{restart['reason']}", markup=False)
     for host, reason in status.unreachable.items():
         console.out.print(f"  [magenta]{host} unreachable[/]: {reason}")
+    for host in status.stray:
+        console.out.print(f"  [yellow]{host} was left behind while unreachable[/]: its old ranks "
+                          f"may still run; `mlxops stop {status.name}` stops them once it answers")
 
 
 def hints(record: JobRecord, status: JobStatus) -> None:

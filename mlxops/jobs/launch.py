@@ -303,9 +303,11 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         attempt=(previous.attempt + 1) if previous else 1,
         steps=((spec.trainer or {}).get("train") or {}).get("steps") if spec.trainer else None,
         stall_timeout=spec.restart.stall_timeout, max_restarts=spec.restart.max_restarts,
-        stop_grace=spec.stop_grace,
+        stop_grace=spec.stop_grace, poll_interval=spec.restart.poll_interval,
+        exclude_unreachable=spec.restart.exclude_unreachable,
         excluded=list(exclude),
         restarts=list(previous.restarts) if previous else [],
+        stray=[h for h in previous.stray if h.name not in preps] if previous else [],
         created=previous.created if previous else time.time(),
         message=f"resumed from step {step}" if resume and step is not None else "",
     )
@@ -346,4 +348,5 @@ def inventory_hosts(record: JobRecord) -> dict:
     if missing:
         raise UserError(f"{record.inventory}: host {missing[0]!r} of job {record.name!r} is no "
                         "longer in the inventory")
-    return {h.name: inventory.hosts[h.name] for h in record.hosts}
+    return {h.name: inventory.hosts[h.name] for h in [*record.hosts, *record.stray]
+            if h.name in inventory.hosts}

@@ -48,8 +48,13 @@ class JobRecord:
     stall_timeout: float = 60.0            # from the job file's restart: section
     max_restarts: int = 3
     stop_grace: float = 5.0
+    poll_interval: float = 0.0             # 0: derived from stall_timeout
+    exclude_unreachable: bool = False      # restarts may go on without hosts that are down
     excluded: list[str] = field(default_factory=list)
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    # Hosts left behind while unreachable (restart.exclude_unreachable): their ranks may
+    # still run there; stop and the watchdog kill them once the host answers again.
+    stray: list[HostRecord] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     message: str = ""
@@ -59,7 +64,7 @@ class JobRecord:
         return len(self.ranks)
 
     def host(self, name: str) -> HostRecord:
-        return next(h for h in self.hosts if h.name == name)
+        return next(h for h in [*self.hosts, *self.stray] if h.name == name)
 
     def ranks_on(self, host: str) -> list[Rank]:
         return [r for r in self.ranks if r.host == host]
@@ -73,6 +78,7 @@ class JobRecord:
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
         data = dict(data)
         data["hosts"] = [HostRecord(**h) for h in data["hosts"]]
+        data["stray"] = [HostRecord(**h) for h in data.get("stray", [])]
         data["ranks"] = [Rank(**r) for r in data["ranks"]]
         return cls(**data)
 

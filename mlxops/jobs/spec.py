@@ -23,14 +23,16 @@ RUNNABLE_HERE = ("ring", "mpi")  # jaccl needs RDMA over Thunderbolt 5: rendered
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
             "restart", "port", "stop_grace"}
-RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval"}
+RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable"}
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
     max_restarts: int = 3
     stall_timeout: float = 60.0   # seconds without progress from any rank = stalled
-    poll_interval: float = 1.0    # how often the watchdog looks
+    poll_interval: float = 0.0    # how often the watchdog looks; 0 = stall_timeout / 10,
+                                  # between 0.5 and 2 seconds
+    exclude_unreachable: bool = False  # a restart may go on without hosts that are down
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,17 @@ def _restart(path: Path, data: Any) -> RestartPolicy:
         stall_timeout=float(_number(path, "restart.stall_timeout",
                                     data.get("stall_timeout", d.stall_timeout))),
         poll_interval=float(_number(path, "restart.poll_interval",
-                                    data.get("poll_interval", d.poll_interval))),
+                                    data.get("poll_interval", d.poll_interval),
+                                    allow_zero=True)),
+        exclude_unreachable=_flag(path, "restart.exclude_unreachable",
+                                  data.get("exclude_unreachable", d.exclude_unreachable)),
     )
+
+
+def _flag(path: Path, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise bad_input(path, key, f"must be true or false, got {value!r}")
+    return value
 
 
 def _port(path: Path, value: Any) -> int:

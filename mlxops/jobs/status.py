@@ -48,6 +48,7 @@ class JobStatus:
     steps: int | None = None
     message: str = ""
     launcher: dict[str, Any] | None = None   # mpi: {"host", "state", "pid", "exit"}
+    stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
 
     @property
     def step(self) -> int | None:
@@ -89,6 +90,8 @@ class JobStatus:
                "ranks": [asdict(r) for r in self.ranks]}
         if self.launcher is not None:
             doc["launcher"] = self.launcher
+        if self.stray:
+            doc["stray"] = self.stray
         return doc
 
 
@@ -150,7 +153,7 @@ def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
     return JobStatus(record.name,
                      job_state(record, ranks, launcher["state"] if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
-                     record.message, launcher)
+                     record.message, launcher, [h.name for h in record.stray])
 
 
 def _launcher(record: JobRecord, answers: dict[str, dict[str, Any]]) -> dict[str, Any] | None:

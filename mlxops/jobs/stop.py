@@ -19,6 +19,7 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
 
     hosts = hosts or inventory_hosts(record)
     grace = record.stop_grace if grace is None else grace
+    reap_strays(record, connector, hosts=hosts, grace=grace)
 
     def work(host) -> HostResult:
         h = record.host(host.name)
@@ -44,3 +45,32 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
     return results
 
 
+
+
+def reap_strays(record: JobRecord, connector: Connector, *, hosts: dict | None = None,
+                grace: float | None = None) -> list[str]:
+    """Stop what still runs on hosts the job left behind; forget those that answered.
+
+    A host that is still unreachable stays on the list (and costs one connect timeout).
+    """
+    if not record.stray:
+        return []
+    from mlxops.jobs.launch import inventory_hosts
+
+    hosts = hosts or inventory_hosts(record)
+    grace = record.stop_grace if grace is None else grace
+
+    def work(host) -> HostResult:
+        h = record.host(host.name)
+        paths = h.paths(record.name)
+        nodecmd.run_node(connector.connect(host), h.python, paths.code,
+                         ["stop", "--run-dir", paths.run_dir, "--grace", str(grace)],
+                         timeout=grace + 60)
+        return HostResult(host.name, OK)
+
+    results = run_parallel([hosts[h.name] for h in record.stray if h.name in hosts], work)
+    reaped = [name for name, r in results.items() if r.succeeded]
+    if reaped:
+        record.stray = [h for h in record.stray if h.name not in reaped]
+        record.save()
+    return reaped

@@ -15,10 +15,11 @@ from mlxops.jobs.launch import inventory_hosts, launch
 from mlxops.jobs.record import FAILED, FINISHED, STOPPED, JobRecord, load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus, gather
-from mlxops.jobs.stop import stop_job
-from mlxops.transport import Connector
+from mlxops.jobs.stop import reap_strays, stop_job
+from mlxops.transport import Connector, GroupError
 
 OnStatus = Callable[[JobStatus], None]
+STRAY_RETRY = 30.0  # seconds between attempts to reach a host the job left behind
 OnEvent = Callable[[str], None]
 
 
@@ -30,7 +31,20 @@ def restart(record: JobRecord, connector: Connector, reason: str,
     record.restarts.append({"time": time.time(), "reason": reason, "attempt": record.attempt})
     record.save()
     spec = load_job(record.job_file)
-    return launch(spec, connector, resume=True, exclude=record.excluded, previous=record)
+    try:
+        return launch(spec, connector, resume=True, exclude=record.excluded, previous=record)
+    except GroupError as exc:
+        gone = exc.results.unreachable
+        if not (record.exclude_unreachable and gone):
+            raise
+        # A Mac that is down (powered off, asleep, off the network) need not end the run:
+        # go on without it, same global batch, from the newest checkpoint the rest share.
+        on_event(f"continuing without {', '.join(gone)} (unreachable)")
+        new = launch(spec, connector, resume=True, exclude=[*record.excluded, *gone],
+                     previous=record)
+        new.stray += [record.host(h) for h in gone]
+        new.save()
+        return new
 
 
 def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = lambda _: None,
@@ -38,7 +52,13 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     """Watch until the job finishes, fails for good, or is stopped; restart on problems."""
     hosts = inventory_hosts(record)
     unreachable_since: dict[str, float] = {}
+    next_reap = 0.0
     while True:
+        if record.stray and time.monotonic() >= next_reap:
+            # A host left behind may be back: its old ranks still hold memory and ports.
+            for name in reap_strays(record, connector):
+                on_event(f"{name} is back: stopped the ranks it still ran")
+            next_reap = time.monotonic() + STRAY_RETRY
         status = gather(record, connector, hosts=hosts)
         on_status(status)
         if status.state == FINISHED:
@@ -72,7 +92,9 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
 
 
 def _poll_interval(record: JobRecord) -> float:
-    # Look often enough to notice a stall well within its timeout, not more than once a second.
+    if record.poll_interval:
+        return record.poll_interval
+    # Look often enough to notice a stall well within its timeout, at most twice a second.
     return max(0.5, min(2.0, record.stall_timeout / 10))
 
 

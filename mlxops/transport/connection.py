@@ -207,6 +207,8 @@ class SSHConnection:
             if timed_out and pgid:
                 self._kill_group(transport, pgid)
         except (OSError, paramiko.SSHException, EOFError) as exc:
+            # Drop the dead transport: the next command (a node back online) reconnects.
+            self._conn.close()
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return CommandResult(command, exit_code, out.decode(errors="replace"),
                              err.decode(errors="replace"), time.monotonic() - start, timed_out)

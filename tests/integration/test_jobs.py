@@ -26,6 +26,7 @@ from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
+from mlxops.transport import ConnectOptions, Connector
 
 HOSTS = "node1,node2,node3,node4"
 TRAINER = {
@@ -227,3 +228,38 @@ def test_ctrl_c_while_following_detaches_and_never_kills(sandbox, tmp_path, conn
     wait_for_step(record, connector, (before.step or 0) + 2)
     assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0
     assert job_processes("t-ctrlc") == []
+
+
+def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
+        sandbox_mut, tmp_path):
+    """restart.exclude_unreachable: node4's link goes down; the ranks stall, the watchdog
+    stops them, finds node4 unreachable and resumes on 3 nodes, same global batch."""
+    sandbox = sandbox_mut
+    spec = load_job(write_job(tmp_path, sandbox, "t-down", steps=60, global_batch=12,
+                              restart={"max_restarts": 1, "stall_timeout": 6,
+                                       "exclude_unreachable": True}))
+    with Connector(ConnectOptions(connect_timeout=2)) as connector:
+        record = launch(spec, connector)
+        events: list[str] = []
+        result = {}
+        watcher = threading.Thread(target=lambda: result.update(
+            status=supervise(record, connector, on_event=events.append)), daemon=True)
+        watcher.start()
+        wait_for_step(record, connector, 12)
+        sandbox.disconnect_node("node4")
+        try:
+            watcher.join(timeout=240)
+            final = result["status"]
+            assert final.state == "finished", (final.to_dict(), events)
+            now = load_record("t-down")
+            assert now.excluded == ["node4"] and now.world_size == 3
+            assert any("continuing without node4" in e for e in events), events
+            assert len(now.restarts) == 1
+            # node4's rank never heard of any of this: it still runs there, recorded.
+            assert [h.name for h in now.stray] == ["node4"]
+        finally:
+            sandbox.reconnect_node("node4")
+        # Once node4 answers again, stop kills what it still runs and forgets it.
+        assert stop_job(load_record("t-down"), connector).exit_code == 0
+    assert load_record("t-down").stray == []
+    assert job_processes("t-down") == []

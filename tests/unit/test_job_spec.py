@@ -77,6 +77,8 @@ BAD = [
     (with_(restart={"stall_timeout": "soon"}), "restart.stall_timeout: must be a positive"),
     (with_(restart={"max_restarts": -1}), "restart.max_restarts: must be a non-negative"),
     (with_(port=80), "port: must be a port number from 1024 to 65000"),
+    (with_(restart={"exclude_unreachable": "yes"}), "restart.exclude_unreachable: must be true"),
+    (with_(restart={"poll_interval": -1}), "restart.poll_interval: must be a non-negative"),
 ]
 
 
