@@ -1,0 +1,78 @@
+"""Pre-flight decisions from the nodes' answers (answers in, refusal or resume step out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mlxops.errors import UserError
+from mlxops.inventory.model import Host
+from mlxops.jobs.launch import HostPrep, PreflightError, check_preflight, rdma_devices
+from mlxops.jobs.placement import place_ranks
+from mlxops.jobs.spec import JobSpec
+
+OK = {"mlx": "0.32.4", "python_version": "3.11.7", "system": "Linux", "ports_busy": [],
+      "leftovers": [], "checkpoints": []}
+
+
+def spec(backend: str = "ring") -> JobSpec:
+    return JobSpec(path=Path("/jobs/j.yml"), name="j", inventory=Path("/inv.yml"),
+                   backend=backend, trainer={})
+
+
+def preps(**answers):
+    return {n: HostPrep(Host(n, {"ansible_host": f"10.0.0.{i}"}), "/r", "/py", {**OK, **a})
+            for i, (n, a) in enumerate(answers.items(), 1)}
+
+
+def check(backend="ring", resume=False, fresh=False, **answers):
+    p = preps(**answers)
+    ranks = place_ranks([x.host for x in p.values()], 30000)
+    return check_preflight(spec(backend), p, ranks, resume, fresh)
+
+
+def test_all_good_starts_fresh():
+    assert check(a={}, b={}) is None
+
+
+@pytest.mark.parametrize("answers,message", [
+    ({"a": {"mlx": None}, "b": {}}, "a: mlx is not importable by /py (run 'mlxops provision')"),
+    ({"a": {}, "b": {"mlx": "0.31.0"}}, "mlx/python versions differ across hosts"),
+    ({"a": {}, "b": {"python_version": "3.12.1"}}, "mlx/python versions differ across hosts"),
+    ({"a": {"leftovers": [{"rank": 0, "pid": 42}]}, "b": {}},
+     "a: ranks of job 'j' still run (pids 42); run 'mlxops stop j'"),
+    ({"a": {}, "b": {"ports_busy": [30001]}}, "b: ring ports in use: 30001"),
+    ({"a": {"checkpoints": [10, 20]}, "b": {"checkpoints": [10]}},
+     "'mlxops resume j' continues it, 'mlxops launch --fresh' starts over"),
+])
+def test_refusals_name_the_host_and_the_way_out(answers, message):
+    with pytest.raises(PreflightError) as err:
+        check(**answers)
+    assert message in str(err.value)
+
+
+def test_jaccl_is_refused_on_nodes_that_are_not_macs():
+    with pytest.raises(PreflightError, match="a: the jaccl backend needs macOS with RDMA"):
+        check("jaccl", a={}, b={})
+    assert check("jaccl", a={"system": "Darwin"}, b={"system": "Darwin"}) is None
+
+
+def test_resume_takes_the_newest_checkpoint_every_node_has():
+    assert check(resume=True, a={"checkpoints": [10, 20, 30]}, b={"checkpoints": [10, 20]}) == 20
+    assert check(resume=True, a={"checkpoints": [30]}, b={"checkpoints": [20]}) is None
+    assert check(resume=True, a={}, b={}) is None
+
+
+def test_fresh_ignores_old_checkpoints():
+    assert check(fresh=True, a={"checkpoints": [10]}, b={}) is None
+
+
+def test_jaccl_needs_an_rdma_device_for_every_pair_before_any_host_is_touched():
+    hosts = [Host("a", {"mlxops_rdma": {"b": "rdma_en3"}}),
+             Host("b", {"mlxops_rdma": {}})]
+    with pytest.raises(UserError, match="b.mlxops_rdma.a: backend jaccl needs the RDMA device"):
+        rdma_devices(spec("jaccl"), hosts)
+    hosts[1] = Host("b", {"mlxops_rdma": {"a": "rdma_en4"}})
+    assert rdma_devices(spec("jaccl"), hosts) == [[None, "rdma_en3"], ["rdma_en4", None]]
+    assert rdma_devices(spec("ring"), hosts) is None
