@@ -6,6 +6,9 @@ another mlxops process already does. Ctrl-C detaches: the job keeps running on t
 
 from __future__ import annotations
 
+import datetime
+import time
+
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -68,8 +71,6 @@ def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobSt
 
         if supervising:
             return supervise(record, connector, on_status=on_status, on_event=on_event)
-        import time
-
         while True:
             status = gather(record, connector)
             on_status(status)
@@ -104,8 +105,6 @@ def print_status(status: JobStatus) -> None:
         console.out.print(f"  {status.message}", markup=False)
     console.out.print(status_table(status))
     for restart in status.restarts:
-        import datetime
-
         when = datetime.datetime.fromtimestamp(restart["time"]).strftime("%H:%M:%S")
         console.out.print(f"  restart at {when} (attempt {restart['attempt']}): "
                           f"{restart['reason']}", markup=False)

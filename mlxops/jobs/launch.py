@@ -40,6 +40,7 @@ from mlxops.jobs.placement import (
 )
 from mlxops.jobs.record import RUNNING, HostRecord, JobRecord
 from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.stop import stop_job
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.results import OK
@@ -314,8 +315,6 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     record.save()
     if started.exit_code:
         # Some ranks started, some did not: leave nothing half-running.
-        from mlxops.jobs.stop import stop_job
-
         stop_job(record, connector, grace=1.0)
         record.state = "failed"
         record.save()
@@ -339,14 +338,3 @@ def _align_checkpoints(spec: JobSpec, preps: dict[str, HostPrep], step: int,
     results = run_parallel([p.host for p in behind.values()], work, forks=forks)
     if results.exit_code:
         results.raise_on_failure("aligning checkpoints")
-
-
-def inventory_hosts(record: JobRecord) -> dict:
-    """The job's hosts as the inventory describes them now (for connecting)."""
-    inventory = load_inventory(record.inventory)
-    missing = [h.name for h in record.hosts if h.name not in inventory.hosts]
-    if missing:
-        raise UserError(f"{record.inventory}: host {missing[0]!r} of job {record.name!r} is no "
-                        "longer in the inventory")
-    return {h.name: inventory.hosts[h.name] for h in [*record.hosts, *record.stray]
-            if h.name in inventory.hosts}

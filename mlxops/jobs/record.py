@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops.errors import MlxopsError, UserError
+from mlxops.inventory import load_inventory
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.paths import controller_home
 
@@ -120,13 +121,13 @@ def list_jobs() -> list[str]:
 
 
 @contextmanager
-def supervisor_lock(name: str, wait: bool = False) -> Iterator[bool]:
+def supervisor_lock(name: str) -> Iterator[bool]:
     """One watchdog per job: yields False when another process already supervises it."""
     path = job_dir(name) / "watch.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
             return
@@ -136,3 +137,14 @@ def supervisor_lock(name: str, wait: bool = False) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def inventory_hosts(record: JobRecord) -> dict:
+    """The job's hosts as the inventory describes them now (for connecting)."""
+    inventory = load_inventory(record.inventory)
+    missing = [h.name for h in record.hosts if h.name not in inventory.hosts]
+    if missing:
+        raise UserError(f"{record.inventory}: host {missing[0]!r} of job {record.name!r} is no "
+                        "longer in the inventory")
+    return {h.name: inventory.hosts[h.name] for h in [*record.hosts, *record.stray]
+            if h.name in inventory.hosts}

@@ -15,7 +15,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import FAILED, FINISHED, RUNNING, STALLED, STOPPED, JobRecord
+from mlxops.jobs.record import (
+    FAILED,
+    FINISHED,
+    RUNNING,
+    STALLED,
+    STOPPED,
+    JobRecord,
+    inventory_hosts,
+)
 from mlxops.transport import Connector, HostResult, run_parallel
 from mlxops.transport.results import OK
 
@@ -178,8 +186,6 @@ def _launcher(record: JobRecord, answers: dict[str, dict[str, Any]]) -> dict[str
 def gather(record: JobRecord, connector: Connector, forks: int | None = None,
            hosts: dict[str, Any] | None = None) -> JobStatus:
     """Ask every host of the job (in parallel) and classify the answers."""
-    from mlxops.jobs.launch import inventory_hosts
-
     hosts = hosts or inventory_hosts(record)
     answers: dict[str, dict[str, Any]] = {}
 

@@ -6,7 +6,7 @@ Idempotent: stopping a stopped (or finished) job checks again that nothing of it
 from __future__ import annotations
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import FINISHED, STOPPED, JobRecord
+from mlxops.jobs.record import FINISHED, STOPPED, JobRecord, inventory_hosts
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.results import FAILED, OK
 
@@ -15,8 +15,6 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
              forks: int | None = None, mark_stopped: bool = True,
              hosts: dict | None = None) -> Results:
     """Stop every rank on every host, in parallel; each host verifies its ports are free."""
-    from mlxops.jobs.launch import inventory_hosts
-
     hosts = hosts or inventory_hosts(record)
     grace = record.stop_grace if grace is None else grace
     reap_strays(record, connector, hosts=hosts, grace=grace)
@@ -55,8 +53,6 @@ def reap_strays(record: JobRecord, connector: Connector, *, hosts: dict | None =
     """
     if not record.stray:
         return []
-    from mlxops.jobs.launch import inventory_hosts
-
     hosts = hosts or inventory_hosts(record)
     grace = record.stop_grace if grace is None else grace
 

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 
 from mlxops.errors import MlxopsError
-from mlxops.jobs.launch import inventory_hosts, launch
-from mlxops.jobs.record import FAILED, FINISHED, STOPPED, JobRecord, load_record
+from mlxops.jobs.launch import launch
+from mlxops.jobs.record import FAILED, FINISHED, STOPPED, JobRecord, inventory_hosts, load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
