@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
 from mlxops.errors import UserError
 from mlxops.jobs.record import JobRecord, load_record
+from mlxops.jobs.status import JobStatus
+from mlxops.jobs.watch import supervise
 
 
 def run_dir(sandbox, node: str, name: str) -> Path:
@@ -34,3 +37,28 @@ def wait_for_record(name: str, timeout: float = 60) -> JobRecord:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+class BackgroundWatchdog:
+    """``supervise`` in a thread, as a `mlxops watch` beside the test would run it."""
+
+    def __init__(self, record: JobRecord, connector) -> None:
+        self.events: list[str] = []
+        self._outcome: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(record, connector), daemon=True)
+        self._thread.start()
+
+    def _run(self, record: JobRecord, connector) -> None:
+        try:
+            self._outcome["status"] = supervise(record, connector, on_event=self.events.append)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            self._outcome["error"] = exc
+
+    def result(self, timeout: float) -> JobStatus:
+        """The watchdog's final status; its exception, if it raised one."""
+        self._thread.join(timeout=timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the watchdog still runs after {timeout}s: {self.events}")
+        if "error" in self._outcome:
+            raise self._outcome["error"]
+        return self._outcome["status"]

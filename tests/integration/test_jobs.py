@@ -11,13 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import losses, run_dir, wait_for_record
+from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record
 
 from mlxops.jobs.launch import PreflightError, launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -146,16 +145,12 @@ def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
         sandbox, tmp_path, connector):
     spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=80))
     record = launch(spec, connector)
-    events: list[str] = []
-    result = {}
-    watcher = threading.Thread(target=lambda: result.update(
-        status=supervise(record, connector, on_event=events.append)), daemon=True)
-    watcher.start()
+    watchdog = BackgroundWatchdog(record, connector)
     wait_for_step(record, connector, 12)
     killed_at = time.time()
     os.kill(trainer_pid(sandbox, "t-kill", 2, "node3"), signal.SIGKILL)
-    watcher.join(timeout=180)
-    assert result["status"].state == "finished", result["status"].to_dict()
+    final = watchdog.result(timeout=180)
+    assert final.state == "finished", final.to_dict()
     restarts = load_record("t-kill").restarts
     assert len(restarts) == 1 and "rank 2 on node3" in restarts[0]["reason"]
     # The restart is recorded once every other rank has been stopped.
@@ -167,14 +162,11 @@ def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connecto
     spec = load_job(write_job(tmp_path, sandbox, "t-stall", steps=60,
                               restart={"max_restarts": 2, "stall_timeout": 6}))
     record = launch(spec, connector)
-    result = {}
-    watcher = threading.Thread(target=lambda: result.update(
-        status=supervise(record, connector)), daemon=True)
-    watcher.start()
+    watchdog = BackgroundWatchdog(record, connector)
     wait_for_step(record, connector, 12)
     os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
-    watcher.join(timeout=180)
-    assert result["status"].state == "finished", result["status"].to_dict()
+    final = watchdog.result(timeout=180)
+    assert final.state == "finished", final.to_dict()
     reasons = [r["reason"] for r in load_record("t-stall").restarts]
     assert len(reasons) == 1 and "stalled" in reasons[0], reasons
     assert job_processes("t-stall") == []
@@ -240,16 +232,12 @@ def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
                                        "exclude_unreachable": True}))
     with Connector(ConnectOptions(connect_timeout=2)) as connector:
         record = launch(spec, connector)
-        events: list[str] = []
-        result = {}
-        watcher = threading.Thread(target=lambda: result.update(
-            status=supervise(record, connector, on_event=events.append)), daemon=True)
-        watcher.start()
+        watchdog = BackgroundWatchdog(record, connector)
+        events = watchdog.events
         wait_for_step(record, connector, 12)
         sandbox.disconnect_node("node4")
         try:
-            watcher.join(timeout=240)
-            final = result["status"]
+            final = watchdog.result(timeout=240)
             assert final.state == "finished", (final.to_dict(), events)
             now = load_record("t-down")
             assert now.excluded == ["node4"] and now.world_size == 3

@@ -12,13 +12,12 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import losses, run_dir
+from job_helpers import BackgroundWatchdog, losses, run_dir
 
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -151,10 +150,7 @@ def test_kill_9_of_an_mpi_rank_is_restarted_by_the_watchdog(
         sandbox, tmp_path, inventory, connector):
     spec = load_job(write_job(tmp_path, inventory, "m-kill", "mpi", 40, max_restarts=1))
     record = launch(spec, connector)
-    result = {}
-    watcher = threading.Thread(target=lambda: result.update(
-        status=supervise(record, connector)), daemon=True)
-    watcher.start()
+    watchdog = BackgroundWatchdog(record, connector)
     deadline = time.monotonic() + 60
     while (gather(record, connector).step or 0) < 6:
         assert time.monotonic() < deadline, "no progress"
@@ -163,8 +159,7 @@ def test_kill_9_of_an_mpi_rank_is_restarted_by_the_watchdog(
     script_pid = (run_dir(sandbox, "node3", "m-kill") / "rank-3.pid").read_text().strip()
     trainer = subprocess.run(["pgrep", "-P", script_pid], capture_output=True, text=True)
     os.kill(int(trainer.stdout.split()[0]), signal.SIGKILL)
-    watcher.join(timeout=180)
-    final = result["status"]
+    final = watchdog.result(timeout=180)
     assert final.state == "finished", (final.to_dict(), logs(record, connector))
     restarts = load_record("m-kill").restarts
     assert len(restarts) == 1, restarts
