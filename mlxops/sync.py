@@ -14,6 +14,7 @@ trainer's own ``__pycache__`` survives a sync), like rsync without ``--delete-ex
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -211,11 +212,19 @@ def collect(src: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, prefix: str =
 
 
 def file_digest(path: Path) -> tuple[str, int]:
+    """(sha256, mode) of a local file; hashed once per version, not once per host."""
+    st = os.stat(path)
+    return _content_digest(str(path), st.st_mtime_ns, st.st_size), stat.S_IMODE(st.st_mode)
+
+
+@functools.lru_cache(maxsize=4096)
+def _content_digest(path: str, mtime_ns: int, size: int) -> str:
+    # Keyed by mtime and size too: an edited file is hashed again.
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest(), stat.S_IMODE(os.stat(path).st_mode)
+    return h.hexdigest()
 
 
 # --- the node side -----------------------------------------------------------------------
