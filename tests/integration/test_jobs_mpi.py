@@ -89,7 +89,11 @@ def no_leftovers(name: str, within: float = 5.0) -> list[str]:
 
 
 def logs(record, connector) -> str:
-    return "\n".join(prefixed(fetch(record, connector, {})))[-3000:]
+    """The job's merged logs: printed whole (pytest shows it on failure), the tail returned
+    for the assertion message (which pytest shortens)."""
+    text = "\n".join(prefixed(fetch(record, connector, {})))
+    print(text)
+    return text[-3000:]
 
 
 def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
@@ -97,12 +101,16 @@ def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
     ring = launch(load_job(write_job(tmp_path, inventory, "m-ring", "ring", 16)), connector)
     assert supervise(ring, connector).state == "finished"
 
-    record = launch(load_job(write_job(tmp_path, inventory, "m-mpi", "mpi", 16)), connector)
+    # One restart allowed: Open MPI 4.1's orted has been seen to crash now and then while
+    # starting in these namespaces (a libopen-pal backtrace in launcher.log), which is
+    # what the watchdog is for. Whatever happened is printed (pytest shows it on failure).
+    job = write_job(tmp_path, inventory, "m-mpi", "mpi", 16, max_restarts=1)
+    record = launch(load_job(job), connector)
     assert [(r.rank, r.host) for r in record.ranks] == [
         (0, "node1"), (1, "node2"), (2, "node2"), (3, "node3")]
     script = (run_dir(sandbox, "node1", "m-mpi") / "launcher.sh").read_text()
     assert "mpirun" in script and "-host" in script
-    final = supervise(record, connector)
+    final = supervise(record, connector, on_event=print)
     assert final.state == "finished", (final.to_dict(), logs(record, connector))
     assert all(r.state == "finished" and r.step == 16 for r in final.ranks)
     assert final.launcher and final.launcher["exit"] == 0
