@@ -56,7 +56,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     while True:
         if record.stray and time.monotonic() >= next_reap:
             # A host left behind may be back: its old ranks still hold memory and ports.
-            for name in reap_strays(record, connector):
+            for name in reap_strays(record, connector).succeeded:
                 on_event(f"{name} is back: stopped the ranks it still ran")
             next_reap = time.monotonic() + STRAY_RETRY
         status = gather(record, connector, hosts=hosts)

@@ -26,9 +26,14 @@ from mlxops.sandbox.python import CACHE_DIR
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
-# Bind-mount the node's home ($1) over the user's home ($2), then exec the rest: the
-# pid that ip-netns-exec -> unshare -> sh -> exec yields is the final command's pid.
-_BIND_AND_EXEC = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+# Name the node ($1) in its own UTS namespace, bind-mount its home ($2) over the user's
+# home ($3), then exec the rest: the pid that ip-netns-exec -> unshare -> sh -> exec
+# yields is the final command's pid. A name of its own matters beyond looks: Open MPI's
+# orted keeps its session directory at $TMPDIR/ompi.<hostname>.<uid>/, and the nodes share
+# $TMPDIR (below); under one name, two nodes' orteds raced for one directory and one
+# failed at start ("orte_session_dir failed ... File exists").
+_NAME_BIND_AND_EXEC = ('printf %s "$1" > /proc/sys/kernel/hostname && '
+                       'mount --bind "$2" "$3" && shift 3 && exec "$@"')
 
 
 def ensure_user(user: str) -> pwd.struct_passwd:
@@ -180,8 +185,9 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
         inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
     passwd_home = pwd.getpwnam(node_user).pw_dir
     return ["ip", "netns", "exec", node.netns,
-            "unshare", "--mount", "--propagation", "private",
-            "sh", "-c", _BIND_AND_EXEC, "sh", str(files.home), passwd_home, *inner]
+            "unshare", "--mount", "--uts", "--propagation", "private",
+            "sh", "-c", _NAME_BIND_AND_EXEC, "sh", node.name, str(files.home), passwd_home,
+            *inner]
 
 
 def start_sshd(node: NodeLayout, files: NodeFiles, node_user: str) -> int:

@@ -150,10 +150,6 @@ class SSHConnection:
             raise HostUnreachable(self.name, f"cannot connect to {self.host_key_name}: {reason}"
                                   ) from None
 
-    def _open(self) -> paramiko.Transport:
-        with self._lock:  # channels may be opened from several threads; connect once
-            return self._open_locked()
-
     def _open_locked(self) -> paramiko.Transport:
         if self._conn.is_connected:
             return self._conn.client.get_transport()
@@ -180,9 +176,30 @@ class SSHConnection:
             raise HostUnreachable(self.name, f"cannot connect to {name}: {reason}") from None
         return self._conn.client.get_transport()
 
+    def _session(self) -> tuple[paramiko.Transport, paramiko.Channel]:
+        """A new session channel, on the kept transport or, if that is dead, a new one.
+
+        A kept transport can be dead without knowing it: a link that went down and came
+        back leaves TCP backing off between retransmits for minutes. Failing to open a
+        channel on it says nothing about the host (and the command has not started), so
+        that is worth one fresh connection before calling the host unreachable.
+        """
+        with self._lock:  # channels may be opened from several threads; connect once
+            reused = self._conn.is_connected
+            transport = self._open_locked()
+        try:
+            return transport, transport.open_session(timeout=self._options.connect_timeout)
+        except (OSError, paramiko.SSHException, EOFError):
+            if not reused:
+                raise
+        with self._lock:
+            if self._conn.client.get_transport() is transport:
+                self._conn.close()
+            transport = self._open_locked()
+        return transport, transport.open_session(timeout=self._options.connect_timeout)
+
     def run(self, command: str, *, timeout: float | None = None,
             stdin: Stdin = None) -> CommandResult:
-        transport = self._open()
         start = time.monotonic()
         # With a timeout, the command first reports its process group on stderr: sshd makes
         # each session's shell a group leader, so `$$` is the group of everything the
@@ -190,7 +207,7 @@ class SSHConnection:
         # alone leaves a command that does not write running on the node).
         wire = _REPORT_PGID + command if timeout is not None else command
         try:
-            channel = transport.open_session(timeout=self._options.connect_timeout)
+            transport, channel = self._session()
             channel.exec_command(wire)
             feeder = None
             if stdin is not None:

@@ -248,6 +248,8 @@ def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
         finally:
             sandbox.reconnect_node("node4")
         # Once node4 answers again, stop kills what it still runs and forgets it.
-        assert stop_job(load_record("t-down"), connector).exit_code == 0
+        stopped = stop_job(load_record("t-down"), connector)
+    assert stopped.exit_code == 0, {h: r.message for h, r in stopped.items()}
+    assert stopped["node4"].message == "left behind earlier: stopped what it still ran"
     assert load_record("t-down").stray == []
     assert job_processes("t-down") == []

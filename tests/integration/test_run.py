@@ -18,12 +18,15 @@ import pytest
 import yaml
 from cli_helpers import host_key_fingerprint, known_lines, mlxops, run_json
 
+from mlxops.inventory import load_inventory
+from mlxops.transport import ConnectOptions, Connector
+
 pytestmark = pytest.mark.integration
 
 
 def test_all_nodes_in_parallel_json(sandbox, tmp_path):
     proc, doc = run_json(tmp_path, sandbox.inventory_path,
-                         "--", "sh", "-c", 'echo "$SSH_CONNECTION"; id -un')
+                         "--", "sh", "-c", 'echo "$SSH_CONNECTION"; id -un; uname -n')
     assert proc.returncode == 0, proc.stderr
     assert list(doc) == ["hosts"]
     assert list(doc["hosts"]) == sandbox.nodes  # inventory order
@@ -31,12 +34,13 @@ def test_all_nodes_in_parallel_json(sandbox, tmp_path):
         assert host["status"] == "ok" and host["unreachable"] is False
         assert host["rc"] == 0 and host["stderr"] == "" and host["message"] == ""
         assert host["duration"] >= 0
-        conn, user = host["stdout"].splitlines()
+        conn, user, hostname = host["stdout"].splitlines()
         # SSH_CONNECTION = client-ip client-port server-ip server-port: it ran on that node.
         client_ip, _, server_ip, server_port = conn.split()
         assert server_ip == sandbox.ip(name) and server_port == "22"
         assert client_ip == sandbox.controller_ip
         assert user == sandbox.user
+        assert hostname == name  # a name of its own, as every Mac has (Open MPI needs it)
 
 
 def test_all_nodes_text_output_grouped_per_host_with_recap(sandbox, tmp_path):
@@ -67,6 +71,38 @@ def test_stopped_node_is_unreachable_others_ok(sandbox_mut, tmp_path):
         else:
             assert host["status"] == "ok" and host["unreachable"] is False
             assert host["stdout"] == "hi\n"
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(c) for c in children]
+        todo += [int(c) for c in children]
+    return found
+
+
+def test_a_kept_connection_gone_dead_is_replaced_not_called_unreachable(sandbox_mut):
+    """A transport the client still thinks is up (its sshd frozen, as behind a link that
+    went down and came back) costs one fresh connection, not an unreachable host."""
+    host = load_inventory(sandbox_mut.inventory_path).hosts["node2"]
+    with Connector(ConnectOptions(connect_timeout=2)) as connector:
+        conn = connector.connect(host)
+        assert conn.run("echo one").stdout == "one\n"
+        serving = _descendants(sandbox_mut.sshd_pid("node2"))  # only this test's session
+        assert serving
+        for pid in serving:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            again = conn.run("echo two", timeout=10)
+            assert (again.exit_code, again.stdout) == (0, "two\n")
+        finally:
+            for pid in serving:
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_failed_command_exit_1(sandbox, tmp_path):
