@@ -18,6 +18,7 @@ import pytest
 import yaml
 from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record
 
+from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import PreflightError, launch
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import load_record
@@ -25,7 +26,7 @@ from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
-from mlxops.transport import ConnectOptions, Connector
+from mlxops.transport import ConnectOptions, Connector, HostUnreachable
 
 HOSTS = "node1,node2,node3,node4"
 TRAINER = {
@@ -66,6 +67,19 @@ def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
             return
         time.sleep(0.3)
     raise AssertionError(f"job {record.name} did not reach step {step}")
+
+
+def wait_until_answers(connector, sandbox, node: str, timeout: float = 30) -> None:
+    """A link just back up may drop the first packets (neighbour discovery): wait for it."""
+    host = load_inventory(sandbox.inventory_path).hosts[node]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connector.connect(host).run("true", timeout=5)
+            return
+        except HostUnreachable:
+            assert time.monotonic() < deadline, f"{node} still unreachable after {timeout}s"
+            time.sleep(1)
 
 
 def trainer_pid(sandbox, name: str, rank: int, node: str) -> int:
@@ -248,6 +262,7 @@ def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
         finally:
             sandbox.reconnect_node("node4")
         # Once node4 answers again, stop kills what it still runs and forgets it.
+        wait_until_answers(connector, sandbox, "node4")
         stopped = stop_job(load_record("t-down"), connector)
     assert stopped.exit_code == 0, {h: r.message for h, r in stopped.items()}
     assert stopped["node4"].message == "left behind earlier: stopped what it still ran"
