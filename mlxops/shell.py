@@ -54,6 +54,12 @@ def with_env(argv: Sequence[object], env: Mapping[str, object]) -> str:
     return f"env {env_assignments(env)} {join(argv)}"
 
 
+def privileged(argv: Sequence[object]) -> list[object]:
+    """argv run as root with ``sudo -n``: no prompt, so a host without passwordless sudo
+    fails at once instead of hanging a parallel run on a password nobody can type."""
+    return ["sudo", "-n", *argv]
+
+
 def path_word(path: str) -> str:
     """Quote a node path, keeping a leading ``~/`` expandable by the remote shell.
 

@@ -40,11 +40,14 @@ def _print_host(result: HostResult) -> None:
 @forks_option
 @click.option("--timeout", "-t", type=click.FloatRange(0, None), default=0,
               help="Seconds before a host's command is abandoned (0: no limit).")
+@click.option("--become", "-b", is_flag=True,
+              help="Run COMMAND as root with `sudo -n` (as hosts with ansible_become do "
+                   "anyway); without passwordless sudo it fails instead of prompting.")
 @json_option
 @host_key_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(inventory, limit, forks, timeout, as_json, accept_new_host_keys, connect_timeout,
-            command):
+def command(inventory, limit, forks, timeout, become, as_json, accept_new_host_keys,
+            connect_timeout, command):
     """Run COMMAND on every selected host, in parallel, and show each host's output.
 
     COMMAND's words are passed quoted, never through a shell: use `sh -c '...'` for pipes.
@@ -63,7 +66,7 @@ def command(inventory, limit, forks, timeout, as_json, accept_new_host_keys, con
             advance()
 
         results = run_command(hosts, list(command), connector, forks=forks,
-                              timeout=timeout or None, on_result=on_result)
+                              timeout=timeout or None, become=become, on_result=on_result)
     if as_json:
         console.print_json({"hosts": {
             name: {

@@ -67,7 +67,7 @@ def plan(facts: Mapping[str, Any], host_vars: Mapping[str, Any], args: Mapping[s
             "from it in System Settings > Network > Thunderbolt Bridge")
     if out.commands:
         if become:
-            out.commands = [["sudo", "-n", *argv] for argv in out.commands]
+            out.commands = [shell.privileged(argv) for argv in out.commands]
         else:
             out.needs_become = True
     return out

@@ -105,6 +105,17 @@ def test_a_kept_connection_gone_dead_is_replaced_not_called_unreachable(sandbox_
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_become_without_passwordless_sudo_fails_at_once(sandbox, tmp_path):
+    """The node user may not sudo (or there is no sudo): a failure, never a prompt that
+    would hang the run."""
+    proc, doc = run_json(tmp_path, sandbox.inventory_path, "--limit", "node1", "--become",
+                         "--timeout", "20", "--", "id", "-u")
+    assert proc.returncode == 1, proc.stderr
+    host = doc["hosts"]["node1"]
+    assert host["status"] == "failed" and host["rc"] not in (0, 124), host
+    assert "sudo" in host["stderr"] and host["duration"] < 10, host
+
+
 def test_failed_command_exit_1(sandbox, tmp_path):
     proc, doc = run_json(tmp_path, sandbox.inventory_path, "--limit", "node1,node2",
                          "--", "sh", "-c", "echo out; echo err >&2; exit 5")
