@@ -52,12 +52,12 @@ def inventory(sandbox, tmp_path) -> Path:
 
 
 def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int,
-              max_restarts: int = 0) -> Path:
+              max_restarts: int = 0, stall_timeout: float = 60) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"]["steps"] = steps
     job = {"name": name, "inventory": str(inventory), "hosts": HOSTS, "backend": backend,
            "trainer": trainer, "stop_grace": 3,
-           "restart": {"max_restarts": max_restarts, "stall_timeout": 60}}
+           "restart": {"max_restarts": max_restarts, "stall_timeout": stall_timeout}}
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -153,21 +153,31 @@ def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
     assert no_leftovers("m-stop") == []
 
 
-def test_kill_9_of_an_mpi_rank_is_restarted_by_the_watchdog(
-        sandbox, tmp_path, inventory, connector):
-    spec = load_job(write_job(tmp_path, inventory, "m-kill", "mpi", 40, max_restarts=1))
+def mpi_trainer_pid(sandbox, name: str, rank: int, node: str) -> int:
+    """mpirun started the rank's script (its pid file holds the sh); the trainer is its child."""
+    script_pid = (run_dir(sandbox, node, name) / f"rank-{rank}.pid").read_text().strip()
+    trainer = subprocess.run(["pgrep", "-P", script_pid], capture_output=True, text=True)
+    return int(trainer.stdout.split()[0])
+
+
+@pytest.mark.parametrize("sig, name, stall_timeout, reason", [
+    (signal.SIGKILL, "m-kill", 60, "rank 3"),    # a rank that vanishes: mpirun notices too
+    (signal.SIGSTOP, "m-stall", 6, "stalled"),   # a rank that hangs: only the watchdog can
+])
+def test_a_dead_or_stuck_mpi_rank_is_restarted_by_the_watchdog(
+        sandbox, tmp_path, inventory, connector, sig, name, stall_timeout, reason):
+    spec = load_job(write_job(tmp_path, inventory, name, "mpi", 40, max_restarts=1,
+                              stall_timeout=stall_timeout))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
     deadline = time.monotonic() + 60
     while (gather(record, connector).step or 0) < 6:
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.3)
-    # mpirun started rank 3's script (its pid file holds the sh); the trainer is its child.
-    script_pid = (run_dir(sandbox, "node3", "m-kill") / "rank-3.pid").read_text().strip()
-    trainer = subprocess.run(["pgrep", "-P", script_pid], capture_output=True, text=True)
-    os.kill(int(trainer.stdout.split()[0]), signal.SIGKILL)
+    os.kill(mpi_trainer_pid(sandbox, name, 3, "node3"), sig)
     final = watchdog.result(timeout=180)
-    assert final.state == "finished", (final.to_dict(), logs(record, connector))
-    restarts = load_record("m-kill").restarts
-    assert len(restarts) == 1, restarts
-    assert no_leftovers("m-kill") == []
+    assert final.state == "finished", (final.to_dict(), watchdog.events,
+                                       logs(record, connector))
+    restarts = load_record(name).restarts
+    assert len(restarts) == 1 and reason in restarts[0]["reason"], restarts
+    assert no_leftovers(name) == []
