@@ -209,8 +209,8 @@ register("mlxops_known_hosts", None, path,
 register("mlxops_mlx_version", None, version, "mlx version to install on the node (pinned)")
 register("mlxops_wheelhouse", None, path, "directory of wheels to install from, offline")
 register("mlxops_backend", None, choice("ring", "mpi", "jaccl", "jaccl-ring"),
-         "backend this host's jobs use; provision warns about what blocks it "
-         "(a Thunderbolt Bridge that holds the ports jaccl needs)")
+         "backend you run on this host, for provision's checks (a Thunderbolt Bridge "
+         "that holds the ports jaccl needs); a job still names its own")
 register("mlxops_wired_limit_mb", None, positive_int,
          "iogpu.wired_limit_mb: GPU-wired memory limit in MB (default: wired_share of RAM, 75%)")
 register("mlxops_btl_tcp_links", 4, positive_int,
