@@ -7,6 +7,7 @@ its first line (``# expect: ...``, paths relative to data/inventories/errors/).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,12 @@ def test_registry_documents_every_variable() -> None:
                  "mlxops_wired_limit_mb", "mlxops_btl_tcp_links",
                  "mlxops_btl_tcp_if_include", "mlxops_metal_fast_synch"):
         assert name in VARIABLES
+
+
+def test_readme_has_a_row_for_every_variable() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", readme, re.M))
+    assert set(VARIABLES) <= rows, sorted(set(VARIABLES) - rows)
 
 
 def _expected_message(case: Path) -> str:
