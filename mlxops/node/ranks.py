@@ -42,7 +42,7 @@ def _read_int(path: Path) -> int | None:
 Table = list[tuple[int, int, int, str, str]]
 
 
-def _process_table() -> Table:
+def process_table() -> Table:
     """(pid, ppid, pgid, state, name) of every process; state 'Z' is a zombie."""
     table = []
     proc = Path("/proc")
@@ -84,7 +84,7 @@ def group_alive(pgid: int | None, table: Table | None = None) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else: look at the table
-    table = _process_table() if table is None else table
+    table = process_table() if table is None else table
     return any(g == pgid and state != "Z" for _, _, g, state, _ in table)
 
 
@@ -92,7 +92,7 @@ def process_alive(pid: int | None, table: Table | None = None) -> bool:
     """Whether this one process is alive (not a zombie)."""
     if not pid:
         return False
-    table = _process_table() if table is None else table
+    table = process_table() if table is None else table
     return any(p == pid and state != "Z" for p, _, _, state, _ in table)
 
 
@@ -101,7 +101,7 @@ def alive(pid: int | None, table: Table | None = None) -> bool:
     or, for a rank another launcher started (mpirun), while its own process is."""
     if not pid:
         return False
-    table = _process_table() if table is None else table
+    table = process_table() if table is None else table
     return group_alive(pid, table) or process_alive(pid, table)
 
 
@@ -220,7 +220,7 @@ def launcher_status(run_dir: Path, now: float, table: Table | None = None
 def status(run_dir: Path) -> dict[str, Any]:
     now = time.time()
     ranks = ranks_in(run_dir)
-    table = _process_table()
+    table = process_table()
     answer = {
         "now": now,
         "exists": run_dir.is_dir(),
@@ -304,7 +304,7 @@ class _Target:
 def _wait_gone(targets: dict[Any, _Target], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        table = _process_table()
+        table = process_table()
         if not any(t.alive(table) for t in targets.values()):
             return
         time.sleep(0.02)
@@ -320,7 +320,7 @@ def stop(run_dir: Path, grace: float) -> dict[str, Any]:
     """
     if run_dir.is_dir():
         (run_dir / STOPPED_MARKER).write_text(f"{time.time()}\n")
-    table = _process_table()
+    table = process_table()
     names = {p: n for p, _, _, _, n in table}
     parents = {p: pp for p, pp, _, _, _ in table}
     pids: dict[Any, int | None] = {r: _read_int(_pidfile(run_dir, r)) for r in ranks_in(run_dir)}
@@ -342,7 +342,7 @@ def stop(run_dir: Path, grace: float) -> dict[str, Any]:
         target.signal(signal.SIGTERM)
         target.signal(signal.SIGCONT)  # a stopped (SIGSTOP) rank must wake up to die
     _wait_gone(live, max(0.0, deadline - time.monotonic()))
-    table = _process_table()
+    table = process_table()
     killed = [r for r, t in live.items() if t.alive(table)]
     for r in killed:
         live[r].signal(signal.SIGKILL)
@@ -352,12 +352,12 @@ def stop(run_dir: Path, grace: float) -> dict[str, Any]:
     for target in daemons.values():
         target.signal(signal.SIGTERM)
     _wait_gone(daemons, 2)
-    table = _process_table()
+    table = process_table()
     for target in daemons.values():
         if target.alive(table):
             target.signal(signal.SIGKILL)
     _wait_gone(daemons, 2)
-    table = _process_table()
+    table = process_table()
     return {
         "signalled": sorted(live, key=str),
         "killed": killed,

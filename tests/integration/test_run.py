@@ -19,6 +19,7 @@ import yaml
 from cli_helpers import host_key_fingerprint, known_lines, mlxops, run_json
 
 from mlxops.inventory import load_inventory
+from mlxops.node.ranks import descendants, process_table
 from mlxops.transport import ConnectOptions, Connector
 
 pytestmark = pytest.mark.integration
@@ -73,19 +74,6 @@ def test_stopped_node_is_unreachable_others_ok(sandbox_mut, tmp_path):
             assert host["stdout"] == "hi\n"
 
 
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        found += [int(c) for c in children]
-        todo += [int(c) for c in children]
-    return found
-
-
 def test_a_kept_connection_gone_dead_is_replaced_not_called_unreachable(sandbox_mut):
     """A transport the client still thinks is up (its sshd frozen, as behind a link that
     went down and came back) costs one fresh connection, not an unreachable host."""
@@ -93,7 +81,8 @@ def test_a_kept_connection_gone_dead_is_replaced_not_called_unreachable(sandbox_
     with Connector(ConnectOptions(connect_timeout=2)) as connector:
         conn = connector.connect(host)
         assert conn.run("echo one").stdout == "one\n"
-        serving = _descendants(sandbox_mut.sshd_pid("node2"))  # only this test's session
+        # Only this test's session runs below node2's sshd.
+        serving = descendants(sandbox_mut.sshd_pid("node2"), process_table())
         assert serving
         for pid in serving:
             os.kill(pid, signal.SIGSTOP)
