@@ -14,20 +14,21 @@ from mlxops.transport.results import FAILED, OK
 def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = None,
              forks: int | None = None, mark_stopped: bool = True,
              hosts: dict | None = None) -> Results:
-    """Stop every rank on every host, in parallel; each host verifies its ports are free."""
+    """Stop every rank on every host, in parallel; each host verifies its ports are free.
+
+    Hosts the job left behind (``record.stray``) are stopped in the same pass.
+    """
     hosts = hosts or inventory_hosts(record)
     grace = record.stop_grace if grace is None else grace
-    strays = reap_strays(record, connector, hosts=hosts, grace=grace)
+    strays = _stray_hosts(record, hosts)
+    stray_names = {host.name for host in strays}
 
     def work(host) -> HostResult:
-        h = record.host(host.name)
-        paths = h.paths(record.name)
+        if host.name in stray_names:
+            return _reap(record, connector, host, grace)
         mine = record.ranks_on(host.name)
-        ports = [str(r.port) for r in mine] if record.backend == "ring" else []
-        answer = nodecmd.run_node(
-            connector.connect(host), h.python, paths.code,
-            ["stop", "--run-dir", paths.run_dir, "--grace", str(grace),
-             "--ip", host.ip if ports else "", "--ports", *ports], timeout=grace + 60)
+        ports = [r.port for r in mine] if record.backend == "ring" else []
+        answer = _stop_on(record, connector, host, grace, ports)
         if answer.get("alive"):
             return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",
                               data=answer)
@@ -36,8 +37,9 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
                               data=answer)
         return HostResult(host.name, OK, data=answer)
 
-    results = Results({**run_parallel([hosts[h.name] for h in record.hosts], work,
-                                      forks=forks), **strays})
+    results = run_parallel([*(hosts[h.name] for h in record.hosts), *strays], work,
+                           forks=forks)
+    _forget_reaped(record, results, strays)
     if mark_stopped and record.state != FINISHED:
         record.state = STOPPED
         record.save()
@@ -51,28 +53,47 @@ def reap_strays(record: JobRecord, connector: Connector, *, hosts: dict | None =
     A host that is still unreachable stays on the list (and costs one connect timeout);
     its result says so, so that nobody takes the job for stopped everywhere.
     """
-    if not record.stray:
-        return Results({})
-    hosts = hosts or inventory_hosts(record)
+    strays = _stray_hosts(record, hosts or inventory_hosts(record))
     grace = record.stop_grace if grace is None else grace
-
-    def work(host) -> HostResult:
-        h = record.host(host.name)
-        paths = h.paths(record.name)
-        answer = nodecmd.run_node(connector.connect(host), h.python, paths.code,
-                                  ["stop", "--run-dir", paths.run_dir, "--grace", str(grace)],
-                                  timeout=grace + 60)
-        if answer.get("alive"):
-            return HostResult(host.name, FAILED, f"left behind earlier: ranks {answer['alive']} "
-                              "survived SIGKILL", data=answer)
-        return HostResult(host.name, OK, "left behind earlier: stopped what it still ran",
-                          data=answer)
-
-    results = run_parallel([hosts[h.name] for h in record.stray if h.name in hosts], work)
-    for result in results.values():
-        if not result.succeeded and not result.message.startswith("left behind"):
-            result.message = f"left behind earlier, its ranks may still run: {result.message}"
-    if results.succeeded:
-        record.stray = [h for h in record.stray if h.name not in results.succeeded]
-        record.save()
+    results = run_parallel(strays, lambda host: _reap(record, connector, host, grace))
+    _forget_reaped(record, results, strays)
     return results
+
+
+def _stray_hosts(record: JobRecord, hosts: dict) -> list:
+    return [hosts[h.name] for h in record.stray if h.name in hosts]
+
+
+def _reap(record: JobRecord, connector: Connector, host, grace: float) -> HostResult:
+    answer = _stop_on(record, connector, host, grace)
+    if answer.get("alive"):
+        return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",
+                          data=answer)
+    return HostResult(host.name, OK, "left behind earlier: stopped what it still ran",
+                      data=answer)
+
+
+def _forget_reaped(record: JobRecord, results: Results, strays: list) -> None:
+    """Drop the strays that were stopped from the record; say of the others that their
+    ranks may still run (an unreachable one's message is the transport's)."""
+    names = {host.name for host in strays}
+    for name in names:
+        if not results[name].succeeded:
+            results[name].message = ("left behind earlier, its ranks may still run: "
+                                      + results[name].message)
+    reaped = names & set(results.succeeded)
+    if reaped:
+        record.stray = [h for h in record.stray if h.name not in reaped]
+        record.save()
+
+
+def _stop_on(record: JobRecord, connector: Connector, host, grace: float,
+             ports: list[int] | None = None) -> dict:
+    """The node's own stop of the job's ranks there; with ``ports``, it also checks that
+    those ports on the host's address are free again."""
+    h = record.host(host.name)
+    paths = h.paths(record.name)
+    check = ["--ip", host.ip, "--ports", *map(str, ports)] if ports else []
+    return nodecmd.run_node(connector.connect(host), h.python, paths.code,
+                            ["stop", "--run-dir", paths.run_dir, "--grace", str(grace), *check],
+                            timeout=grace + 60)

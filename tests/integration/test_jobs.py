@@ -259,6 +259,12 @@ def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
             assert len(now.restarts) == 1
             # node4's rank never heard of any of this: it still runs there, recorded.
             assert [h.name for h in now.stray] == ["node4"]
+            # While it is still down, stop says so (exit 3) and keeps it on the list.
+            down = stop_job(now, connector)
+            assert down.exit_code == 3 and down.unreachable == ["node4"], down
+            assert down["node4"].message.startswith(
+                "left behind earlier, its ranks may still run: "), down["node4"].message
+            assert [h.name for h in load_record("t-down").stray] == ["node4"]
         finally:
             sandbox.reconnect_node("node4")
         # Once node4 answers again, stop kills what it still runs and forgets it.
