@@ -16,21 +16,23 @@ all:
 """
 
 
-class RecordingConnector:
-    """Answers every command with exit 0 and remembers what each host was sent."""
+class RecordingConnection:
+    """Answers every command with exit 0 and remembers what its host was sent."""
 
+    def __init__(self, name: str, sent: dict[str, str]) -> None:
+        self.name, self.sent = name, sent
+
+    def run(self, command: str, *, timeout=None, stdin=None) -> CommandResult:
+        self.sent[self.name] = command
+        return CommandResult(command, 0, "", "", 0.0)
+
+
+class RecordingConnector:
     def __init__(self) -> None:
         self.sent: dict[str, str] = {}
 
-    def connect(self, host):
-        recorder = self
-
-        class Connection:
-            def run(self, command: str, *, timeout=None, stdin=None) -> CommandResult:
-                recorder.sent[host.name] = command
-                return CommandResult(command, 0, "", "", 0.0)
-
-        return Connection()
+    def connect(self, host) -> RecordingConnection:
+        return RecordingConnection(host.name, self.sent)
 
 
 @pytest.fixture
