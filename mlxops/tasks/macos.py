@@ -102,8 +102,7 @@ def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     result = ctx.conn.run(shell.and_then(shell.join(argv) for argv in steps.commands),
                           timeout=60)
     if not result.ok:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        return Outcome.failed(f"{what}: exit {result.exit_code}: {tail[0]}", **warnings)
+        return Outcome.failed(f"{what}: {result.error_line()}", **warnings)
     macos = ctx.facts.setdefault("macos", {}) or {}
     for argv in steps.commands:
         if "sysctl" in argv:

@@ -18,7 +18,7 @@ import pytest
 
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.transport import HostResult, HostUnreachable, LocalConnection, Results, run_parallel
-from mlxops.transport.connection import TIMED_OUT
+from mlxops.transport.connection import TIMED_OUT, CommandResult
 from mlxops.transport.hostkeys import (
     ChangedHostKey,
     HostKeyPolicy,
@@ -208,6 +208,22 @@ def test_run_parallel_all_hosts_at_once_with_forks_8():
 
 def test_run_parallel_no_hosts():
     assert len(run_parallel([], lambda h: HostResult(h.name))) == 0
+
+
+# --- a failed command in one line -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("stdout, stderr, timed_out, line", [
+    ("partial\n", "Traceback (most recent call last):\n  ...\nKeyError: 'x'\n", False,
+     "exit 1: KeyError: 'x'"),
+    ("first\nlast words\n\n", "", False, "exit 1: last words"),   # no stderr: stdout's
+    ("", "  \n", False, "exit 1"),                                    # nothing at all
+    ("", "", True, "exit 1 (timed out)"),
+])
+def test_error_line_is_the_last_line_of_stderr_else_stdout_else_the_exit_code(
+        stdout, stderr, timed_out, line):
+    result = CommandResult("cmd", 1, stdout, stderr, 0.1, timed_out)
+    assert result.error_line() == line
 
 
 # --- local connection ----------------------------------------------------------------------
