@@ -12,10 +12,11 @@ from mlxops.cli.options import connector_from, forks_option, host_key_options, j
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
 from mlxops.jobs.launch import launch as launch_job
-from mlxops.jobs.record import FAILED, FINISHED, STOPPED, list_jobs, load_record
+from mlxops.jobs.record import list_jobs, load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import stop_job
+from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 
 
 def _exit_for(status: JobStatus) -> int:

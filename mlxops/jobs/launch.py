@@ -38,9 +38,10 @@ from mlxops.jobs.placement import (
     rank_script,
     ring_hostfile,
 )
-from mlxops.jobs.record import RUNNING, HostRecord, JobRecord
+from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.stop import stop_job
+from mlxops.node.protocol import FAILED, RUNNING
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.results import OK
@@ -316,7 +317,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     if started.exit_code:
         # Some ranks started, some did not: leave nothing half-running.
         stop_job(record, connector, grace=1.0)
-        record.state = "failed"
+        record.state = FAILED
         record.save()
         started.raise_on_failure("starting ranks")
     return record

@@ -20,9 +20,8 @@ from typing import Any
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
 from mlxops.jobs.placement import NodePaths, Rank
+from mlxops.node.protocol import RUNNING
 from mlxops.paths import controller_home
-
-RUNNING, FINISHED, FAILED, STALLED, STOPPED = "running", "finished", "failed", "stalled", "stopped"
 
 
 @dataclass

@@ -15,19 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import (
-    FAILED,
-    FINISHED,
-    RUNNING,
-    STALLED,
-    STOPPED,
-    JobRecord,
-    inventory_hosts,
-)
+from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
 from mlxops.transport import Connector, HostResult, run_parallel
 from mlxops.transport.results import OK
 
-UNREACHABLE = "unreachable"
 LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
 
 

@@ -6,9 +6,10 @@ Idempotent: stopping a stopped (or finished) job checks again that nothing of it
 from __future__ import annotations
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import FINISHED, STOPPED, JobRecord, inventory_hosts
+from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.node.protocol import FAILED, FINISHED, RING, STOPPED
 from mlxops.transport import Connector, HostResult, Results, run_parallel
-from mlxops.transport.results import FAILED, OK
+from mlxops.transport.results import OK
 
 
 def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = None,
@@ -27,7 +28,7 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
         if host.name in stray_names:
             return _reap(record, connector, host, grace)
         mine = record.ranks_on(host.name)
-        ports = [r.port for r in mine] if record.backend == "ring" else []
+        ports = [r.port for r in mine] if record.backend == RING else []
         answer = _stop_on(record, connector, host, grace, ports)
         if answer.get("alive"):
             return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",

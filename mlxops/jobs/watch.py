@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from mlxops.errors import MlxopsError
 from mlxops.jobs.launch import launch
-from mlxops.jobs.record import FAILED, FINISHED, STOPPED, JobRecord, inventory_hosts, load_record
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
+from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
 
 OnStatus = Callable[[JobStatus], None]
