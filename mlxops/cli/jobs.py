@@ -78,7 +78,11 @@ def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_tim
 @forks_option
 @host_key_options
 def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_timeout):
-    """Relaunch job NAME from the newest checkpoint that every node has."""
+    """Relaunch job NAME from the newest checkpoint that every node has.
+
+    Reads the job file again (e.g. after raising train.steps); the watchdog's own restarts
+    run the job as it was launched.
+    """
     record = load_record(name)
     spec = load_job(record.job_file)
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
