@@ -28,6 +28,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from mlxops.errors import bad_input
 from mlxops.tasks import REGISTRY, Outcome, TaskContext, TaskSpec
 from mlxops.transport import Connector, HostResult, Results, run_parallel
+from mlxops.transport.executor import HOST_FAILURES
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE
 
 TASK_KEYS = ("name", "task", "args", "when", "tags")
@@ -393,7 +394,7 @@ def _run_cluster_task(task: PlayTask, active: Sequence[Any], contexts: Mapping[s
     if chosen:
         try:
             outcomes = task.spec.fn(chosen, task.args)
-        except Exception as exc:  # noqa: BLE001 - the task's failure is every host's result
+        except HOST_FAILURES as exc:  # every host's result; anything else is a bug (raised)
             outcomes = {n: Outcome.failed(f"{type(exc).__name__}: {exc}") for n in chosen}
         for name in chosen:
             outcome = outcomes.get(name) or Outcome.ok()

@@ -292,8 +292,7 @@ def remote_manifest(conn: Connection, dest: str, roots: Sequence[str], python: s
                     ) -> dict[str, tuple[str, int]]:
     result = conn.run(manifest_command(dest, roots, python))
     if not result.ok:
-        raise SyncError(f"{conn.name}: cannot list {dest}: "
-                        f"{result.stderr.strip() or result.exit_code}")
+        raise SyncError(f"{conn.name}: cannot list {dest}: {result.error_line()}")
     try:
         return parse_manifest(result.stdout, bool(python))
     except (ValueError, IndexError, KeyError) as exc:
@@ -374,8 +373,7 @@ def sync_files(conn: Connection, files: Mapping[str, Path], dest: str, *,
         if archive is not None:
             archive.close()
     if not result.ok:
-        raise SyncError(f"{conn.name}: cannot update {dest}: "
-                        f"{result.stderr.strip() or result.exit_code}")
+        raise SyncError(f"{conn.name}: cannot update {dest}: {result.error_line()}")
     return report
 
 

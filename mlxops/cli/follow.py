@@ -14,13 +14,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mlxops import console
-from mlxops.jobs.record import FINISHED, JobRecord, supervisor_lock
+from mlxops.jobs.record import JobRecord, supervisor_lock
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.watch import supervise
+from mlxops.node.protocol import (
+    FAILED,
+    FINISHED,
+    RUNNING,
+    STALLED,
+    STOPPED,
+    UNREACHABLE,
+)
 from mlxops.transport import Connector
 
-STATE_STYLE = {"running": "green", "finished": "bold green", "failed": "bold red",
-               "stalled": "yellow", "stopped": "cyan", "unreachable": "magenta"}
+STATE_STYLE = {RUNNING: "green", FINISHED: "bold green", FAILED: "bold red",
+               STALLED: "yellow", STOPPED: "cyan", UNREACHABLE: "magenta"}
 
 
 def _describe(status: JobStatus) -> str:
@@ -74,7 +82,7 @@ def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobSt
         while True:
             status = gather(record, connector)
             on_status(status)
-            if status.state not in ("running", "stalled"):
+            if status.state not in (RUNNING, STALLED):
                 return status
             time.sleep(1.0)
 

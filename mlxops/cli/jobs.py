@@ -12,10 +12,11 @@ from mlxops.cli.options import connector_from, forks_option, host_key_options, j
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
 from mlxops.jobs.launch import launch as launch_job
-from mlxops.jobs.record import FAILED, FINISHED, STOPPED, list_jobs, load_record
+from mlxops.jobs.record import list_jobs, load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import stop_job
+from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 
 
 def _exit_for(status: JobStatus) -> int:
@@ -77,7 +78,11 @@ def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_tim
 @forks_option
 @host_key_options
 def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_timeout):
-    """Relaunch job NAME from the newest checkpoint that every node has."""
+    """Relaunch job NAME from the newest checkpoint that every node has.
+
+    Reads the job file again (e.g. after raising train.steps); the watchdog's own restarts
+    run the job as it was launched.
+    """
     record = load_record(name)
     spec = load_job(record.job_file)
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})

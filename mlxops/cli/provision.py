@@ -35,6 +35,7 @@ from mlxops.playbook import (
 )
 from mlxops.tasks.facts import save_facts
 from mlxops.transport import HostResult
+from mlxops.transport.results import OK
 
 NEXT_STEP = "next: mlxops launch job.yml"
 
@@ -56,7 +57,7 @@ class Printer(Callbacks):
         outcome = outcome_of(result)
         style = console.STYLE.get(result.status, "")
         line = f"{result.status}: [{result.host}]"
-        if result.message and (result.status != "ok" or task.spec.name == "facts"):
+        if result.message and (result.status != OK or task.spec.name == "facts"):
             line += f" => {result.message}"
         with self._lock:
             console.out.print(line, style=style, markup=False)

@@ -18,6 +18,7 @@ from mlxops.cli.options import (
 )
 from mlxops.inventory import load_inventory
 from mlxops.transport import HostResult
+from mlxops.transport.results import OK, UNREACHABLE
 
 
 def _print_host(result: HostResult) -> None:
@@ -30,7 +31,7 @@ def _print_host(result: HostResult) -> None:
             console.out.print(cmd.stdout.rstrip("\n"), markup=False)
         if cmd.stderr:
             console.out.print(cmd.stderr.rstrip("\n"), markup=False, style="red")
-    if result.message and result.status != "ok":
+    if result.message and result.status != OK:
         console.out.print(result.message, markup=False, style=console.STYLE[result.status])
 
 
@@ -71,7 +72,7 @@ def command(inventory, limit, forks, timeout, become, as_json, accept_new_host_k
         console.print_json({"hosts": {
             name: {
                 "status": r.status,
-                "unreachable": r.status == "unreachable",
+                "unreachable": r.status == UNREACHABLE,
                 "rc": None if r.command is None else r.command.exit_code,
                 "stdout": None if r.command is None else r.command.stdout,
                 "stderr": None if r.command is None else r.command.stderr,

@@ -38,9 +38,10 @@ from mlxops.jobs.placement import (
     rank_script,
     ring_hostfile,
 )
-from mlxops.jobs.record import RUNNING, HostRecord, JobRecord
+from mlxops.jobs.record import HostRecord, JobRecord, launched_job
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.stop import stop_job
+from mlxops.node.protocol import FAILED, RUNNING
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.results import OK
@@ -303,20 +304,19 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         ranks=ranks, state=RUNNING,
         attempt=(previous.attempt + 1) if previous else 1,
         steps=((spec.trainer or {}).get("train") or {}).get("steps") if spec.trainer else None,
-        stall_timeout=spec.restart.stall_timeout, max_restarts=spec.restart.max_restarts,
-        stop_grace=spec.stop_grace, poll_interval=spec.restart.poll_interval,
-        exclude_unreachable=spec.restart.exclude_unreachable,
+        restart=spec.restart, stop_grace=spec.stop_grace, job=launched_job(spec),
         excluded=list(exclude),
         restarts=list(previous.restarts) if previous else [],
         stray=[h for h in previous.stray if h.name not in preps] if previous else [],
         created=previous.created if previous else time.time(),
+        stopped_at=previous.stopped_at if previous else None,
         message=f"resumed from step {step}" if resume and step is not None else "",
     )
     record.save()
     if started.exit_code:
         # Some ranks started, some did not: leave nothing half-running.
-        stop_job(record, connector, grace=1.0)
-        record.state = "failed"
+        stop_job(record, connector, grace=1.0, mark_stopped=False)
+        record.state = FAILED
         record.save()
         started.raise_on_failure("starting ranks")
     return record

@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import FAILED, FINISHED, STOPPED, JobRecord, inventory_hosts, load_record
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import gather
+from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, HostResult, run_parallel
 from mlxops.transport.results import OK
 

@@ -51,9 +51,7 @@ def parse_preflight(host: str, result: CommandResult, python: str
     parts = result.stdout.split(SECTION + "\n")
     head = [line for line in parts[0].splitlines() if line.strip()]
     if not result.ok or len(parts) != 3 or len(head) < 2:
-        detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        raise NodeCommandError(f"{host}: pre-flight failed (exit {result.exit_code}): "
-                               f"{detail[-1] if detail else 'no output'}")
+        raise NodeCommandError(f"{host}: pre-flight failed: {result.error_line()}")
     answer = None
     if parts[2].strip():
         try:
@@ -77,9 +75,7 @@ def run_node(conn: Connection, python: str, code_dir: str, args: Sequence[object
         command = f"{prefix} && {command}"
     result = conn.run(command, timeout=timeout, stdin=stdin)
     if not result.ok:
-        detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        raise NodeCommandError(f"{conn.name}: {args[0]} failed (exit {result.exit_code}): "
-                               f"{detail[-1] if detail else 'no output'}")
+        raise NodeCommandError(f"{conn.name}: {args[0]} failed: {result.error_line()}")
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

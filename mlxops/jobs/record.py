@@ -1,8 +1,19 @@
 """The controller's record of a job: where its ranks run, its state, its restarts.
 
-Kept as ``<controller home>/jobs/<name>/record.json`` (written atomically), so that
-``status``, ``logs``, ``stop``, ``watch`` and ``resume`` work from any later shell, and a
-controller killed mid-run loses nothing: the ranks run detached on the nodes.
+Kept as ``<controller home>/jobs/<name>/record.json``, so that ``status``, ``logs``,
+``stop``, ``watch`` and ``resume`` work from any later shell, and a controller killed
+mid-run loses nothing: the ranks run detached on the nodes.
+
+Two processes write it: the watchdog (restarts, the end of the job) and ``mlxops stop``.
+Every write is atomic (a temporary file renamed over it) and serialised by an ``flock`` on
+``record.lock`` beside it (not the one-watchdog lock, ``watch.lock``); a change to the
+record is a read-modify-write under that lock (:func:`update`). A user's stop is never
+undone by a writer that has not seen it: ``stop`` stamps ``stopped_at`` under the lock, and
+:meth:`JobRecord.save` of a record of the same job with another ``stopped_at`` (a watchdog
+that was restarting the job meanwhile) is refused with :class:`JobStopped`.
+
+The record keeps the job as launched (the job file's contents, parsed): a restart
+rebuilds it from there (:meth:`JobRecord.job_spec`), whatever became of the file since.
 """
 
 from __future__ import annotations
@@ -10,19 +21,37 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path, PurePath
 from typing import Any
 
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
 from mlxops.jobs.placement import NodePaths, Rank
+from mlxops.jobs.spec import JobSpec, RestartPolicy
+from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 from mlxops.paths import controller_home
 
-RUNNING, FINISHED, FAILED, STALLED, STOPPED = "running", "finished", "failed", "stalled", "stopped"
+#: JobSpec fields the record keeps as fields of its own; ``JobRecord.job`` holds the rest.
+_SPEC_IN_RECORD = {"path": "job_file", "name": "name", "inventory": "inventory",
+                   "backend": "backend", "restart": "restart", "stop_grace": "stop_grace"}
+_SPEC_PATHS = ("workdir",)  # JobSpec fields that are Paths (kept as strings)
+
+
+class JobStopped(MlxopsError):
+    """``mlxops stop`` stopped the job after this record was read: the stop wins.
+
+    ``record`` is the record that was not written (for a restart: the new attempt's, whose
+    ranks the watchdog must now stop).
+    """
+
+    def __init__(self, record: JobRecord):
+        super().__init__(f"job {record.name!r} was stopped (mlxops stop) meanwhile")
+        self.record = record
 
 
 @dataclass
@@ -46,19 +75,20 @@ class JobRecord:
     state: str = RUNNING
     attempt: int = 1
     steps: int | None = None               # the trainer's total steps, when known
-    stall_timeout: float = 60.0            # from the job file's restart: section
-    max_restarts: int = 3
+    restart: RestartPolicy = field(default_factory=RestartPolicy)  # the job's restart:
     stop_grace: float = 5.0
-    poll_interval: float = 0.0             # 0: derived from stall_timeout
-    exclude_unreachable: bool = False      # restarts may go on without hosts that are down
+    # The rest of the job as launched (hosts pattern, trainer or command, workdir, env,
+    # port): what a restart needs. None in records written before mlxops kept it.
+    job: dict[str, Any] | None = None
     excluded: list[str] = field(default_factory=list)
     restarts: list[dict[str, Any]] = field(default_factory=list)
     # Hosts left behind while unreachable (restart.exclude_unreachable): their ranks may
     # still run there; stop and the watchdog kill them once the host answers again.
     stray: list[HostRecord] = field(default_factory=list)
-    created: float = field(default_factory=time.time)
+    created: float = field(default_factory=time.time)   # the job's, kept across attempts
     updated: float = field(default_factory=time.time)
     message: str = ""
+    stopped_at: float | None = None        # the last `mlxops stop` (see the module doc)
 
     @property
     def world_size(self) -> int:
@@ -69,6 +99,18 @@ class JobRecord:
 
     def ranks_on(self, host: str) -> list[Rank]:
         return [r for r in self.ranks if r.host == host]
+
+    def job_spec(self) -> JobSpec | None:
+        """The job as it was launched; None for a record that did not keep it."""
+        if self.job is None:
+            return None
+        rest = dict(self.job)
+        for key in _SPEC_PATHS:
+            if rest.get(key) is not None:
+                rest[key] = Path(rest[key])
+        return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
+                       backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
+                       **rest)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -81,15 +123,53 @@ class JobRecord:
         data["hosts"] = [HostRecord(**h) for h in data["hosts"]]
         data["stray"] = [HostRecord(**h) for h in data.get("stray", [])]
         data["ranks"] = [Rank(**r) for r in data["ranks"]]
+        # Records before the policy was one object kept its fields flat (stall_timeout, ...).
+        policy = data.pop("restart", None) or {}
+        for f in fields(RestartPolicy):
+            if f.name in data:
+                policy.setdefault(f.name, data.pop(f.name))
+        data["restart"] = RestartPolicy(**policy)
         return cls(**data)
 
     def save(self) -> None:
+        """Write this record as the job's, atomically, under the record lock.
+
+        Refused with :class:`JobStopped` when ``mlxops stop`` stopped this job since this
+        record (or the one it continues) was read: a stale writer must not undo a stop.
+        A record of another launch of the name (``launch --fresh``) replaces it.
+        """
+        with _locked(self.name):
+            current = _read(self.name)
+            if current is not None and current.created == self.created \
+                    and current.stopped_at != self.stopped_at:
+                raise JobStopped(self)
+            self._write()
+
+    def _write(self) -> None:
+        """Atomic: a temporary file beside it, renamed over it. The caller holds the lock."""
         self.updated = time.time()
         path = record_path(self.name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".record.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".record.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(json.dumps(self.to_dict(), indent=1))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def launched_job(spec: JobSpec) -> dict[str, Any]:
+    """What :attr:`JobRecord.job` keeps of a job: every field the record has not already."""
+    out: dict[str, Any] = {}
+    for f in fields(JobSpec):
+        if f.name not in _SPEC_IN_RECORD:
+            value = getattr(spec, f.name)
+            out[f.name] = str(value) if isinstance(value, PurePath) else value
+    return json.loads(json.dumps(out))  # a copy, as it will read back
 
 
 def job_dir(name: str) -> Path:
@@ -100,17 +180,51 @@ def record_path(name: str) -> Path:
     return job_dir(name) / "record.json"
 
 
-def load_record(name: str) -> JobRecord:
+def _read(name: str) -> JobRecord | None:
     path = record_path(name)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        known = ", ".join(list_jobs()) or "none"
-        raise UserError(f"no job named {name!r} (known jobs: {known}); start one with "
-                        "'mlxops launch JOB.yml'") from None
+        return None
     except (OSError, ValueError) as exc:
         raise MlxopsError(f"{path}: unreadable job record: {exc}") from None
-    return JobRecord.from_dict(data)
+    try:
+        return JobRecord.from_dict(data)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise MlxopsError(f"{path}: unreadable job record: {type(exc).__name__}: {exc}"
+                          ) from None
+
+
+def load_record(name: str) -> JobRecord:
+    record = _read(name)
+    if record is None:
+        known = ", ".join(list_jobs()) or "none"
+        raise UserError(f"no job named {name!r} (known jobs: {known}); start one with "
+                        "'mlxops launch JOB.yml'")
+    return record
+
+
+def update(name: str, change: Callable[[JobRecord], None]) -> JobRecord:
+    """Read-modify-write the job's record under its lock; returns the record as written.
+
+    ``change`` edits the current record in place; if it raises, nothing is written.
+    """
+    with _locked(name):
+        record = load_record(name)
+        change(record)
+        record._write()
+    return record
+
+
+def mark_stopped(name: str) -> JobRecord:
+    """The user's stop, recorded before any rank is signalled: STOPPED (a finished job stays
+    finished) and ``stopped_at``, which no stale writer may overwrite."""
+    def stop(record: JobRecord) -> None:
+        if record.state != FINISHED:
+            record.state = STOPPED
+        record.stopped_at = time.time()
+
+    return update(name, stop)
 
 
 def list_jobs() -> list[str]:
@@ -118,6 +232,22 @@ def list_jobs() -> list[str]:
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if (p / "record.json").is_file())
+
+
+@contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """The record lock: held only for one read-modify-write, never across SSH work.
+
+    Not re-entrant (an flock per open file): nothing under it takes it again.
+    """
+    path = job_dir(name) / "record.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextmanager

@@ -28,11 +28,20 @@ RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unrea
 
 @dataclass(frozen=True)
 class RestartPolicy:
+    """The job file's ``restart:`` section: what the watchdog does (kept in the job record)."""
+
     max_restarts: int = 3
     stall_timeout: float = 60.0   # seconds without progress from any rank = stalled
-    poll_interval: float = 0.0    # how often the watchdog looks; 0 = stall_timeout / 10,
-                                  # between 0.5 and 2 seconds
+    poll_interval: float = 0.0    # how often the watchdog looks; 0 = see `interval`
     exclude_unreachable: bool = False  # a restart may go on without hosts that are down
+
+    @property
+    def interval(self) -> float:
+        """Seconds between the watchdog's looks: ``poll_interval``, else often enough to
+        notice a stall well within its timeout, at most twice a second."""
+        if self.poll_interval:
+            return self.poll_interval
+        return max(0.5, min(2.0, self.stall_timeout / 10))
 
 
 @dataclass(frozen=True)

@@ -15,19 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import (
-    FAILED,
-    FINISHED,
-    RUNNING,
-    STALLED,
-    STOPPED,
-    JobRecord,
-    inventory_hosts,
-)
+from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
 from mlxops.transport import Connector, HostResult, run_parallel
 from mlxops.transport.results import OK
 
-UNREACHABLE = "unreachable"
 LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
 
 
@@ -148,7 +140,7 @@ def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
         mine = next((a for a in answer.get("ranks", []) if a.get("rank") == rank.rank), {})
         progress = mine.get("progress") or {}
         state = rank_state(mine, answer.get("stopped", False), record.state == STOPPED,
-                           record.stall_timeout)
+                           record.restart.stall_timeout)
         age = mine.get("heartbeat_age")
         if (launcher and launcher["state"] in (RUNNING, STALLED) and mine.get("pid") is None
                 and mine.get("exit") is None and state in (FAILED, STOPPED)):
@@ -175,7 +167,7 @@ def _launcher(record: JobRecord, answers: dict[str, dict[str, Any]]) -> dict[str
     mine = answer.get("launcher") or {}
     # Its "heartbeat" is its start: it only matters while it has not started every rank.
     state = rank_state({**mine, "heartbeat_age": mine.get("age")}, answer.get("stopped", False),
-                       record.state == STOPPED, record.stall_timeout)
+                       record.state == STOPPED, record.restart.stall_timeout)
     if state == FAILED and mine.get("exit") is None and all(
             (a.get("exit") == 0) for h in answers.values() for a in h.get("ranks", [])):
         state = FINISHED  # every rank finished; how mpirun ended does not matter

@@ -1,14 +1,22 @@
 """Stop a job: SIGTERM every rank's process group, SIGKILL after the grace period, verify.
 
 Idempotent: stopping a stopped (or finished) job checks again that nothing of it runs.
+
+The user's stop is recorded first, then carried out on the ranks the record names at that
+moment (both under the record lock, :mod:`mlxops.jobs.record`). A watchdog restarting the
+job meanwhile either sees the stop before it starts a new attempt, or has recorded the new
+attempt's ranks, which are then the ones stopped here; if its new ranks start after this
+stop looked, its own record of them is refused and it stops them itself.
 """
 
 from __future__ import annotations
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import FINISHED, STOPPED, JobRecord, inventory_hosts
+from mlxops.jobs.record import JobRecord, inventory_hosts, update
+from mlxops.jobs.record import mark_stopped as mark_stopped_record
+from mlxops.node.protocol import FAILED, RING
 from mlxops.transport import Connector, HostResult, Results, run_parallel
-from mlxops.transport.results import FAILED, OK
+from mlxops.transport.results import OK
 
 
 def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = None,
@@ -17,7 +25,12 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
     """Stop every rank on every host, in parallel; each host verifies its ports are free.
 
     Hosts the job left behind (``record.stray``) are stopped in the same pass.
+    ``mark_stopped`` (a user's stop, not a watchdog's before a restart): the job is recorded
+    as stopped first, and ``record`` becomes the record as it is then (the ranks stopped are
+    that record's).
     """
+    if mark_stopped:
+        vars(record).update(vars(mark_stopped_record(record.name)))
     hosts = hosts or inventory_hosts(record)
     grace = record.stop_grace if grace is None else grace
     strays = _stray_hosts(record, hosts)
@@ -27,7 +40,7 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
         if host.name in stray_names:
             return _reap(record, connector, host, grace)
         mine = record.ranks_on(host.name)
-        ports = [r.port for r in mine] if record.backend == "ring" else []
+        ports = [r.port for r in mine] if record.backend == RING else []
         answer = _stop_on(record, connector, host, grace, ports)
         if answer.get("alive"):
             return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",
@@ -40,9 +53,6 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
     results = run_parallel([*(hosts[h.name] for h in record.hosts), *strays], work,
                            forks=forks)
     _forget_reaped(record, results, strays)
-    if mark_stopped and record.state != FINISHED:
-        record.state = STOPPED
-        record.save()
     return results
 
 
@@ -83,8 +93,10 @@ def _forget_reaped(record: JobRecord, results: Results, strays: list) -> None:
                                       + results[name].message)
     reaped = names & set(results.succeeded)
     if reaped:
-        record.stray = [h for h in record.stray if h.name not in reaped]
-        record.save()
+        def forget(current: JobRecord) -> None:
+            current.stray = [h for h in current.stray if h.name not in reaped]
+
+        record.stray = update(record.name, forget).stray
 
 
 def _stop_on(record: JobRecord, connector: Connector, host, grace: float,

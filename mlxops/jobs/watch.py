@@ -3,6 +3,12 @@
 MLX collectives have no timeout: when one rank dies or hangs, every other rank waits in
 its all-reduce forever. Only something outside the ranks can notice, and only killing the
 process groups frees their ports (and, on a Mac, their GPU memory). That is this loop.
+
+A restart never undoes a user's ``mlxops stop`` (see :mod:`mlxops.jobs.record`): under
+the record lock the watchdog checks that the job was not stopped before it starts a new
+attempt, and the new attempt's record is refused if a stop came while its ranks were
+starting, in which case the watchdog stops what it just started. A restart runs the job
+as launched (kept in the record), not the job file as it reads now.
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ from collections.abc import Callable
 
 from mlxops.errors import MlxopsError
 from mlxops.jobs.launch import launch
-from mlxops.jobs.record import FAILED, FINISHED, STOPPED, JobRecord, inventory_hosts, load_record
-from mlxops.jobs.spec import load_job
+from mlxops.jobs.record import JobRecord, JobStopped, inventory_hosts, load_record, update
+from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
+from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
 
 OnStatus = Callable[[JobStatus], None]
@@ -25,26 +32,74 @@ OnEvent = Callable[[str], None]
 
 def restart(record: JobRecord, connector: Connector, reason: str,
             on_event: OnEvent = lambda _: None) -> JobRecord:
-    """Stop every rank, record why, and resume from the newest common checkpoint."""
+    """Stop every rank, record why, and resume from the newest common checkpoint.
+
+    Raises :class:`JobStopped` when ``mlxops stop`` stopped the job meanwhile: before the
+    new attempt starts (nothing is started), or while its ranks were starting (they are
+    stopped again here). Either way nothing of the job runs afterwards.
+    """
     on_event(f"restarting ({reason})")
     stop_job(record, connector, mark_stopped=False)
-    record.restarts.append({"time": time.time(), "reason": reason, "attempt": record.attempt})
-    record.save()
-    spec = load_job(record.job_file)
+    entry = {"time": time.time(), "reason": reason, "attempt": record.attempt}
+
+    def begin(current: JobRecord) -> None:
+        if current.state == STOPPED:
+            raise JobStopped(current)
+        current.restarts.append(entry)
+
+    previous = update(record.name, begin)
+    spec = _spec_as_launched(previous, on_event)
     try:
-        return launch(spec, connector, resume=True, exclude=record.excluded, previous=record)
+        return _relaunch(spec, previous, connector, on_event)
+    except JobStopped as exc:
+        on_event("stopped (mlxops stop) while the ranks were starting: stopping them again")
+        stop_job(exc.record, connector, mark_stopped=False)
+        raise
+
+
+def _spec_as_launched(record: JobRecord, on_event: OnEvent) -> JobSpec:
+    spec = record.job_spec()
+    if spec is None:
+        on_event(f"the record keeps no copy of the job (written by an older mlxops): "
+                 f"re-reading {record.job_file}")
+        spec = load_job(record.job_file)
+    return spec
+
+
+def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
+              on_event: OnEvent) -> JobRecord:
+    try:
+        return launch(spec, connector, resume=True, exclude=previous.excluded,
+                      previous=previous)
     except GroupError as exc:
         gone = exc.results.unreachable
-        if not (record.exclude_unreachable and gone):
+        if not (previous.restart.exclude_unreachable and gone):
             raise
-        # A Mac that is down (powered off, asleep, off the network) need not end the run:
-        # go on without it, same global batch, from the newest checkpoint the rest share.
-        on_event(f"continuing without {', '.join(gone)} (unreachable)")
-        new = launch(spec, connector, resume=True, exclude=[*record.excluded, *gone],
-                     previous=record)
-        new.stray += [record.host(h) for h in gone]
-        new.save()
-        return new
+    # A Mac that is down (powered off, asleep, off the network) need not end the run:
+    # go on without it, same global batch, from the newest checkpoint the rest share.
+    on_event(f"continuing without {', '.join(gone)} (unreachable)")
+    new = launch(spec, connector, resume=True, exclude=[*previous.excluded, *gone],
+                 previous=previous)
+    left = [previous.host(h) for h in gone]
+
+    def add_strays(current: JobRecord) -> None:
+        current.stray += [h for h in left if h.name not in {s.name for s in current.stray}]
+
+    new.stray = update(new.name, add_strays).stray
+    return new
+
+
+def _end(name: str, state: str, message: str) -> None:
+    """Record how the job ended, unless the user stopped it meanwhile (that stays)."""
+    def end(current: JobRecord) -> None:
+        if current.state != STOPPED:
+            current.state, current.message = state, message
+
+    update(name, end)
+
+
+def _finished(current: JobRecord) -> None:
+    current.state = FINISHED  # every rank finished: true even if a stop came meanwhile
 
 
 def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = lambda _: None,
@@ -62,40 +117,33 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
         status = gather(record, connector, hosts=hosts)
         on_status(status)
         if status.state == FINISHED:
-            record.state = FINISHED
-            record.save()
+            record.state = update(record.name, _finished).state
             return status
         if status.state == STOPPED or load_record(record.name).state == STOPPED:
             return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
         problem = status.problem or _long_unreachable(status, unreachable_since,
-                                                      record.stall_timeout)
+                                                      record.restart.stall_timeout)
         if problem:
-            if len(record.restarts) >= record.max_restarts:
+            if len(record.restarts) >= record.restart.max_restarts:
                 stop_job(record, connector, mark_stopped=False)
-                record.state = FAILED
-                record.message = f"gave up after {len(record.restarts)} restarts: {problem}"
-                record.save()
-                on_event(record.message)
-                return gather(record, connector, hosts=hosts)
+                message = f"gave up after {len(record.restarts)} restarts: {problem}"
+                _end(record.name, FAILED, message)
+                on_event(message)
+                return gather(load_record(record.name), connector, hosts=hosts)
             try:
                 record = restart(record, connector, problem, on_event)
+            except JobStopped:
+                on_event("stopped (mlxops stop) during the restart: not restarting")
+                return gather(load_record(record.name), connector, hosts=hosts)
             except MlxopsError as exc:
-                record.state = FAILED
-                record.message = f"restart failed: {exc}"
-                record.save()
-                on_event(record.message)
+                message = f"restart failed: {exc}"
+                _end(record.name, FAILED, message)
+                on_event(message)
                 raise
             unreachable_since.clear()
             on_event(f"restarted: attempt {record.attempt}"
                      + (f", {record.message}" if record.message else ""))
-        time.sleep(poll if poll is not None else _poll_interval(record))
-
-
-def _poll_interval(record: JobRecord) -> float:
-    if record.poll_interval:
-        return record.poll_interval
-    # Look often enough to notice a stall well within its timeout, at most twice a second.
-    return max(0.5, min(2.0, record.stall_timeout / 10))
+        time.sleep(poll if poll is not None else record.restart.interval)
 
 
 def _long_unreachable(status: JobStatus, since: dict[str, float], timeout: float) -> str | None:

@@ -15,12 +15,14 @@ import time
 
 from mlxops.errors import MlxopsError
 from mlxops.sandbox.layout import Layout, NodeLayout, tbf_burst_bytes
+from mlxops.transport.connection import failure_line
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(argv, capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise MlxopsError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.returncode}")
+        raise MlxopsError(f"{' '.join(argv)}: "
+                          f"{failure_line(proc.returncode, proc.stdout, proc.stderr)}")
     return proc
 
 

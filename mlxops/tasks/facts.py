@@ -277,8 +277,7 @@ def gather(conn, host) -> dict[str, Any]:
     result = conn.run(facts_script(host.python, host.root), timeout=60)
     sections = split_sections(result.stdout)
     if "uname" not in sections:
-        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"gathering facts failed (exit {result.exit_code}): {detail[0]}")
+        raise RuntimeError(f"gathering facts failed: {result.error_line()}")
     return build_facts(sections, host.root)
 
 

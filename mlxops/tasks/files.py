@@ -51,7 +51,7 @@ def read_file(conn: Connection, path: str) -> tuple[bytes | None, int | None]:
     """``(content, mode)`` of a node file, ``(None, None)`` if it does not exist."""
     result = conn.run(read_command(path))
     if not result.ok:
-        raise OSError(f"cannot read {path}: {result.stderr.strip() or result.exit_code}")
+        raise OSError(f"cannot read {path}: {result.error_line()}")
     head, _, body = result.stdout.partition("\n")
     if head.strip() == _ABSENT:
         return None, None
@@ -97,5 +97,5 @@ def ensure_file(ctx: TaskContext, path: str, content: bytes, mode: int = 0o600) 
         return Outcome.changed(f"{path} would be {what}", diff=diff)
     result = ctx.conn.run(write_command(path, mode), stdin=content)
     if not result.ok:
-        return Outcome.failed(f"cannot write {path}: {result.stderr.strip() or result.exit_code}")
+        return Outcome.failed(f"cannot write {path}: {result.error_line()}")
     return Outcome.changed(f"{path} {what}", diff=diff)

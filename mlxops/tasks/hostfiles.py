@@ -16,6 +16,7 @@ from mlxops import render
 from mlxops.errors import UserError
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.files import ensure_file
+from mlxops.transport.results import CHANGED, FAILED
 
 HOSTFILES_DIR = "hostfiles"
 FILE_NAMES = {"ring": "ring.json", "mpi": "mpi.txt", "jaccl": "jaccl.json",
@@ -58,11 +59,11 @@ def hostfiles_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     changed, diffs, messages = False, [], []
     for backend, text in files.items():
         outcome = ensure_file(ctx, hostfile_path(ctx.host, backend), text.encode(), mode=0o644)
-        if outcome.status == "failed":
+        if outcome.status == FAILED:
             return outcome
-        changed = changed or outcome.status == "changed"
+        changed = changed or outcome.status == CHANGED
         diffs.append(outcome.diff)
-        if outcome.status == "changed":
+        if outcome.status == CHANGED:
             messages.append(outcome.message)
     diff = "".join(diffs)
     if changed:

@@ -21,6 +21,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.transport.results import SKIPPED
 
 MIB = 1024 * 1024
 JACCL_BACKENDS = ("jaccl", "jaccl-ring")
@@ -95,15 +96,14 @@ def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
         return Outcome.ok("tuned", **warnings)
     what = "; ".join(steps.changes)
     if steps.needs_become:
-        return Outcome(status="skipped", message=f"needs ansible_become to: {what}",
+        return Outcome(status=SKIPPED, message=f"needs ansible_become to: {what}",
                        data=warnings)
     if ctx.check:
         return Outcome.changed(f"would set {what}", **warnings)
     result = ctx.conn.run(shell.and_then(shell.join(argv) for argv in steps.commands),
                           timeout=60)
     if not result.ok:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        return Outcome.failed(f"{what}: exit {result.exit_code}: {tail[0]}", **warnings)
+        return Outcome.failed(f"{what}: {result.error_line()}", **warnings)
     macos = ctx.facts.setdefault("macos", {}) or {}
     for argv in steps.commands:
         if "sysctl" in argv:

@@ -97,11 +97,6 @@ def wheelhouse_archive(directory: Path) -> bytes:
     return buf.getvalue()
 
 
-def _fail_tail(result) -> str:
-    lines = (result.stderr or result.stdout).strip().splitlines()
-    return lines[-1] if lines else f"exit code {result.exit_code}"
-
-
 @task("python", args=["packages"])
 def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     facts = ctx.facts
@@ -133,13 +128,13 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
                                shell.join(["tar", "-xzf", "-", "-C", node_wheelhouse])])
         result = ctx.conn.run(push, stdin=wheelhouse_archive(wheels), timeout=PIP_TIMEOUT)
         if not result.ok:
-            return Outcome.failed(f"pushing the wheelhouse failed: {_fail_tail(result)}")
+            return Outcome.failed(f"pushing the wheelhouse failed: {result.error_line()}")
     packages = list(args.get("packages") or [])
     result = ctx.conn.run(install_command(facts, pin, packages, node_wheelhouse),
                           timeout=PIP_TIMEOUT)
     if not result.ok:
         return Outcome.failed(f"installing {requirement(facts.get('system'), pin)} failed: "
-                              f"{_fail_tail(result)}")
+                              f"{result.error_line()}")
     info = parse_probe("\n".join(result.stdout.strip().splitlines()[-2:]))
     if not info or info.get("mlx") != pin:
         return Outcome.failed(f"the venv reports mlx {info and info.get('mlx')}, not {pin}")

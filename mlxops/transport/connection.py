@@ -50,6 +50,25 @@ class CommandResult:
     def ok(self) -> bool:
         return self.exit_code == 0
 
+    def error_line(self) -> str:
+        """Why the command failed, in one line: ``exit 2: <last line>``, the last line of
+        stderr, else of stdout; ``exit 2`` alone when it printed nothing.
+
+        The one way every caller words a failed command (a failing node command usually
+        ends with the line that says why: a Python exception, a shell's complaint).
+        """
+        return failure_line(self.exit_code, self.stdout, self.stderr, self.timed_out)
+
+
+def failure_line(exit_code: int, stdout: str, stderr: str, timed_out: bool = False) -> str:
+    """:meth:`CommandResult.error_line` for any command's output (e.g. a local subprocess)."""
+    code = f"exit {exit_code}" + (" (timed out)" if timed_out else "")
+    for text in (stderr, stdout):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return f"{code}: {lines[-1]}"
+    return code
+
 
 class Connection(Protocol):
     name: str

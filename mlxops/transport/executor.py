@@ -1,24 +1,52 @@
 """The bounded parallel executor: one worker per host, at most ``forks`` at once.
 
 An unreachable or failing host never stops the others: its exception becomes its result.
+Only the failures a host can cause are a host's result: :class:`HostUnreachable` (and the
+host-key errors) makes it *unreachable*; an :class:`MlxopsError`, an SSH (paramiko) error
+or an ``OSError``/``EOFError`` makes it *failed*, its message ``Type: message``.
+
+Any other exception (``KeyError``, ``TypeError``, ``AttributeError``, ...) is a bug in
+mlxops, and a bug is not a host failure: it aborts the operation instead of being counted
+into "3 of 8 hosts failed" (where a watchdog would take the host for down, or a playbook
+would go on without it). Hosts already in flight finish (their commands are under way);
+hosts not started yet are not started; then :class:`mlxops.errors.InternalError` is raised,
+naming each host's exception. With ``MLXOPS_DEBUG=1`` each host's traceback is printed to
+stderr as it happens.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TypeVar
 
+import paramiko
+
+from mlxops.errors import InternalError, MlxopsError, debug, describe
 from mlxops.transport.hostkeys import HostUnreachable
 from mlxops.transport.results import FAILED, UNREACHABLE, HostResult, Results
 
 H = TypeVar("H")
 MAX_FORKS = 32
+#: What a host (or the user's input about it) can cause; anything else is a bug.
+HOST_FAILURES = (MlxopsError, paramiko.SSHException, OSError, EOFError)
 
 
 def default_forks(n_hosts: int) -> int:
     return max(1, min(MAX_FORKS, n_hosts))
+
+
+def failure_result(host: str, exc: BaseException) -> HostResult | None:
+    """The result an exception of ``host``'s work stands for; None when it is a bug."""
+    if isinstance(exc, HostUnreachable):
+        return HostResult(host, UNREACHABLE, exc.reason)
+    if isinstance(exc, HOST_FAILURES):
+        return HostResult(host, FAILED, f"{type(exc).__name__}: {exc}")
+    return None
 
 
 def run_parallel(
@@ -29,18 +57,26 @@ def run_parallel(
     on_result: Callable[[HostResult], None] | None = None,
     name: Callable[[H], str] = lambda h: h.name,  # type: ignore[attr-defined]
 ) -> Results:
-    """Run ``work(host)`` for every host, ``forks`` at a time; results in the hosts' order."""
+    """Run ``work(host)`` for every host, ``forks`` at a time; results in the hosts' order.
+
+    Raises :class:`InternalError` when ``work`` raised something no host can cause (a bug).
+    """
     forks = forks or default_forks(len(hosts))
     done: dict[str, HostResult] = {}
+    bugs: dict[str, BaseException] = {}
+    lock = threading.Lock()
 
-    def guarded(host: H) -> HostResult:
+    def guarded(host: H) -> HostResult | None:
+        if bugs:
+            return None  # a bug aborts the operation: start nothing more
         start = time.monotonic()
         try:
             result = work(host)
-        except HostUnreachable as exc:
-            result = HostResult(name(host), UNREACHABLE, exc.reason)
-        except Exception as exc:  # noqa: BLE001 - a host's failure is its result, not ours
-            result = HostResult(name(host), FAILED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - sorted below: a host's failure, or a bug
+            result = failure_result(name(host), exc)
+            if result is None:
+                _internal(name(host), exc, bugs, lock)
+                return None
         if not result.duration:
             result.duration = time.monotonic() - start
         return result
@@ -51,7 +87,21 @@ def run_parallel(
         futures = {pool.submit(guarded, h): name(h) for h in hosts}
         for future in as_completed(futures):
             result = future.result()
+            if result is None:
+                continue
             done[futures[future]] = result
             if on_result is not None:
                 on_result(result)
+    if bugs:
+        raise InternalError({name(h): bugs[name(h)] for h in hosts if name(h) in bugs})
     return Results({name(h): done[name(h)] for h in hosts})
+
+
+def _internal(host: str, exc: BaseException, bugs: dict[str, BaseException],
+              lock: threading.Lock) -> None:
+    with lock:
+        bugs[host] = exc
+        if debug():
+            text = "".join(traceback.format_exception(exc))
+            sys.stderr.write(f"mlxops: internal error on {host}: {describe(exc)}\n{text}")
+            sys.stderr.flush()

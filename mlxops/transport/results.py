@@ -11,10 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MlxopsError
+from mlxops.node.protocol import FAILED, UNREACHABLE
 from mlxops.transport.connection import CommandResult
 
-OK, CHANGED, FAILED, SKIPPED, UNREACHABLE = "ok", "changed", "failed", "skipped", "unreachable"
-STATUSES = (OK, CHANGED, FAILED, SKIPPED, UNREACHABLE)
+# A host's result status (not a job's or a rank's state): ok, changed, skipped, and the two
+# words it shares with job states, failed and unreachable (mlxops.node.protocol spells them).
+OK, CHANGED, SKIPPED = "ok", "changed", "skipped"
+__all__ = ["CHANGED", "FAILED", "OK", "SKIPPED", "UNREACHABLE", "GroupError", "HostResult",
+           "Results"]
 
 
 @dataclass

@@ -20,6 +20,7 @@ from mlxops.jobs.placement import (
     rank_script,
 )
 from mlxops.jobs.record import HostRecord, JobRecord
+from mlxops.jobs.spec import RestartPolicy
 from mlxops.jobs.status import classify
 
 CASE = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_launch.yml").read_text())
@@ -94,7 +95,7 @@ def test_classify_an_mpi_job_with_its_launcher(name):
         hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],
         ranks=[Rank(0, "a", "1.1.1.1", 1, 0), Rank(1, "a", "1.1.1.1", 2, 1),
                Rank(2, "b", "1.1.1.2", 3, 0)],
-        state=case["record_state"], stall_timeout=10)
+        state=case["record_state"], restart=RestartPolicy(stall_timeout=10))
     status = classify(record, case["answers"], {})
     assert [r.state for r in status.ranks] == case["ranks"]
     assert status.state == case["job"]

@@ -9,6 +9,7 @@ import yaml
 
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord
+from mlxops.jobs.spec import RestartPolicy
 from mlxops.jobs.status import classify
 
 CASES = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "status_cases.yml").read_text())
@@ -20,7 +21,7 @@ def record(state: str) -> JobRecord:
         hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],
         ranks=[Rank(0, "a", "1.1.1.1", 1, 0), Rank(1, "a", "1.1.1.1", 2, 1),
                Rank(2, "b", "1.1.1.2", 3, 0)],
-        state=state, stall_timeout=10)
+        state=state, restart=RestartPolicy(stall_timeout=10))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -18,7 +18,7 @@ import pytest
 
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.transport import HostResult, HostUnreachable, LocalConnection, Results, run_parallel
-from mlxops.transport.connection import TIMED_OUT
+from mlxops.transport.connection import TIMED_OUT, CommandResult
 from mlxops.transport.hostkeys import (
     ChangedHostKey,
     HostKeyPolicy,
@@ -159,7 +159,7 @@ def test_run_parallel_keeps_order_and_turns_exceptions_into_results(forks):
         if i == 2:
             raise HostUnreachable(host.name, "connection refused")
         if i == 5:
-            raise ValueError("boom")
+            raise OSError("boom")  # a host's failure (a bug is not: test_internal_errors.py)
         return HostResult(host.name, OK, "fine")
 
     results = run_parallel(hosts, work, forks=forks, on_result=lambda r: seen.append(r.host))
@@ -169,7 +169,7 @@ def test_run_parallel_keeps_order_and_turns_exceptions_into_results(forks):
     assert results["mac2"].status == UNREACHABLE
     assert results["mac2"].message == "connection refused"
     assert results["mac5"].status == FAILED
-    assert results["mac5"].message == "ValueError: boom"
+    assert results["mac5"].message == "OSError: boom"
     assert all(results[h].status == OK for h in results if h not in ("mac2", "mac5"))
     assert all(r.duration > 0 for r in results.values())
     assert results.exit_code == EXIT_UNREACHABLE
@@ -208,6 +208,22 @@ def test_run_parallel_all_hosts_at_once_with_forks_8():
 
 def test_run_parallel_no_hosts():
     assert len(run_parallel([], lambda h: HostResult(h.name))) == 0
+
+
+# --- a failed command in one line -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("stdout, stderr, timed_out, line", [
+    ("partial\n", "Traceback (most recent call last):\n  ...\nKeyError: 'x'\n", False,
+     "exit 1: KeyError: 'x'"),
+    ("first\nlast words\n\n", "", False, "exit 1: last words"),   # no stderr: stdout's
+    ("", "  \n", False, "exit 1"),                                    # nothing at all
+    ("", "", True, "exit 1 (timed out)"),
+])
+def test_error_line_is_the_last_line_of_stderr_else_stdout_else_the_exit_code(
+        stdout, stderr, timed_out, line):
+    result = CommandResult("cmd", 1, stdout, stderr, 0.1, timed_out)
+    assert result.error_line() == line
 
 
 # --- local connection ----------------------------------------------------------------------
