@@ -257,11 +257,3 @@ def sync_files(conn: Connection, files: Mapping[str, Path], dest: str, *,
         raise SyncError(f"{conn.name}: cannot update {dest}: "
                         f"{result.stderr.strip() or result.exit_code}")
     return report
-
-
-def sync_tree(conn: Connection, src: Path, dest: str, *, check: bool = False,
-              excludes: Sequence[str] = DEFAULT_EXCLUDES, python: str | None = None
-              ) -> SyncReport:
-    """Make the node directory ``dest`` a copy of ``src`` (minus excludes); see module doc."""
-    files, ignore = collect(Path(src), excludes)
-    return sync_files(conn, files, dest, ignore=ignore, check=check, python=python)

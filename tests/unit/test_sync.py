@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from mlxops.sync import DEFAULT_EXCLUDES, collect, parse_manifest, sync_tree
+from mlxops.sync import DEFAULT_EXCLUDES, collect, parse_manifest, sync_files
 from mlxops.transport import LocalConnection
+
+
+def sync_tree(conn, src: Path, dest: str, **kwargs):
+    """``dest`` a copy of ``src`` (what provision's sync task does with its bundle)."""
+    files, ignore = collect(src)
+    return sync_files(conn, files, dest, ignore=ignore, **kwargs)
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:
