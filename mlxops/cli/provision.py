@@ -83,7 +83,7 @@ class Printer(Callbacks):
                 break
 
 
-def skew_table(spec: dict) -> Table:
+def task_table(spec: dict) -> Table:
     """A task's table (``{"title", "columns", "rows", "marks"}``), the values that differ in
     bold red."""
     table = console.table(console.column(spec["columns"][0], wrap=True),
@@ -97,7 +97,7 @@ def skew_table(spec: dict) -> Table:
 
 
 def _print_table(spec: dict) -> None:
-    console.print_table(skew_table(spec))
+    console.print_table(task_table(spec))
 
 
 class Silent(Callbacks):

@@ -22,11 +22,11 @@ from rich.console import Console
 from mlxops import console
 from mlxops.cli.follow import status_table
 from mlxops.cli.plan import plan_notes, plan_table
-from mlxops.cli.provision import skew_table
+from mlxops.cli.provision import task_table
 from mlxops.cli.trust import key_blocks
 from mlxops.jobs.plan import NodePlan
 from mlxops.jobs.status import JobStatus, RankStatus
-from mlxops.tasks.python import skew_table as skew_spec
+from mlxops.tasks.python import skew_table
 from mlxops.trainer.plan import plan_memory
 from mlxops.transport import HostResult, Results
 from mlxops.transport.connection import CommandResult
@@ -129,8 +129,8 @@ def test_skew_table_fits_80_columns():
     expected = {"mlx": "0.29.2", "python": "3.12", "macos_build": "24F74"}
     values = {h: dict(expected) for h in HOSTS}
     values["mini-rack-07"] = {"mlx": "0.28.0", "python": "3.11", "macos_build": "23H420"}
-    spec = skew_spec(expected, {"mini-rack-07": ["mlx", "python", "macos_build"]}, values)
-    text = render(skew_table(spec))
+    spec = skew_table(expected, {"mini-rack-07": ["mlx", "python", "macos_build"]}, values)
+    text = render(task_table(spec))
     assert_readable(text, ["host", "mlx", "python", "macOS build"])
     assert re.search(r"^mini-rack-07\s+0\.28\.0\s+3\.11\s+23H420\s*$", text, re.M), text
 
