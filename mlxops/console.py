@@ -2,6 +2,11 @@
 
 With ``--json`` nothing but the JSON document goes to stdout; progress stays on stderr and
 only when stderr is a terminal.
+
+Tables share one style (:func:`table`, :func:`column`) made to stay readable in 80
+columns: no borders, short one-line headers with the unit in them, numbers never wrapped,
+text folded rather than cut (never an ellipsis). Printed to a pipe or a file they are
+never squeezed into a guessed width: :func:`print_table` gives them the width they need.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Results
@@ -46,23 +53,59 @@ def print_json(document: Any) -> None:
     sys.stdout.flush()
 
 
-def recap(results: Results, counts: dict[str, dict[str, int]] | None = None) -> None:
-    """Ansible's PLAY RECAP as a table: one row per host."""
-    table = Table(title="recap", title_justify="left", show_edge=False, pad_edge=False)
-    table.add_column("host")
+def column(header: str, *, right: bool = False, wrap: bool = False,
+           style: str | None = None) -> Column:
+    """A column of :func:`table`. ``wrap``: the one or two columns of free text (a host
+    name, a chip) that may fold onto more lines when the terminal is narrow; every other
+    column keeps its width, and no header is ever narrower than its longest word."""
+    return Column(header, justify="right" if right else "left", no_wrap=not wrap,
+                  overflow="fold", style=style or "",
+                  min_width=max(len(word) for word in header.split()))
+
+
+def table(*columns: Column, title: str | None = None) -> Table:
+    """An empty table in mlxops' style: a rule under the header, two spaces between
+    columns, no borders (which would cost three columns of width per column)."""
+    return Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD,
+                 show_edge=False, pad_edge=False, collapse_padding=True)
+
+
+def print_table(renderable: Table, console: Console | None = None) -> None:
+    """Print a table: at the terminal's width on a terminal; whole on a pipe or in a file
+    (rich would assume 80 columns there and cut what does not fit)."""
+    console = console or out
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    need = Measurement.get(console, console.options.update(max_width=10_000),
+                           renderable).maximum
+    width = console.width
+    console.width = max(width, need)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
+
+
+def recap_table(results: Results, counts: dict[str, dict[str, int]] | None = None) -> Table:
+    """Ansible's PLAY RECAP as a table: one row per host (task counts, or a command's rc)."""
     if counts:
-        for status in (OK, CHANGED, FAILED, SKIPPED):
-            table.add_column(status, justify="right", style=STYLE[status])
-        table.add_column("unreachable", style=STYLE[UNREACHABLE])
+        t = table(column("host", wrap=True),
+                  *(column(s, right=True, style=STYLE[s]) for s in (OK, CHANGED, FAILED,
+                                                                    SKIPPED)),
+                  column(UNREACHABLE, style=STYLE[UNREACHABLE]), title="recap")
         for host, result in results.items():
             c = counts.get(host, {})
-            table.add_row(host, *(str(c.get(s, 0)) for s in (OK, CHANGED, FAILED, SKIPPED)),
-                          "yes" if result.status == UNREACHABLE else "no")
-    else:
-        table.add_column("status")
-        table.add_column("rc", justify="right")
-        table.add_column("time", justify="right")
-        for host, result in results.items():
-            rc = "" if result.command is None else str(result.command.exit_code)
-            table.add_row(host, status_text(result.status), rc, f"{result.duration:.2f}s")
-    out.print(table)
+            t.add_row(host, *(str(c.get(s, 0)) for s in (OK, CHANGED, FAILED, SKIPPED)),
+                      "yes" if result.status == UNREACHABLE else "no")
+        return t
+    t = table(column("host", wrap=True), column("status"), column("rc", right=True),
+              column("time s", right=True), title="recap")
+    for host, result in results.items():
+        rc = "" if result.command is None else str(result.command.exit_code)
+        t.add_row(host, status_text(result.status), rc, f"{result.duration:.2f}")
+    return t
+
+
+def recap(results: Results, counts: dict[str, dict[str, int]] | None = None) -> None:
+    print_table(recap_table(results, counts))

@@ -101,16 +101,6 @@ def rank_hosts(hosts: Iterable[Any]) -> list[Any]:
     return [h for h in hosts for _ in range(h.slots)]
 
 
-def ring_rank_addresses(hosts: Iterable[Any], base_port: int = DEFAULT_BASE_PORT
-                        ) -> list[list[str]]:
-    """``MLX_HOSTFILE`` for the ring backend: one ``["ip:port"]`` list per rank.
-
-    Ports are consecutive from ``base_port`` across ranks, exactly as mlx.launch assigns
-    them (one connection per ip), so two ranks on one host never share a port.
-    """
-    return [[f"{cluster_ip(h)}:{base_port + rank}"] for rank, h in enumerate(rank_hosts(hosts))]
-
-
 # --- the mlx.launch hostfile --------------------------------------------------------------
 
 

@@ -77,8 +77,3 @@ def path_word(path: str) -> str:
 def and_then(commands: Iterable[str]) -> str:
     """Chain already-built command lines with ``&&``."""
     return " && ".join(c for c in commands if c)
-
-
-def sh_c(script: str) -> str:
-    """Run an already-built script under ``sh -c`` (one more level of quoting)."""
-    return join(["sh", "-c", script])

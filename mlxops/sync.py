@@ -7,9 +7,9 @@ when we know it, else a POSIX pipeline of ``find`` + ``sha256sum``/``shasum -a 2
 stdin, a tar archive of just the new and changed files. Nothing differs: no step 2.
 
 Excluded on both sides: ``.git``, ``__pycache__``, ``*.pyc``, ``.DS_Store`` and the
-patterns of every ``.gitignore`` in the source (matched by :class:`Ignore`, no extra
-dependency). Node files that match an exclude are never reported nor deleted (the
-trainer's own ``__pycache__`` survives a sync), like rsync without ``--delete-excluded``.
+patterns of every ``.gitignore`` in the source (the rules of :mod:`mlxops.ignore`). Node
+files that match an exclude are never reported nor deleted (the trainer's own
+``__pycache__`` survives a sync), like rsync without ``--delete-excluded``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import io
 import json
 import os
 import posixpath
-import re
 import stat
 import tarfile
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from mlxops import shell
 from mlxops.errors import MlxopsError
+from mlxops.ignore import Ignore
 from mlxops.transport.connection import Connection
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".DS_Store")
@@ -60,121 +60,6 @@ class SyncReport:
                        for p in paths)
 
 
-# --- gitignore ---------------------------------------------------------------------------
-
-
-def _class_end(pattern: str, start: int) -> int:
-    """Index of the ``]`` closing the class opened at ``start`` (-1: a literal ``[``)."""
-    i = start + 1
-    if pattern.startswith("!", i):
-        i += 1
-    if pattern.startswith("]", i):
-        i += 1  # a leading ] is part of the class
-    return pattern.find("]", i)
-
-
-def _translate(pattern: str) -> str:
-    """One gitignore glob (no leading ``!``, no trailing ``/``) -> regex over a rel path."""
-    anchored = "/" in pattern
-    pattern = pattern.lstrip("/")
-    out, i, n = [], 0, len(pattern)
-    while i < n:
-        if pattern.startswith("**/", i) and (i == 0 or pattern[i - 1] == "/"):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i) and i + 2 == n and (i == 0 or pattern[i - 1] == "/"):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and _class_end(pattern, i) > 0:
-            end = _class_end(pattern, i)
-            body = pattern[i + 1:end]
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = end + 1
-        elif pattern[i] == "\\" and i + 1 < n:
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    prefix = "" if anchored else "(?:.*/)?"
-    return "^" + prefix + "".join(out) + "$"
-
-
-@dataclass(frozen=True)
-class _Rule:
-    base: str            # directory of the .gitignore, relative ("" at the top)
-    regex: re.Pattern
-    negate: bool
-    dir_only: bool
-
-
-class Ignore:
-    """gitignore matching: last matching rule wins; an excluded directory hides its content.
-
-    Covers what .gitignore files commonly hold: ``#`` comments, ``!`` negation, trailing
-    ``/`` (directories only), leading or inner ``/`` (anchored to the file's directory),
-    ``*``, ``?``, ``[...]``, ``**`` (leading, trailing, inner), ``\\`` escapes.
-    """
-
-    def __init__(self, patterns: Iterable[str] = ()):
-        self.rules: list[_Rule] = []
-        self.add(patterns, "")
-
-    def add(self, lines: Iterable[str], base: str) -> None:
-        for raw in lines:
-            line = raw.rstrip("\n")
-            if not line.endswith("\\ "):
-                line = line.rstrip(" ")
-            if not line or line.startswith("#"):
-                continue
-            negate = line.startswith("!")
-            if negate:
-                line = line[1:]
-            dir_only = line.endswith("/")
-            line = line.rstrip("/")
-            if not line:
-                continue
-            self.rules.append(_Rule(base, re.compile(_translate(line), re.DOTALL),
-                                    negate, dir_only))
-
-    def add_file(self, path: Path, base: str) -> None:
-        try:
-            self.add(path.read_text(errors="replace").splitlines(), base)
-        except OSError:
-            pass
-
-    def _match(self, rel: str, is_dir: bool) -> bool:
-        excluded = False
-        for rule in self.rules:
-            if rule.dir_only and not is_dir:
-                continue
-            if rule.base:
-                if not rel.startswith(rule.base + "/"):
-                    continue
-                sub = rel[len(rule.base) + 1:]
-            else:
-                sub = rel
-            if rule.regex.match(sub):
-                excluded = not rule.negate
-        return excluded
-
-    def excluded(self, rel: str, is_dir: bool = False) -> bool:
-        """Is ``rel`` (``a/b/c``) excluded, itself or through a parent directory?"""
-        parts = rel.split("/")
-        for depth in range(1, len(parts)):
-            if self._match("/".join(parts[:depth]), True):
-                return True
-        return self._match(rel, is_dir)
-
-
 # --- the local side ----------------------------------------------------------------------
 
 
@@ -194,21 +79,16 @@ def collect(src: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, prefix: str =
         kept = []
         for d in sorted(dirnames):
             rel = posixpath.join(rel_dir, d)
-            if not ignore._match(rel, True) and not os.path.islink(os.path.join(dirpath, d)):
+            if not ignore.matches(rel, True) and not os.path.islink(os.path.join(dirpath, d)):
                 kept.append(d)
         dirnames[:] = kept
         for f in sorted(filenames):
             rel = posixpath.join(rel_dir, f)
             path = Path(dirpath) / f
-            if ignore._match(rel, False) or not path.is_file():
+            if ignore.matches(rel, False) or not path.is_file():
                 continue
             files[posixpath.join(prefix, rel) if prefix else rel] = path
-    if prefix:
-        shifted = Ignore()
-        shifted.rules = [_Rule(posixpath.join(prefix, r.base).rstrip("/"), r.regex, r.negate,
-                               r.dir_only) for r in ignore.rules]
-        ignore = shifted
-    return files, ignore
+    return files, (ignore.under(prefix) if prefix else ignore)
 
 
 def file_digest(path: Path) -> tuple[str, int]:
@@ -375,11 +255,3 @@ def sync_files(conn: Connection, files: Mapping[str, Path], dest: str, *,
     if not result.ok:
         raise SyncError(f"{conn.name}: cannot update {dest}: {result.error_line()}")
     return report
-
-
-def sync_tree(conn: Connection, src: Path, dest: str, *, check: bool = False,
-              excludes: Sequence[str] = DEFAULT_EXCLUDES, python: str | None = None
-              ) -> SyncReport:
-    """Make the node directory ``dest`` a copy of ``src`` (minus excludes); see module doc."""
-    files, ignore = collect(Path(src), excludes)
-    return sync_files(conn, files, dest, ignore=ignore, check=check, python=python)

@@ -88,10 +88,12 @@ def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobSt
 
 
 def status_table(status: JobStatus) -> Table:
-    table = Table(show_edge=False, pad_edge=False)
-    for col in ("rank", "host", "pid", "state", "step", "loss", "tok/s", "heartbeat"):
-        table.add_column(col, justify="right" if col in ("rank", "step", "loss", "tok/s",
-                                                         "heartbeat", "pid") else "left")
+    """One row per rank, in 80 columns for host names up to ~15 characters."""
+    table = console.table(
+        console.column("rank", right=True), console.column("host", wrap=True),
+        console.column("pid", right=True), console.column("state"),
+        console.column("step", right=True), console.column("loss", right=True),
+        console.column("tok/s", right=True), console.column("heartbeat", right=True))
     for r in status.ranks:
         table.add_row(
             str(r.rank), r.host, str(r.pid or ""),
@@ -111,7 +113,7 @@ def print_status(status: JobStatus) -> None:
     console.out.print(head)
     if status.message:
         console.out.print(f"  {status.message}", markup=False)
-    console.out.print(status_table(status))
+    console.print_table(status_table(status))
     for restart in status.restarts:
         when = datetime.datetime.fromtimestamp(restart["time"]).strftime("%H:%M:%S")
         console.out.print(f"  restart at {when} (attempt {restart['attempt']}): "

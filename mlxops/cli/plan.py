@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 import click
 from rich.table import Table
@@ -10,10 +11,55 @@ from rich.table import Table
 from mlxops import console
 from mlxops.cli.options import connector_from, host_key_options, json_option
 from mlxops.errors import EXIT_FAILED
-from mlxops.jobs.plan import plan_job
+from mlxops.jobs.plan import NodePlan, plan_job
 from mlxops.jobs.spec import load_job
 
 GB = 1024**3
+
+
+def plan_table(plans: Sequence[NodePlan]) -> Table:
+    """One row per node: what one of its ranks needs against what it may use, and the
+    batch split that fits. What every node shares is said under it (:func:`plan_notes`)."""
+    table = console.table(
+        console.column("host", wrap=True), console.column("mem GB", right=True),
+        console.column("ranks", right=True), console.column("rank GB", right=True),
+        console.column("budget GB", right=True), console.column("micro x acc", right=True),
+        console.column("grad ckpt"), console.column("fits"))
+    for p in plans:
+        m = p.plan
+        table.add_row(p.host, f"{p.memory_bytes / GB:.0f}", str(p.ranks),
+                      f"{m.total_bytes / GB:.2f}", f"{m.budget_bytes / GB:.1f}",
+                      f"{m.micro_batch} x {m.accumulation}",
+                      "on" if m.grad_checkpoint else "off",
+                      "[green]yes[/]" if m.fits else "[bold red]NO[/]")
+    return table
+
+
+def _grouped(values: dict[str, str]) -> list[str]:
+    """``value (host, host)`` per distinct value, in first-seen order; ``value`` alone when
+    every host has it."""
+    hosts_of: dict[str, list[str]] = {}
+    for host, value in values.items():
+        hosts_of.setdefault(value, []).append(host)
+    if len(hosts_of) == 1:
+        return list(hosts_of)
+    return [f"{value} ({', '.join(hosts)})" for value, hosts in hosts_of.items()]
+
+
+def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
+    """The lines under the plan table: chips, the per-rank breakdown, the global batch."""
+    if not plans:
+        return []
+    m = plans[0].plan
+    lines = [f"chip: {chip}" for chip in _grouped({p.host: p.chip or "?" for p in plans})]
+    lines += [f"per rank: {split}" for split in _grouped({
+        p.host: f"weights+grads+optimizer "
+                f"{(p.plan.param_bytes + p.plan.grad_bytes + p.plan.optimizer_bytes) / GB:.2f}"
+                f" GB, activations {p.plan.activation_bytes / GB:.2f} GB" for p in plans})]
+    lines.append(f"{m.params / 1e6:.1f}M parameters; global batch "
+                 f"{m.micro_batch * m.accumulation * m.world_size} = micro_batch "
+                 f"{m.micro_batch} x accumulation {m.accumulation} x world {m.world_size}")
+    return lines
 
 
 @click.command("plan")
@@ -34,28 +80,15 @@ def command(job, refresh, as_json, accept_new_host_keys, connect_timeout):
                             "nodes": [p.to_dict() for p in plans],
                             "unreachable": {h: results[h].message for h in results.unreachable}})
     else:
-        table = Table(show_edge=False, pad_edge=False)
-        for col in ("host", "chip", "memory", "ranks", "params", "weights+grads+optim",
-                    "activations", "per rank", "micro x accum", "grad ckpt", "fits"):
-            table.add_column(col)
-        for p in plans:
-            m = p.plan
-            table.add_row(
-                p.host, p.chip, f"{p.memory_bytes / GB:.0f} GB", str(p.ranks),
-                f"{m.params / 1e6:.1f}M",
-                f"{(m.param_bytes + m.grad_bytes + m.optimizer_bytes) / GB:.2f} GB",
-                f"{m.activation_bytes / GB:.2f} GB",
-                f"{m.total_bytes / GB:.2f} / {m.budget_bytes / GB:.1f} GB",
-                f"{m.micro_batch} x {m.accumulation}", "on" if m.grad_checkpoint else "off",
-                "[green]yes[/]" if m.fits else "[bold red]NO[/]")
-        console.out.print(table)
+        console.print_table(plan_table(plans))
         for host in results.unreachable:
             console.err.print(f"{host}: unreachable: {results[host].message}")
         if plans:
-            m = plans[0].plan
-            console.out.print(f"\nglobal batch {m.micro_batch * m.accumulation * m.world_size} "
-                              f"= micro_batch {m.micro_batch} x accumulation {m.accumulation}"
-                              f" x world {m.world_size}. Next: mlxops launch {job}")
+            console.out.print()
+        for line in plan_notes(plans):
+            console.out.print(line, markup=False)
+        if plans:
+            console.out.print(f"Next: mlxops launch {job}", markup=False)
     if results.exit_code:
         sys.exit(results.exit_code)
     sys.exit(0 if fits else EXIT_FAILED)

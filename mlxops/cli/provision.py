@@ -12,6 +12,8 @@ import threading
 
 import click
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from mlxops import console
 from mlxops.cli.options import (
@@ -82,18 +84,21 @@ class Printer(Callbacks):
                 break
 
 
-def _print_table(spec: dict) -> None:
-    from rich.table import Table
-
-    table = Table(title=spec.get("title"), title_justify="left")
-    for column in spec["columns"]:
-        table.add_column(column)
+def task_table(spec: dict) -> Table:
+    """A task's table (``{"title", "columns", "rows", "marks"}``), the values that differ in
+    bold red."""
+    table = console.table(console.column(spec["columns"][0], wrap=True),
+                          *(console.column(c) for c in spec["columns"][1:]),
+                          title=spec.get("title"))
     marks = spec.get("marks", {})
     for row in spec["rows"]:
-        cells = [f"[bold red]{c}[/]" if i in marks.get(row[0], []) else c
-                 for i, c in enumerate(row)]
-        table.add_row(*cells)
-    console.out.print(table)
+        table.add_row(*(Text(c, style="bold red" if i in marks.get(row[0], []) else "")
+                        for i, c in enumerate(row)))
+    return table
+
+
+def _print_table(spec: dict) -> None:
+    console.print_table(task_table(spec))
 
 
 class Silent(Callbacks):

@@ -5,29 +5,37 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.measure import Measurement
-from rich.table import Table
+from rich.text import Text
 
 from mlxops import console
 from mlxops.cli.options import forks_option, inventory_argument, limit_option
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.inventory import load_inventory
-from mlxops.transport import ConnectOptions, Connector
-from mlxops.trust import KEY_CHANGED, NEW, check_host_keys, record_new_keys
+from mlxops.transport import ConnectOptions, Connector, Results
+from mlxops.trust import KEY_CHANGED, NEW, HostKeyCheck, check_host_keys, record_new_keys
 
 _STATE_STYLE = {"known": "green", "new": "yellow", "changed": "bold red", "local": "cyan"}
 
 
-def _print_uncut(table: Table) -> None:
-    """Print the table whole: a fingerprint cut to fit 80 columns cannot be compared."""
-    out = console.out
-    need = Measurement.get(out, out.options.update(max_width=10_000), table).maximum
-    width = out.width
-    out.width = max(width, need)
-    try:
-        out.print(table)
-    finally:
-        out.width = width
+def key_blocks(results: Results, checks: dict[str, HostKeyCheck]) -> list[Text]:
+    """One block per host: ``host (address): state``, then ``  type SHA256:...`` (or why
+    it could not be reached). A fingerprint is never cut or folded (it is compared by eye
+    with what the Mac shows), and 80 columns hold the line whole."""
+    lines = []
+    for host, result in results.items():
+        check = checks.get(host)
+        head = Text(host)
+        if check is None:
+            head.append(": ").append("unreachable", style="magenta")
+            lines += [head, Text(f"  {result.message}")]
+            continue
+        if check.name and check.name != host:
+            head.append(f" ({check.name})")
+        head.append(": ").append(check.state, style=_STATE_STYLE[check.state])
+        lines.append(head)
+        if check.key is not None:
+            lines.append(Text(f"  {check.key_type} {check.fingerprint}"))
+    return lines
 
 
 @click.command("trust")
@@ -49,17 +57,8 @@ def command(inventory, limit, forks, yes, connect_timeout):
     with Connector(ConnectOptions(connect_timeout=connect_timeout)) as connector:
         results, checks = check_host_keys(hosts, connector, forks=forks)
 
-    table = Table(show_edge=False, pad_edge=False)
-    for column in ("host", "address", "type", "fingerprint", "state"):
-        table.add_column(column)
-    for host, result in results.items():
-        check = checks.get(host)
-        if check is None:
-            table.add_row(host, "", "", result.message, "[magenta]unreachable[/]")
-            continue
-        table.add_row(host, check.name, check.key_type, check.fingerprint,
-                      f"[{_STATE_STYLE[check.state]}]{check.state}[/]")
-    _print_uncut(table)
+    for line in key_blocks(results, checks):
+        console.out.print(line, soft_wrap=True)
 
     new = [h for h, c in checks.items() if c.state == NEW]
     if new and (yes or click.confirm(f"Record {len(new)} new host key(s)?", default=False)):

@@ -1,14 +1,8 @@
-"""Fake Mac nodes on Linux: network namespaces + one sshd each (DESIGN.md, "Testing
-without Macs"). :class:`Sandbox` is the API; ``mlxops sandbox up|down`` the CLI."""
+"""Fake Mac nodes on Linux: network namespaces + one sshd each (README.md, "Testing
+without Macs"). :class:`Sandbox` is the API; ``mlxops sandbox up|down|status`` the CLI."""
 
-from mlxops.sandbox.cluster import (
-    DEFAULT_DIR,
-    Sandbox,
-    SandboxInfo,
-    default_dir,
-    prerequisites,
-    require_root,
-)
+from mlxops.sandbox.cluster import Sandbox, prerequisites, require_root
+from mlxops.sandbox.state import DEFAULT_DIR, SandboxInfo, default_dir
 
 __all__ = ["DEFAULT_DIR", "Sandbox", "SandboxInfo", "default_dir", "prerequisites",
            "require_root"]

@@ -2,8 +2,9 @@
 
 The controller's Python (pyenv under a mode-700 ``/root``) is invisible to the node user,
 so nodes get their own venv built from Debian's ``/usr/bin/python3`` with the controller's
-exact mlx version (DESIGN.md: same mlx version on every node). It is built once, under a
-lock, into a world-readable cache and reused by every sandbox; ``down`` leaves it.
+exact mlx version (every node runs the same mlx: docs/inventory.md, ``mlxops_mlx_version``).
+It is built once, under a lock, into a world-readable cache and reused by every sandbox;
+``down`` leaves it.
 """
 
 from __future__ import annotations

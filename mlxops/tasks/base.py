@@ -13,7 +13,7 @@ before it have finished everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,10 +58,6 @@ class Outcome:
     @classmethod
     def failed(cls, message: str, **data: Any) -> Outcome:
         return cls(FAILED, message, data=data)
-
-
-HostTask = Callable[[TaskContext, Mapping[str, Any]], Outcome]
-ClusterTask = Callable[[Mapping[str, TaskContext], Mapping[str, Any]], dict[str, Outcome]]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import paths
-from mlxops.sync import DEFAULT_EXCLUDES, Ignore, SyncError, collect, sync_files
+from mlxops.ignore import Ignore
+from mlxops.sync import DEFAULT_EXCLUDES, SyncError, collect, sync_files
 from mlxops.tasks.base import Outcome, TaskContext, task
 
 CODE_DIR = "code"
@@ -34,7 +35,7 @@ def bundle(workdir: Path | None = None, job: str | None = None
     # The node-side helpers of jobs (spawn, status, stop, logs) travel with the trainer.
     node_files, node_ignore = collect(paths.node_dir(), DEFAULT_EXCLUDES, prefix="mlxops/node")
     files.update(node_files)
-    ignore.rules.extend(node_ignore.rules)
+    ignore.extend(node_ignore)
     files["mlxops/__init__.py"] = paths.trainer_dir().parent / "__init__.py"
     roots = ["mlxops"]
     if workdir is not None:
@@ -43,7 +44,7 @@ def bundle(workdir: Path | None = None, job: str | None = None
         prefix = f"jobs/{job}"
         job_files, job_ignore = collect(Path(workdir), DEFAULT_EXCLUDES, prefix=prefix)
         files.update(job_files)
-        ignore.rules.extend(job_ignore.rules)
+        ignore.extend(job_ignore)
         roots.append(prefix)
     return files, roots, ignore
 

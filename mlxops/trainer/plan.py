@@ -45,18 +45,6 @@ class MemoryPlan:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def describe(self) -> str:
-        gb = 1024**3
-        return (
-            f"params {self.params / 1e6:.1f}M | weights {self.param_bytes / gb:.2f} GB, "
-            f"grads {self.grad_bytes / gb:.2f} GB, optimizer {self.optimizer_bytes / gb:.2f} GB, "
-            f"activations {self.activation_bytes / gb:.2f} GB | total "
-            f"{self.total_bytes / gb:.2f} of {self.budget_bytes / gb:.2f} GB usable | "
-            f"micro_batch {self.micro_batch} x accumulation {self.accumulation} x world "
-            f"{self.world_size}, grad_checkpoint {'on' if self.grad_checkpoint else 'off'}"
-            f"{'' if self.fits else ' | DOES NOT FIT'}"
-        )
-
 
 def count_params(cfg: TrainerConfig) -> int:
     m = cfg.model

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mlxops import render
 from mlxops.inventory import load_inventory
-from mlxops.sync import sync_tree
+from mlxops.sync import collect, sync_files
 from mlxops.transport import Connector
 
 SCRIPT = """\
@@ -59,7 +59,7 @@ def test_ring_hostfile_all_sum_through_mlx_launch(sandbox, tmp_path):
     homes = set()
     for h in hosts:
         conn = connector.connect(h)
-        sync_tree(conn, src, "~/launch-test", python=h.python)
+        sync_files(conn, collect(src)[0], "~/launch-test", python=h.python)
         homes.add(conn.run("printf %s \"$HOME\"").stdout)
         conn.close()
     assert len(homes) == 1  # same home path on every node: one script path for all ranks

@@ -167,12 +167,12 @@ def test_up_with_rate_then_down_removes_everything(sandbox, free_subnet):
         assert oct(os.stat(path).st_mode & 0o777) == "0o755"
         with pytest.raises(UserError, match="down"):
             Sandbox(path).up(2)
-        tc = subprocess.run(["tc", "qdisc", "show", "dev", box._node("node1").veth],
+        tc = subprocess.run(["tc", "qdisc", "show", "dev", box.node_layout("node1").veth],
                             capture_output=True, text=True).stdout
         assert "tbf" in tc and "200Mbit" in tc
         res = ssh(box, "node2", "true")
         assert res.returncode == 0, res.stderr
-        made = [box._node(n) for n in info.nodes]
+        made = [box.node_layout(n) for n in info.nodes]
         pids = [box.sshd_pid(n) for n in info.nodes]
         bridge = box.layout.bridge
     finally:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from mlxops.inventory import load_inventory
-from mlxops.sync import sync_tree
+from mlxops.sync import collect, sync_files
 from mlxops.tasks.base import TaskContext
 from mlxops.tasks.sync import sync_task
 from mlxops.transport import Connector
@@ -89,14 +89,15 @@ def test_trainer_runs_from_synced_code(cluster, sandbox):
     assert res.ok, res.stderr
 
 
-def test_sync_tree_bytes_only_for_changes(cluster, tmp_path):
+def test_sync_bytes_only_for_changes(cluster, tmp_path):
     _, hosts, conns = cluster
     conn = conns["node2"]
     src = tmp_path / "t"
     src.mkdir()
     (src / "big").write_bytes(b"a" * 200_000)
     (src / "small").write_text("s")
-    assert sync_tree(conn, src, "~/st").bytes_sent > 200_000
+    files, ignore = collect(src)
+    assert sync_files(conn, files, "~/st", ignore=ignore).bytes_sent > 200_000
     (src / "small").write_text("t")
-    report = sync_tree(conn, src, "~/st")
+    report = sync_files(conn, files, "~/st", ignore=ignore)
     assert report.changed == ["small"] and report.bytes_sent < 20_000

@@ -26,12 +26,20 @@ def trust(tmp_path: Path, sandbox, *args: str) -> subprocess.CompletedProcess:
 
 
 def row(stdout: str, name: str) -> list[str]:
-    """The table row of ``name``, split into its cells."""
-    for line in stdout.splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃|]", line)]
-        if cells and cells[0] == name:
-            return cells
-    raise AssertionError(f"no row for {name} in:\n{stdout}")
+    """``[host, address, key type, fingerprint, state]`` from ``name``'s block (an
+    unreachable host: ``[host, "", "", why, "unreachable"]``)."""
+    lines = stdout.splitlines()
+    for i, line in enumerate(lines):
+        head = re.fullmatch(rf"{re.escape(name)}(?: \((.+)\))?: (\S+)", line)
+        if head:
+            address, state = head.group(1) or "", head.group(2)
+            detail = lines[i + 1] if i + 1 < len(lines) else ""
+            assert detail.startswith("  "), stdout  # the block's second line
+            if state == "unreachable":
+                return [name, address, "", detail.strip(), state]
+            key_type, fingerprint = detail.split()
+            return [name, address, key_type, fingerprint, state]
+    raise AssertionError(f"no block for {name} in:\n{stdout}")
 
 
 def test_trust_records_a_forgotten_key_then_run_works(sandbox_mut, tmp_path):

@@ -29,4 +29,3 @@ def test_tight_memory_shrinks_micro_batch_then_checkpoints():
     assert (tight.micro_batch, tight.grad_checkpoint) < (roomy.micro_batch, True) or \
         tight.grad_checkpoint
     assert not plan_memory(big, 8 * GB, 4).fits
-    assert "DOES NOT FIT" in plan_memory(big, 8 * GB, 4).describe()

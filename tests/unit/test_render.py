@@ -58,11 +58,6 @@ def test_fast_synch_must_agree():
         render.launch_envs(hosts, "ring")
 
 
-def test_ring_rank_addresses_consecutive_ports(hosts):
-    assert render.ring_rank_addresses(hosts, 5000) == [
-        ["10.0.0.1:5000"], ["10.0.0.1:5001"], ["10.0.0.2:5002"], ["10.0.0.3:5003"]]
-
-
 def test_local_host_is_loopback():
     h = Host("localhost", {"ansible_connection": "local", "mlxops_slots": 2})
     data = json.loads(render.launch_hostfile([h]))

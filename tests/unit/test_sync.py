@@ -1,4 +1,4 @@
-"""Delta sync: gitignore matching, manifests and diffing, against a real local shell."""
+"""Delta sync: collecting a tree, manifests and diffing, against a real local shell."""
 
 from __future__ import annotations
 
@@ -8,42 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from mlxops.sync import DEFAULT_EXCLUDES, Ignore, collect, parse_manifest, sync_tree
+from mlxops.sync import DEFAULT_EXCLUDES, collect, parse_manifest, sync_files
 from mlxops.transport import LocalConnection
 
 
-@pytest.mark.parametrize("pattern, path, is_dir, excluded", [
-    ("*.log", "a.log", False, True),
-    ("*.log", "deep/er/a.log", False, True),
-    ("*.log", "a.logx", False, False),
-    ("build/", "build", True, True),
-    ("build/", "build", False, False),            # dir-only pattern, a file named build
-    ("build/", "src/build/x.o", False, True),     # any level, hides content
-    ("/top.txt", "top.txt", False, True),
-    ("/top.txt", "sub/top.txt", False, False),    # anchored
-    ("doc/*.md", "doc/a.md", False, True),
-    ("doc/*.md", "x/doc/a.md", False, False),     # inner slash anchors
-    ("doc/*.md", "doc/sub/a.md", False, False),   # * does not cross /
-    ("**/cache", "a/b/cache", True, True),
-    ("logs/**", "logs/a/b", False, True),
-    ("a/**/z", "a/z", False, True),
-    ("a/**/z", "a/b/c/z", False, True),
-    ("file?.txt", "file1.txt", False, True),
-    ("file[0-9].txt", "filex.txt", False, False),
-    ("file[!0-9].txt", "filex.txt", False, True),
-    ("\\#hash", "#hash", False, True),
-    ("# comment", "# comment", False, False),
-])
-def test_gitignore_patterns(pattern, path, is_dir, excluded):
-    assert Ignore([pattern]).excluded(path, is_dir) is excluded
-
-
-def test_negation_and_last_rule_wins():
-    ign = Ignore(["*.txt", "!keep.txt"])
-    assert ign.excluded("a.txt") and not ign.excluded("keep.txt")
-    # a file inside an excluded directory cannot be re-included (git's rule)
-    ign = Ignore(["out/", "!out/keep.txt"])
-    assert ign.excluded("out/keep.txt")
+def sync_tree(conn, src: Path, dest: str, **kwargs):
+    """``dest`` a copy of ``src`` (what provision's sync task does with its bundle)."""
+    files, ignore = collect(src)
+    return sync_files(conn, files, dest, ignore=ignore, **kwargs)
 
 
 def tree(root: Path, files: dict[str, str]) -> Path:

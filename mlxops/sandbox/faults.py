@@ -1,0 +1,78 @@
+"""Breaking sandbox nodes on purpose, and mending them: what tests of failures need.
+
+A Mac asleep (its sshd gone: connections refused), a cable pulled (its link down: packets
+vanish, connections time out), a host key unknown or changed. :meth:`Faults.restore`
+undoes all of them, so a test that breaks nodes leaves the sandbox as it found it.
+"""
+
+from __future__ import annotations
+
+import pwd
+
+from mlxops.sandbox import clientfiles, netns, nodes
+from mlxops.sandbox.state import SandboxState
+
+
+class Faults(SandboxState):
+    """Per-node controls of a running sandbox (mixed into :class:`Sandbox`)."""
+
+    def stop_node(self, name: str) -> None:
+        """Stop only this node's sshd (new connections are refused: host unreachable)."""
+        entry = self._entry(name)
+        nodes.stop_sshd(entry.get("sshd_pid"), self._files(name))
+        entry["sshd_pid"] = None
+        self._save()
+
+    def start_node(self, name: str) -> None:
+        """(Re)start this node's sshd and wait until it listens."""
+        node, entry = self.node_layout(name), self._entry(name)
+        if entry.get("sshd_pid") and nodes.is_our_sshd(entry["sshd_pid"], self._files(name)):
+            return
+        entry["sshd_pid"] = nodes.start_sshd(node, self._files(name), self.user)
+        self._save()
+        self._wait_listening([node])
+
+    def disconnect_node(self, name: str) -> None:
+        """Take the node's link down: packets vanish (timeouts, not refusals)."""
+        netns.set_link(self.node_layout(name), up=False)
+
+    def reconnect_node(self, name: str) -> None:
+        netns.set_link(self.node_layout(name), up=True)
+
+    def forget_host_key(self, name: str) -> None:
+        """Drop the node from known_hosts: its key becomes unknown to strict clients."""
+        ip = self.ip(name)
+        lines = self.known_hosts_path.read_text().splitlines(keepends=True)
+        kept = [ln for ln in lines if ln.split(" ", 1)[0] not in (ip, name)]
+        clientfiles.write_atomic(self.known_hosts_path, "".join(kept))
+
+    def trust_host_key(self, name: str) -> None:
+        """Record the node's current host key again (undo forget/regenerate)."""
+        self.forget_host_key(name)
+        with open(self.known_hosts_path, "a") as f:
+            f.write(clientfiles.known_hosts({self.ip(name): self._files(name).host_key_line()}))
+
+    def regenerate_host_key(self, name: str) -> None:
+        """Give the node a new host key (known_hosts keeps the old one: a changed key)."""
+        files = self._files(name)
+        was_running = bool(self.sshd_pid(name))
+        self.stop_node(name)
+        nodes.wait_all([nodes.keygen(files.host_key, f"{name}@mlxops-sandbox")], "ssh-keygen")
+        if was_running:
+            self.start_node(name)
+
+    def restore(self) -> None:
+        """Undo what the per-node controls did: every link up, every sshd running, every
+        current host key trusted (tests that break nodes call this when done)."""
+        for name in self.nodes:
+            self.reconnect_node(name)
+            if not self.sshd_alive(name):
+                self._entry(name)["sshd_pid"] = None
+                self.start_node(name)
+        host_keys = {self.ip(n): self._files(n).host_key_line() for n in self.nodes}
+        clientfiles.write_atomic(self.known_hosts_path, clientfiles.known_hosts(host_keys))
+        # The nodes' own known_hosts (node-to-node SSH, e.g. mpirun) follow new host keys.
+        account = pwd.getpwnam(self.user)
+        known = self._nodes_known_hosts()
+        for name in self.nodes:
+            nodes.write_node_known_hosts(self._files(name), account, known)

@@ -1,0 +1,66 @@
+"""The sandbox read back from its state.json, without root or a running node: what
+`mlxops sandbox status` and the tests' queries see (no kernel object is touched)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mlxops.errors import MlxopsError, UserError
+from mlxops.sandbox import Sandbox
+from mlxops.sandbox.faults import Faults
+from mlxops.sandbox.layout import NodeLayout
+from mlxops.sandbox.state import STATE_VERSION, SandboxState
+
+
+def write_state(path, **extra):
+    state = {"version": STATE_VERSION, "prefix": "mxq", "subnet": "10.250.7.0/24",
+             "bridge": "mxq-br", "user": "someone", "rate": None, "python": "/venv/bin/python",
+             "nodes": [{"name": "node1", "ip": "10.250.7.11", "netns": "mxq-node1",
+                        "veth": "mxq-v1", "sshd_pid": None},
+                       {"name": "node2", "ip": "10.250.7.12", "netns": "mxq-node2",
+                        "veth": "mxq-v2", "sshd_pid": None}]}
+    state.update(extra)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "state.json").write_text(json.dumps(state))
+
+
+def test_the_sandbox_is_its_lifecycle_its_state_and_its_faults():
+    assert issubclass(Sandbox, Faults) and issubclass(Faults, SandboxState)
+    for method in ("up", "down", "is_running", "stop_node", "start_node", "disconnect_node",
+                   "reconnect_node", "forget_host_key", "trust_host_key",
+                   "regenerate_host_key", "restore", "exec_in", "popen_in", "node_home",
+                   "write_node_file", "node_layout", "sshd_alive"):
+        assert callable(getattr(Sandbox, method)), method
+
+
+def test_empty_dir_is_no_sandbox(tmp_path):
+    box = Sandbox(tmp_path / "none")
+    assert box.nodes == [] and not box.is_running()
+    box.down()  # nothing to do, and no root needed for nothing
+    with pytest.raises(UserError, match="sandbox up"):
+        box.info  # noqa: B018 - the property raises
+
+
+def test_state_is_read_back(tmp_path):
+    write_state(tmp_path)
+    box = Sandbox(tmp_path, prefix="ignored", subnet="10.1.2.0/24")
+    assert box.nodes == ["node1", "node2"]
+    assert box.user == "someone" and box.python == "/venv/bin/python"
+    assert box.controller_ip == "10.250.7.1"  # from state.json, not the constructor
+    assert box.node_layout("node2") == NodeLayout("node2", "10.250.7.12", "mxq-node2",
+                                                  "mxq-v2")
+    assert box.ip("node1") == "10.250.7.11"
+    assert box.node_home("node1") == tmp_path / "nodes" / "node1" / "home"
+    assert box.info.nodes == {"node1": "10.250.7.11", "node2": "10.250.7.12"}
+    assert box.info.inventory_path == tmp_path / "inventory.yml"
+    assert box.sshd_pid("node1") is None and not box.sshd_alive("node1")
+    with pytest.raises(UserError, match="no node named 'node9'"):
+        box.ip("node9")
+
+
+def test_a_state_of_another_version_is_refused(tmp_path):
+    write_state(tmp_path, version=STATE_VERSION + 1)
+    with pytest.raises(MlxopsError, match="unknown state version"):
+        Sandbox(tmp_path)
