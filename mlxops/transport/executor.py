@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from mlxops.transport.hostkeys import HostUnreachable
-from mlxops.transport.results import FAILED, UNREACHABLE, HostResult, Results
+from mlxops.transport.results import FAILED, OK, UNREACHABLE, HostResult, Results
 
 H = TypeVar("H")
 MAX_FORKS = 32
@@ -23,13 +23,17 @@ def default_forks(n_hosts: int) -> int:
 
 def run_parallel(
     hosts: Sequence[H],
-    work: Callable[[H], HostResult],
+    work: Callable[[H], Any],
     *,
     forks: int | None = None,
     on_result: Callable[[HostResult], None] | None = None,
     name: Callable[[H], str] = lambda h: h.name,  # type: ignore[attr-defined]
 ) -> Results:
-    """Run ``work(host)`` for every host, ``forks`` at a time; results in the hosts' order."""
+    """Run ``work(host)`` for every host, ``forks`` at a time; results in the hosts' order.
+
+    ``work`` returns the host's HostResult, or any other value: an OK result carrying it
+    as its ``value``.
+    """
     forks = forks or default_forks(len(hosts))
     done: dict[str, HostResult] = {}
 
@@ -37,6 +41,8 @@ def run_parallel(
         start = time.monotonic()
         try:
             result = work(host)
+            if not isinstance(result, HostResult):
+                result = HostResult(name(host), OK, value=result)
         except HostUnreachable as exc:
             result = HostResult(name(host), UNREACHABLE, exc.reason)
         except Exception as exc:  # noqa: BLE001 - a host's failure is its result, not ours
