@@ -96,12 +96,12 @@ class JobStatus:
         return doc
 
 
-def rank_state(*, exit: int | None, alive: bool, heartbeat_age: float | None, stopped: bool,
-               stall_timeout: float) -> str:
+def rank_state(*, exit_code: int | None, alive: bool, heartbeat_age: float | None,
+               stopped: bool, stall_timeout: float) -> str:
     """A rank's state from what its node says of it (``stopped``: the node's marker, or the
     record's state, says mlxops stopped the job)."""
-    if exit is not None:
-        return FINISHED if exit == 0 else FAILED
+    if exit_code is not None:
+        return FINISHED if exit_code == 0 else FAILED
     if alive:
         return STALLED if heartbeat_age is not None and heartbeat_age > stall_timeout else RUNNING
     if stopped:
@@ -147,7 +147,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             continue
         mine = answer.rank(rank.rank) or _absent(rank.rank)
         progress = mine.progress or protocol.Progress()
-        state = rank_state(exit=mine.exit, alive=mine.alive, heartbeat_age=mine.heartbeat_age,
+        state = rank_state(exit_code=mine.exit, alive=mine.alive,
+                           heartbeat_age=mine.heartbeat_age,
                            stopped=answer.stopped or record.state == STOPPED,
                            stall_timeout=record.stall_timeout)
         age = mine.heartbeat_age
@@ -176,7 +177,7 @@ def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
     mine = answer.launcher or protocol.LauncherAnswer(pid=None, alive=False, exit=None,
                                                       started=None, age=None, ended_ago=None)
     # Its "heartbeat" is its start: it only matters while it has not started every rank.
-    state = rank_state(exit=mine.exit, alive=mine.alive, heartbeat_age=mine.age,
+    state = rank_state(exit_code=mine.exit, alive=mine.alive, heartbeat_age=mine.age,
                        stopped=answer.stopped or record.state == STOPPED,
                        stall_timeout=record.stall_timeout)
     if state == FAILED and mine.exit is None and all(

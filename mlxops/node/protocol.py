@@ -11,7 +11,13 @@ Vocabulary:
 * backends MLX can run a job on, and which of them mlxops renders for;
 * the states of a rank and of a job (``mlxops status``), and the trainer's progress states;
 * the run directory of a job on a node (``<mlxops_root>/runs/<name>/``) and the rule for a
-  complete checkpoint inside it.
+  complete checkpoint inside it;
+* the node's commands: the argument list of each (built by the controller, parsed by the
+  node with :func:`parser`) and its answer, a typed record the node prints as one line of
+  JSON and the controller reads back with :func:`parse_answer`.
+
+Longer than the project's other modules on purpose: both ends of the contract in one file,
+so that neither side can change a name without the other.
 """
 
 from __future__ import annotations
@@ -144,13 +150,18 @@ def run_path(name: str) -> str:
     return f"{RUNS_DIR}/{name}"
 
 
+def rank_glob(kind: str) -> str:
+    """``rank-*.pid``: a glob of one kind of file of every rank."""
+    return f"rank-*.{kind}"
+
+
 def attempt_files() -> list[str]:
     """Globs, relative to the run directory, of what one attempt leaves that the next must
     not read as its own: scripts, pids, exit codes and heartbeats (never logs, metrics or
     checkpoints). Cleared before an attempt's files are written."""
     kinds = (SCRIPT, PID, EXIT)
-    return [*(f"rank-*.{k}" for k in kinds), *(process_file(LAUNCHER, k) for k in kinds),
-            f"{PROGRESS_DIR}/rank-*.json"]
+    return [*(rank_glob(k) for k in kinds), *(process_file(LAUNCHER, k) for k in kinds),
+            f"{PROGRESS_DIR}/{rank_glob('json')}"]
 
 
 # --- commands ------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from mlxops.node import protocol
 
 def ranks_in(run_dir: Path) -> list[int]:
     """The ranks this node runs: one start script each."""
-    found = (protocol.rank_of_script(p.name) for p in run_dir.glob(f"rank-*.{protocol.SCRIPT}"))
+    scripts = run_dir.glob(protocol.rank_glob(protocol.SCRIPT))
+    found = (protocol.rank_of_script(p.name) for p in scripts)
     return sorted(r for r in found if r is not None)
 
 
