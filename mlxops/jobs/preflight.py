@@ -5,7 +5,7 @@ resolved to absolute paths; code synced (only what changed travels); then, from 
 node's pre-flight answer (:class:`mlxops.node.protocol.PreflightAnswer`): the same mlx and
 Python everywhere; the ring ports free (ring) or Open MPI found (mpi); no leftover rank of
 this job; and the checkpoint step a resume starts from. Nothing is started anywhere unless
-every host passes.
+every host passes. The node's side: docs/node-protocol.md.
 """
 
 from __future__ import annotations

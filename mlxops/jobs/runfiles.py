@@ -3,7 +3,7 @@ that clears the previous attempt's files and unpacks the new ones.
 
 Names are :mod:`mlxops.node.protocol`'s: ``trainer.json`` (the bundled trainer's config),
 ``hostfile.json`` (ring), ``ibv_devices.json`` (jaccl), one ``rank-<r>.sh`` per rank on the
-node and, on an mpi job's first host, ``launcher.sh``.
+node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
 """
 
 from __future__ import annotations

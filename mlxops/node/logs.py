@@ -1,4 +1,5 @@
-"""New bytes of a job's logs since what the controller already has: the ``logs`` command."""
+"""New bytes of a job's logs since what the controller already has: the ``logs`` command
+(docs/node-protocol.md)."""
 
 from __future__ import annotations
 

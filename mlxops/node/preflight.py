@@ -1,4 +1,5 @@
-"""What a node says before a job starts there: the ``preflight`` command."""
+"""What a node says before a job starts there: the ``preflight`` command
+(docs/node-protocol.md)."""
 
 from __future__ import annotations
 

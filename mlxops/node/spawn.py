@@ -1,4 +1,5 @@
-"""Start ranks (and an mpi job's launcher) detached from the SSH session that asks."""
+"""Start ranks (and an mpi job's launcher) detached from the SSH session that asks: the
+``spawn`` command (docs/node-protocol.md)."""
 
 from __future__ import annotations
 

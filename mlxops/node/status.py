@@ -1,4 +1,5 @@
-"""What a node says of a job's ranks and launcher: the ``status`` command."""
+"""What a node says of a job's ranks and launcher: the ``status`` command
+(docs/node-protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Stop a job's ranks (and an mpi job's launcher and MPI daemons) here: the ``stop`` command."""
+"""Stop a job's ranks (and an mpi job's launcher and MPI daemons) here: the ``stop``
+command (docs/node-protocol.md)."""
 
 from __future__ import annotations
 
