@@ -32,7 +32,8 @@ from mlxops.node.__main__ import main as node_main
 
 
 class Processes:
-    """Processes to name in pid files: live ones (stopped in ``close``), and ended ones."""
+    """Processes to name in pid files: live ones (killed when the ``with`` block ends), and
+    ended ones."""
 
     def __init__(self) -> None:
         self.live: list[subprocess.Popen] = []
@@ -47,7 +48,10 @@ class Processes:
         proc.wait()
         return proc.pid
 
-    def close(self) -> None:
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *_: object) -> None:
         for proc in self.live:
             proc.kill()
             proc.wait()

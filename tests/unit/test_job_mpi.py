@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from node_answers import answers, preflight_answer
+from node_answers import Processes, answers, preflight_answer
 
 from mlxops.inventory.model import Host
 from mlxops.jobs.placement import (
@@ -88,9 +88,10 @@ STATUS = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_status_c
 
 
 @pytest.mark.parametrize("name", sorted(STATUS))
-def test_classify_an_mpi_job_with_its_launcher(name, tmp_path, procs):
+def test_classify_an_mpi_job_with_its_launcher(name, tmp_path):
     case = STATUS[name]
-    got, unreachable = answers(tmp_path, case["hosts"], procs)
+    with Processes() as procs:
+        got, unreachable = answers(tmp_path, case["hosts"], procs)
     record = JobRecord(
         name="j", job_file="j.yml", inventory="inv.yml", backend="mpi",
         hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from node_answers import answers
+from node_answers import Processes, answers
 
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord
@@ -26,9 +26,10 @@ def record(state: str) -> JobRecord:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_classify(name, tmp_path, procs):
+def test_classify(name, tmp_path):
     case = CASES[name]
-    got, unreachable = answers(tmp_path, case["hosts"], procs)
+    with Processes() as procs:
+        got, unreachable = answers(tmp_path, case["hosts"], procs)
     status = classify(record(case["record_state"]), got, unreachable)
     assert [r.state for r in status.ranks] == case["ranks"]
     assert status.state == case["job"]
