@@ -39,13 +39,12 @@ class HostKeyCheck:
 def check_host_keys(hosts: Sequence, connector: Connector,
                     forks: int | None = None) -> tuple[Results, dict[str, HostKeyCheck]]:
     """Scan every host's key and classify it as known, new or changed."""
-    checks: dict[str, HostKeyCheck] = {}
 
     def work(host) -> HostResult:
         conn = connector.connect(host)
         if not isinstance(conn, SSHConnection):
-            checks[host.name] = HostKeyCheck(host.name, state=LOCAL)
-            return HostResult(host.name, SKIPPED, "local connection, no host key")
+            return HostResult(host.name, SKIPPED, "local connection, no host key",
+                              value=HostKeyCheck(host.name, state=LOCAL))
         key = conn.scan_host_key()
         name = conn.host_key_name
         known = conn.known_hosts.keys_for(name)
@@ -55,12 +54,14 @@ def check_host_keys(hosts: Sequence, connector: Connector,
             # A host known under another key type but offering a new type is not proof of
             # tampering, yet not proof of identity either: treat it as new.
             state = NEW
-        checks[host.name] = HostKeyCheck(host.name, name, key, state, conn.known_hosts)
         status = {KNOWN: OK, NEW: CHANGED, KEY_CHANGED: FAILED}[state]
         message = "HOST KEY CHANGED" if state == KEY_CHANGED else ""
-        return HostResult(host.name, status, message)
+        return HostResult(host.name, status, message,
+                          value=HostKeyCheck(host.name, name, key, state, conn.known_hosts))
 
     results = run_parallel(hosts, work, forks=forks)
+    # A changed key is a failed result that still carries its check (to show and refuse).
+    checks = {h: r.value for h, r in results.items() if r.value is not None}
     return results, checks
 
 

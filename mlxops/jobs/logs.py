@@ -1,7 +1,8 @@
 """Rank logs, merged: each line prefixed with its host and rank; ``follow`` tails them.
 
-An mpi job's launcher (mpirun, on its first host) has a log too: it comes first, as
-``[host mpirun]``.
+An mpi job's launcher (mpirun, on its first host) has a log too, keyed
+``protocol.LAUNCHER``: it comes first, as ``[host mpirun]``. Each node's answer is a
+:class:`mlxops.node.protocol.LogsAnswer` (docs/node-protocol.md).
 """
 
 from __future__ import annotations
@@ -12,53 +13,57 @@ from collections.abc import Callable, Iterator
 from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import gather
-from mlxops.node.protocol import FAILED, FINISHED, STOPPED
-from mlxops.transport import Connector, HostResult, run_parallel
-from mlxops.transport.results import OK
+from mlxops.node import protocol
+from mlxops.node.protocol import ENDED_STATES, LAUNCHER
+from mlxops.transport import Connector, run_parallel
 
-Offsets = dict[int, int]
-LAUNCHER = -1  # the launcher's place among the ranks: its log sorts first
+Key = int | str                      # a rank, or LAUNCHER
+Offsets = dict[Key, int]
+Chunk = tuple[Key, str, str]         # (rank or LAUNCHER, host, text)
 
 
-def _key(rank: int) -> str:
-    return "launcher" if rank == LAUNCHER else str(rank)
+def _order(chunk: Chunk) -> tuple[int, int]:
+    """The launcher's log first, then the ranks in order."""
+    key = chunk[0]
+    return (0, 0) if key == LAUNCHER else (1, int(key))
 
 
 def fetch(record: JobRecord, connector: Connector, offsets: Offsets, *, rank: int | None = None,
-          tail: int = 0) -> list[tuple[int, str, str]]:
+          tail: int = 0) -> list[Chunk]:
     """New log text per rank since ``offsets`` (updated in place): [(rank, host, text)]."""
     hosts = inventory_hosts(record)
-    chunks: list[tuple[int, str, str]] = []
     wanted = [h for h in record.hosts
               if rank is None or any(r.rank == rank for r in record.ranks_on(h.name))]
 
-    def work(host) -> HostResult:
+    def work(host) -> tuple[list[Chunk], Offsets]:
         h = record.host(host.name)
         paths = h.paths(record.name)
-        mine = [r.rank for r in record.ranks_on(host.name)]
-        if record.backend == "mpi" and record.ranks and record.ranks[0].host == host.name:
+        mine: list[Key] = [r.rank for r in record.ranks_on(host.name)]
+        if record.backend == protocol.MPI and record.ranks and record.ranks[0].host == host.name:
             mine.append(LAUNCHER)
-        args = ["logs", "--run-dir", paths.run_dir, "--tail", str(tail)]
-        if rank is not None:
-            args += ["--rank", str(rank)]
-        known = [f"{_key(r)}:{offsets[r]}" for r in mine if r in offsets]
-        if known:
-            args += ["--offsets", *known]
-        answer = nodecmd.run_node(connector.connect(host), h.python, paths.code, args)
-        for key, item in answer.get("logs", {}).items():
-            r = LAUNCHER if key == "launcher" else int(key)
-            if r not in mine:
+        known = {r: offsets[r] for r in mine if r in offsets}
+        answer = nodecmd.run_node(connector.connect(host), h.python, paths.code,
+                                  protocol.logs_args(paths.run_dir, rank=rank, offsets=known,
+                                                     tail=tail))
+        chunks: list[Chunk] = []
+        moved: Offsets = {}
+        for key, chunk in answer.logs.items():
+            if key not in mine:
                 continue  # a script of an earlier attempt's layout
-            offsets[r] = item["offset"]
-            if item["text"]:
-                chunks.append((r, host.name, item["text"]))
-        return HostResult(host.name, OK)
+            moved[key] = chunk.offset
+            if chunk.text:
+                chunks.append((key, host.name, chunk.text))
+        return chunks, moved
 
-    run_parallel([hosts[h.name] for h in wanted], work)
-    return sorted(chunks)
+    results = run_parallel([hosts[h.name] for h in wanted], work)
+    found: list[Chunk] = []
+    for chunks, moved in results.succeeded_values().values():
+        found += chunks
+        offsets.update(moved)
+    return sorted(found, key=_order)
 
 
-def prefixed(chunks: list[tuple[int, str, str]]) -> Iterator[str]:
+def prefixed(chunks: list[Chunk]) -> Iterator[str]:
     for rank, host, text in chunks:
         for line in text.splitlines():
             yield f"[{host} {'mpirun' if rank == LAUNCHER else f'r{rank}'}] {line}"
@@ -71,7 +76,7 @@ def follow(name: str, connector: Connector, emit: Callable[[str], None], *,
     first = True
     while True:
         record = load_record(name)  # a watchdog may have restarted it on other hosts
-        ended = gather(record, connector).state in (FINISHED, FAILED, STOPPED)
+        ended = gather(record, connector).state in ENDED_STATES
         for line in prefixed(fetch(record, connector, offsets, rank=rank,
                                    tail=tail if first else 0)):
             emit(line)

@@ -1,17 +1,17 @@
-"""Commands the controller sends to a node for a job, and the parsing of their answers.
+"""Running the node's commands for a job over a connection, and reading their answers.
 
-Every command line is built here from lists of words (quoted by :mod:`mlxops.shell`); the
-node side is :mod:`mlxops.node`, which answers with one JSON document.
+The argument lists and the typed answers are :mod:`mlxops.node.protocol`'s (the node side
+is :mod:`mlxops.node`; the contract for people is docs/node-protocol.md). Every command line
+is made here from those lists of words, quoted by :mod:`mlxops.shell`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
 
 from mlxops import shell
 from mlxops.errors import MlxopsError
+from mlxops.node import protocol
 from mlxops.transport import CommandResult, Connection
 
 
@@ -44,7 +44,7 @@ def preflight_command(root: str, python: str, manifest_args: str,
 
 
 def parse_preflight(host: str, result: CommandResult, python: str
-                    ) -> tuple[str, str, str, dict[str, Any] | None]:
+                    ) -> tuple[str, str, str, protocol.PreflightAnswer | None]:
     """``(root, interpreter, manifest JSON, pre-flight answer or None)``."""
     if result.exit_code == 127:
         raise NodeCommandError(f"{host}: interpreter {python!r} (mlxops_python) not found")
@@ -55,8 +55,8 @@ def parse_preflight(host: str, result: CommandResult, python: str
     answer = None
     if parts[2].strip():
         try:
-            answer = json.loads(parts[2].strip().splitlines()[-1])
-        except ValueError:
+            answer = protocol.parse_answer(protocol.PREFLIGHT, parts[2].strip().splitlines()[-1])
+        except protocol.ProtocolError:
             answer = None  # helpers too old to answer: asked again after the sync
     return head[0], head[1], parts[1].strip(), answer
 
@@ -66,18 +66,20 @@ def node_command(python: str, code_dir: str, args: Sequence[object]) -> str:
     return shell.with_env([python, "-m", "mlxops.node", *args], {"PYTHONPATH": code_dir})
 
 
-def run_node(conn: Connection, python: str, code_dir: str, args: Sequence[object], *,
+def run_node(conn: Connection, python: str, code_dir: str, args: Sequence[str], *,
              stdin: bytes | None = None, timeout: float = 120.0,
-             prefix: str = "") -> dict[str, Any]:
-    """Run a node command and return its JSON answer (``prefix`` runs before it, e.g. tar)."""
+             prefix: str = "") -> protocol.Answer:
+    """Run a node command (``args`` from a ``protocol.*_args`` function) and return its
+    typed answer (``prefix`` runs before it, e.g. tar)."""
     command = node_command(python, code_dir, args)
     if prefix:
         command = f"{prefix} && {command}"
     result = conn.run(command, timeout=timeout, stdin=stdin)
     if not result.ok:
         raise NodeCommandError(f"{conn.name}: {args[0]} failed: {result.error_line()}")
+    lines = result.stdout.strip().splitlines()
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        return protocol.parse_answer(args[0], lines[-1] if lines else "")
+    except protocol.ProtocolError as exc:
         raise NodeCommandError(f"{conn.name}: {args[0]}: unreadable answer "
-                               f"{result.stdout[-200:]!r}") from None
+                               f"{result.stdout[-200:]!r} ({exc})") from None

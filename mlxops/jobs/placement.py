@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlxops import shell
+from mlxops.node import protocol
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,19 @@ class NodePaths:
 
     @property
     def code(self) -> str:
-        return f"{self.root}/code"
+        return f"{self.root}/{protocol.CODE_DIR}"
 
     @property
     def run_dir(self) -> str:
-        return f"{self.root}/runs/{self.name}"
+        return f"{self.root}/{protocol.run_path(self.name)}"
+
+    def run_file(self, name: str) -> str:
+        """A file of the run directory (a ``protocol`` name), as an absolute path."""
+        return f"{self.run_dir}/{name}"
+
+    def process_file(self, rank: int | str, kind: str) -> str:
+        """``<run_dir>/rank-3.exit``, ``<run_dir>/launcher.exit``, ..."""
+        return self.run_file(protocol.process_file(rank, kind))
 
     @property
     def env_file(self) -> str:
@@ -97,10 +106,10 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
     })
     if world > 1:
         if backend == "ring":
-            env["MLX_HOSTFILE"] = f"{paths.run_dir}/hostfile.json"
+            env["MLX_HOSTFILE"] = paths.run_file(protocol.RING_HOSTFILE)
         elif backend in ("jaccl", "jaccl-ring"):
             env["MLX_JACCL_COORDINATOR"] = f"{ranks[0].ip}:{ranks[0].port}"
-            env["MLX_IBV_DEVICES"] = f"{paths.run_dir}/ibv_devices.json"
+            env["MLX_IBV_DEVICES"] = paths.run_file(protocol.IBV_DEVICES)
             if backend == "jaccl-ring":
                 env["MLX_JACCL_RING"] = "1"
     return env
@@ -115,9 +124,9 @@ def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, c
     mpirun (or its orted), not ``mlxops.node spawn``, starts it: so it records its own pid
     and sends its output to its own log first.
     """
-    exit_file = f"{paths.run_dir}/rank-{rank}.exit"
-    pid_file = f"{paths.run_dir}/rank-{rank}.pid"
-    log_file = f"{paths.run_dir}/rank-{rank}.log"
+    exit_file = paths.process_file(rank, protocol.EXIT)
+    pid_file = paths.process_file(rank, protocol.PID)
+    log_file = paths.process_file(rank, protocol.LOG)
     started_by = "mpirun (launcher.sh)" if mpi else "mlxops.node spawn"
     lines = [
         f"# rank {rank} of job {paths.name}: written by mlxops, started by {started_by}",
@@ -168,7 +177,7 @@ def launcher_script(*, mpirun: str, ranks: Sequence[Rank], scripts: dict[int, st
     Like a rank script it stays to record mpirun's exit code (``launcher.exit``).
     ``--allow-run-as-root`` only when it runs as root (Open MPI refuses root otherwise).
     """
-    exit_file = f"{paths.run_dir}/launcher.exit"
+    exit_file = paths.process_file(protocol.LAUNCHER, protocol.EXIT)
     argv = mpirun_argv(mpirun=mpirun, ranks=ranks, scripts=scripts)
     lines = [
         f"# mpirun of job {paths.name}: written by mlxops, started by mlxops.node spawn",

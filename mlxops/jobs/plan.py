@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxops.errors import UserError
-from mlxops.jobs.launch import select_hosts
+from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import gather as gather_facts
 from mlxops.tasks.facts import load_cached_facts, save_facts
 from mlxops.trainer.plan import MemoryPlan, plan_memory
-from mlxops.transport import Connector, HostResult, Results, run_parallel
-from mlxops.transport.results import OK
+from mlxops.transport import Connector, Results, run_parallel
 
 
 @dataclass
@@ -41,19 +40,18 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False
                         "job runs its own 'command:'")
     hosts = select_hosts(spec)
     world = sum(h.slots for h in hosts)
-    facts: dict[str, tuple[dict, str]] = {}
 
-    def work(host) -> HostResult:
+    def work(host) -> tuple[dict, str]:
+        """The host's facts, and where they came from."""
         cached = None if refresh else load_cached_facts(host.name)
         if cached and cached.get("memory_bytes"):
-            facts[host.name] = (cached, "cached facts")
-        else:
-            fresh = gather_facts(connector.connect(host), host)
-            save_facts(host.name, fresh)
-            facts[host.name] = (fresh, "asked now")
-        return HostResult(host.name, OK)
+            return cached, "cached facts"
+        fresh = gather_facts(connector.connect(host), host)
+        save_facts(host.name, fresh)
+        return fresh, "asked now"
 
     results = run_parallel(hosts, work)
+    facts = results.succeeded_values()
     plans = []
     for host in hosts:
         if host.name not in facts:

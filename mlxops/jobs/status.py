@@ -6,7 +6,8 @@ unreachable (its host did not answer). An mpi job also has a launcher (mpirun, o
 host): a rank it has not started yet counts as running while it runs, and the job failed
 when it exited non-zero (or vanished) before every rank finished. Heartbeat ages are
 computed on each node's own clock, so clock skew between Macs does not make a healthy rank
-look stalled.
+look stalled. Each node's answer is a :class:`mlxops.node.protocol.StatusAnswer`
+(docs/node-protocol.md).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
-from mlxops.transport import Connector, HostResult, run_parallel
-from mlxops.transport.results import OK
+from mlxops.transport import Connector, run_parallel
 
 LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
 
@@ -95,14 +96,15 @@ class JobStatus:
         return doc
 
 
-def rank_state(answer: dict[str, Any], node_stopped: bool, job_stopped: bool,
-               stall_timeout: float) -> str:
-    if answer.get("exit") is not None:
-        return FINISHED if answer["exit"] == 0 else FAILED
-    if answer.get("alive"):
-        age = answer.get("heartbeat_age")
-        return STALLED if age is not None and age > stall_timeout else RUNNING
-    if node_stopped or job_stopped:
+def rank_state(*, exit_code: int | None, alive: bool, heartbeat_age: float | None,
+               stopped: bool, stall_timeout: float) -> str:
+    """A rank's state from what its node says of it (``stopped``: the node's marker, or the
+    record's state, says mlxops stopped the job)."""
+    if exit_code is not None:
+        return FINISHED if exit_code == 0 else FAILED
+    if alive:
+        return STALLED if heartbeat_age is not None and heartbeat_age > stall_timeout else RUNNING
+    if stopped:
         return STOPPED
     return FAILED  # gone without an exit code: killed by a signal it could not record
 
@@ -127,7 +129,13 @@ def job_state(record: JobRecord, ranks: list[RankStatus], launcher: str | None =
     return RUNNING
 
 
-def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
+def _absent(rank: int) -> protocol.RankAnswer:
+    """A rank its node has no files of (not written, or removed)."""
+    return protocol.RankAnswer(rank=rank, pid=None, alive=False, exit=None, ended_ago=None,
+                               started=None, heartbeat_age=None, progress=None, log_bytes=0)
+
+
+def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
              unreachable: dict[str, str]) -> JobStatus:
     """Pure: the record plus each host's ``mlxops.node status`` answer → the job's status."""
     ranks: list[RankStatus] = []
@@ -137,58 +145,58 @@ def classify(record: JobRecord, answers: dict[str, dict[str, Any]],
         if answer is None:
             ranks.append(RankStatus(rank.rank, rank.host, UNREACHABLE))
             continue
-        mine = next((a for a in answer.get("ranks", []) if a.get("rank") == rank.rank), {})
-        progress = mine.get("progress") or {}
-        state = rank_state(mine, answer.get("stopped", False), record.state == STOPPED,
-                           record.restart.stall_timeout)
-        age = mine.get("heartbeat_age")
-        if (launcher and launcher["state"] in (RUNNING, STALLED) and mine.get("pid") is None
-                and mine.get("exit") is None and state in (FAILED, STOPPED)):
+        mine = answer.rank(rank.rank) or _absent(rank.rank)
+        progress = mine.progress or protocol.Progress()
+        state = rank_state(exit_code=mine.exit, alive=mine.alive,
+                           heartbeat_age=mine.heartbeat_age,
+                           stopped=answer.stopped or record.state == STOPPED,
+                           stall_timeout=record.restart.stall_timeout)
+        age = mine.heartbeat_age
+        if (launcher and launcher["state"] in (RUNNING, STALLED) and mine.pid is None
+                and mine.exit is None and state in (FAILED, STOPPED)):
             # Not started yet: mpirun is still bringing it up (ssh, orted) - or hangs at it.
-            state, age = launcher["state"], launcher.get("age")
+            state, age = launcher["state"], launcher["age"]
         ranks.append(RankStatus(
-            rank.rank, rank.host, state, mine.get("pid"), mine.get("exit"),
-            progress.get("step"), progress.get("loss"), progress.get("tokens_per_sec"),
-            age, mine.get("ended_ago")))
+            rank.rank, rank.host, state, mine.pid, mine.exit, progress.step, progress.loss,
+            progress.tokens_per_sec, age, mine.ended_ago))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher["state"] if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
                      record.message, launcher, [h.name for h in record.stray])
 
 
-def _launcher(record: JobRecord, answers: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
+              ) -> dict[str, Any] | None:
     """An mpi job's launcher (mpirun on the first host), classified like a rank."""
-    if record.backend != "mpi" or not record.ranks:
+    if record.backend != protocol.MPI or not record.ranks:
         return None
     host = record.ranks[0].host
     answer = answers.get(host)
     if answer is None:
         return {"host": host, "state": UNREACHABLE, "pid": None, "exit": None}
-    mine = answer.get("launcher") or {}
+    mine = answer.launcher or protocol.LauncherAnswer(pid=None, alive=False, exit=None,
+                                                      started=None, age=None, ended_ago=None)
     # Its "heartbeat" is its start: it only matters while it has not started every rank.
-    state = rank_state({**mine, "heartbeat_age": mine.get("age")}, answer.get("stopped", False),
-                       record.state == STOPPED, record.restart.stall_timeout)
-    if state == FAILED and mine.get("exit") is None and all(
-            (a.get("exit") == 0) for h in answers.values() for a in h.get("ranks", [])):
+    state = rank_state(exit_code=mine.exit, alive=mine.alive, heartbeat_age=mine.age,
+                       stopped=answer.stopped or record.state == STOPPED,
+                       stall_timeout=record.restart.stall_timeout)
+    if state == FAILED and mine.exit is None and all(
+            r.exit == 0 for a in answers.values() for r in a.ranks):
         state = FINISHED  # every rank finished; how mpirun ended does not matter
-    return {"host": host, "state": state, "pid": mine.get("pid"), "exit": mine.get("exit"),
-            "age": mine.get("age")}
+    return {"host": host, "state": state, "pid": mine.pid, "exit": mine.exit, "age": mine.age}
 
 
 def gather(record: JobRecord, connector: Connector, forks: int | None = None,
            hosts: dict[str, Any] | None = None) -> JobStatus:
     """Ask every host of the job (in parallel) and classify the answers."""
     hosts = hosts or inventory_hosts(record)
-    answers: dict[str, dict[str, Any]] = {}
 
-    def work(host) -> HostResult:
+    def work(host) -> protocol.StatusAnswer:
         h = record.host(host.name)
         paths = h.paths(record.name)
-        answers[host.name] = nodecmd.run_node(connector.connect(host), h.python, paths.code,
-                                              ["status", "--run-dir", paths.run_dir],
-                                              timeout=30)
-        return HostResult(host.name, OK)
+        return nodecmd.run_node(connector.connect(host), h.python, paths.code,
+                                protocol.status_args(paths.run_dir), timeout=30)
 
     results = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)
     unreachable = {name: r.message for name, r in results.items() if not r.succeeded}
-    return classify(record, answers, unreachable)
+    return classify(record, results.succeeded_values(), unreachable)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, update
 from mlxops.jobs.record import mark_stopped as mark_stopped_record
+from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, RING
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.results import OK
@@ -42,13 +43,13 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
         mine = record.ranks_on(host.name)
         ports = [r.port for r in mine] if record.backend == RING else []
         answer = _stop_on(record, connector, host, grace, ports)
-        if answer.get("alive"):
-            return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",
-                              data=answer)
-        if answer.get("ports_busy"):
-            return HostResult(host.name, FAILED, f"ports still in use: {answer['ports_busy']}",
-                              data=answer)
-        return HostResult(host.name, OK, data=answer)
+        if answer.alive:
+            return HostResult(host.name, FAILED, f"ranks {answer.alive} survived SIGKILL",
+                              data=answer.to_dict(), value=answer)
+        if answer.ports_busy:
+            return HostResult(host.name, FAILED, f"ports still in use: {answer.ports_busy}",
+                              data=answer.to_dict(), value=answer)
+        return HostResult(host.name, OK, data=answer.to_dict(), value=answer)
 
     results = run_parallel([*(hosts[h.name] for h in record.hosts), *strays], work,
                            forks=forks)
@@ -76,11 +77,11 @@ def _stray_hosts(record: JobRecord, hosts: dict) -> list:
 
 def _reap(record: JobRecord, connector: Connector, host, grace: float) -> HostResult:
     answer = _stop_on(record, connector, host, grace)
-    if answer.get("alive"):
-        return HostResult(host.name, FAILED, f"ranks {answer['alive']} survived SIGKILL",
-                          data=answer)
+    if answer.alive:
+        return HostResult(host.name, FAILED, f"ranks {answer.alive} survived SIGKILL",
+                          data=answer.to_dict(), value=answer)
     return HostResult(host.name, OK, "left behind earlier: stopped what it still ran",
-                      data=answer)
+                      data=answer.to_dict(), value=answer)
 
 
 def _forget_reaped(record: JobRecord, results: Results, strays: list) -> None:
@@ -100,12 +101,12 @@ def _forget_reaped(record: JobRecord, results: Results, strays: list) -> None:
 
 
 def _stop_on(record: JobRecord, connector: Connector, host, grace: float,
-             ports: list[int] | None = None) -> dict:
+             ports: list[int] | None = None) -> protocol.StopAnswer:
     """The node's own stop of the job's ranks there; with ``ports``, it also checks that
     those ports on the host's address are free again."""
     h = record.host(host.name)
     paths = h.paths(record.name)
-    check = ["--ip", host.ip, "--ports", *map(str, ports)] if ports else []
     return nodecmd.run_node(connector.connect(host), h.python, paths.code,
-                            ["stop", "--run-dir", paths.run_dir, "--grace", str(grace), *check],
+                            protocol.stop_args(paths.run_dir, grace, ip=host.ip,
+                                               ports=ports or ()),
                             timeout=grace + 60)

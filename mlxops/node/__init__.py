@@ -2,17 +2,10 @@
 
 Standard library only: this package is synced to nodes next to the trainer and runs under
 the node's interpreter. Every command prints one JSON document on stdout, which the
-controller parses (mlxops.jobs.remote builds the command lines and reads the answers).
+controller parses (:mod:`mlxops.jobs.nodecmd` runs the commands and reads the answers).
+The commands, their answers and the run directory they work in are defined once, in
+:mod:`mlxops.node.protocol`, and written out for people in docs/node-protocol.md.
 
-Run directory of a job on a node (``<mlxops_root>/runs/<name>/``)::
-
-    rank-<r>.sh      the rank's start script (environment + interpreter + trainer)
-    rank-<r>.pid     pid of the rank's session leader = its process group id
-    rank-<r>.log     stdout and stderr of the rank
-    rank-<r>.exit    the rank's exit code, written when it ends by itself
-    progress/rank-<r>.json   the trainer's heartbeat (step, loss, time)
-    stopped          present when mlxops stopped the job on purpose
-    launcher.sh      mpi jobs, first host only: mpirun of every rank (its .pid/.log/.exit
-                     like a rank's); mpirun starts the rank scripts, which then write their
-                     own rank-<r>.pid (a plain pid, not necessarily a group leader)
+Modules: ``procs`` (the process table), ``rundir`` (reading the run directory),
+``spawn``, ``status``, ``stop``, ``logs``, ``preflight`` (one command each), ``ports``.
 """

@@ -11,13 +11,23 @@ Vocabulary:
 * backends MLX can run a job on, and which of them mlxops renders for;
 * the states of a rank and of a job (``mlxops status``), and the trainer's progress states;
 * the run directory of a job on a node (``<mlxops_root>/runs/<name>/``) and the rule for a
-  complete checkpoint inside it.
+  complete checkpoint inside it;
+* the node's commands: the argument list of each (built by the controller, parsed by the
+  node with :func:`parser`) and its answer, a typed record the node prints as one line of
+  JSON and the controller reads back with :func:`parse_answer`.
+
+Longer than the project's other modules on purpose: both ends of the contract in one file,
+so that neither side can change a name without the other.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path, PurePath
+from typing import Any
 
 # --- backends ------------------------------------------------------------------------------
 
@@ -58,8 +68,9 @@ CKPT_DIR = "ckpt"
 LATEST = "latest"               # ckpt/latest: the name of the newest checkpoint directory
 CKPT_PREFIX = "step-"
 CKPT_STATE = "state.json"
+CKPT_MODEL, CKPT_OPTIMIZER = "model.safetensors", "optimizer.safetensors"
 #: What a complete checkpoint directory holds.
-CKPT_FILES = ("model.safetensors", "optimizer.safetensors", CKPT_STATE)
+CKPT_FILES = (CKPT_MODEL, CKPT_OPTIMIZER, CKPT_STATE)
 
 #: The files of one process the run directory keeps: its start script, pid (the process
 #: group it leads), combined stdout+stderr, and exit code (written when it ends by itself).
@@ -118,3 +129,326 @@ def checkpoint_complete(path: PurePath) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def complete_checkpoints(ckpt_dir: PurePath) -> list[Path]:
+    """The complete checkpoints in a ``ckpt/`` directory, oldest first."""
+    directory = Path(ckpt_dir)
+    if not directory.is_dir():
+        return []
+    found = [d for d in directory.iterdir() if checkpoint_complete(d)]
+    return sorted(found, key=lambda d: checkpoint_step(d.name) or 0)
+
+
+#: Under a node's ``mlxops_root``: the synced code (``PYTHONPATH``) and the jobs' run
+#: directories.
+CODE_DIR, RUNS_DIR = "code", "runs"
+
+
+def run_path(name: str) -> str:
+    """``runs/<name>``: a job's run directory, relative to ``mlxops_root``."""
+    return f"{RUNS_DIR}/{name}"
+
+
+def rank_glob(kind: str) -> str:
+    """``rank-*.pid``: a glob of one kind of file of every rank."""
+    return f"rank-*.{kind}"
+
+
+def attempt_files() -> list[str]:
+    """Globs, relative to the run directory, of what one attempt leaves that the next must
+    not read as its own: scripts, pids, exit codes and heartbeats (never logs, metrics or
+    checkpoints). Cleared before an attempt's files are written."""
+    kinds = (SCRIPT, PID, EXIT)
+    return [*(rank_glob(k) for k in kinds), *(process_file(LAUNCHER, k) for k in kinds),
+            f"{PROGRESS_DIR}/{rank_glob('json')}"]
+
+
+# --- commands ------------------------------------------------------------------------------
+# ``python -m mlxops.node COMMAND --run-dir DIR ...``: the controller builds each argument
+# list with the function below it, the node parses it with parser(); nothing else spells a flag.
+
+PREFLIGHT, SPAWN, STATUS = "preflight", "spawn", "status"
+STOP, LOGS, KEEP_CHECKPOINTS = "stop", "logs", "keep-checkpoints"
+COMMANDS = (PREFLIGHT, SPAWN, STATUS, STOP, LOGS, KEEP_CHECKPOINTS)
+
+
+def preflight_args(run_dir: str, *, ip: str = "", ports: Sequence[int] = (),
+                   mpi: bool = False) -> list[str]:
+    """Pre-flight: this job's leftovers and checkpoints, ``ports`` busy on ``ip`` (ring),
+    mpirun and libmpi (``mpi``), Python and mlx."""
+    return [PREFLIGHT, "--run-dir", run_dir, "--ip", ip, *(["--mpi"] if mpi else []),
+            "--ports", *map(str, ports)]
+
+
+def spawn_args(run_dir: str, ranks: Sequence[int], *, launcher: bool = False) -> list[str]:
+    """Start ``ranks`` (and with ``launcher``, ``launcher.sh``) detached."""
+    return [SPAWN, "--run-dir", run_dir, "--ranks", *map(str, ranks),
+            *(["--launcher"] if launcher else [])]
+
+
+def status_args(run_dir: str) -> list[str]:
+    return [STATUS, "--run-dir", run_dir]
+
+
+def stop_args(run_dir: str, grace: float, *, ip: str = "", ports: Sequence[int] = ()
+              ) -> list[str]:
+    """Stop everything of the job here; with ``ports``, also say which are still busy."""
+    check = ["--ip", ip, "--ports", *map(str, ports)] if ports else []
+    return [STOP, "--run-dir", run_dir, "--grace", str(grace), *check]
+
+
+def logs_args(run_dir: str, *, rank: int | None = None,
+              offsets: Mapping[int | str, int] | None = None, tail: int = 0) -> list[str]:
+    """New log bytes since ``offsets`` (keyed by rank or LAUNCHER); ``rank``: that one only;
+    ``tail``: without offsets, start this many bytes before the end."""
+    args = [LOGS, "--run-dir", run_dir, "--tail", str(tail)]
+    if rank is not None:
+        args += ["--rank", str(rank)]
+    if offsets:
+        args += ["--offsets", *(f"{key}:{at}" for key, at in offsets.items())]
+    return args
+
+
+def keep_checkpoints_args(run_dir: str, step: int) -> list[str]:
+    """Remove the complete checkpoints newer than ``step``."""
+    return [KEEP_CHECKPOINTS, "--run-dir", run_dir, "--step", str(step)]
+
+
+def parse_offsets(words: Sequence[str]) -> dict[int | str, int]:
+    """``["0:120", "launcher:8"]`` -> ``{0: 120, "launcher": 8}``."""
+    pairs = (word.rsplit(":", 1) for word in words)
+    return {rank_key(key): int(at) for key, at in pairs}
+
+
+def rank_key(word: str) -> int | str:
+    """A rank as JSON keys and offsets spell it: ``"3"`` -> 3, ``"launcher"`` stays."""
+    return LAUNCHER if word == LAUNCHER else int(word)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The node's parser of the argument lists built above."""
+    p = argparse.ArgumentParser(prog="python -m mlxops.node")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    commands = {name: sub.add_parser(name) for name in COMMANDS}
+    for command in commands.values():
+        command.add_argument("--run-dir", required=True)
+    for name in (PREFLIGHT, STOP):
+        commands[name].add_argument("--ip", default="")
+        commands[name].add_argument("--ports", type=int, nargs="*", default=[])
+    commands[PREFLIGHT].add_argument("--mpi", action="store_true",
+                                     help="also find mpirun and libmpi")
+    commands[SPAWN].add_argument("--ranks", type=int, nargs="*", default=[])
+    commands[SPAWN].add_argument("--launcher", action="store_true",
+                                 help="also start launcher.sh (mpirun of an mpi job)")
+    commands[STOP].add_argument("--grace", type=float, default=5.0)
+    logs = commands[LOGS]
+    logs.add_argument("--rank", type=int)
+    logs.add_argument("--offsets", nargs="*", default=[],
+                      help="rank:byte_offset ... (launcher:byte_offset for mpirun's log)")
+    logs.add_argument("--tail", type=int, default=0, help="start this many bytes from the end")
+    logs.add_argument("--max-bytes", type=int, default=1 << 20)
+    commands[KEEP_CHECKPOINTS].add_argument("--step", type=int, required=True)
+    return p
+
+
+# --- answers -------------------------------------------------------------------------------
+# Every command prints one JSON object: ``to_dict()`` of its answer below. The controller
+# reads it back with ``parse_answer``; a field either side renames fails both.
+
+
+class ProtocolError(ValueError):
+    """An answer without the shape this side knows (node helpers of another version)."""
+
+
+class _Answer:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def _fields(cls, doc: Any) -> dict[str, Any]:
+        """The record's fields from ``doc``: a field without a default must be there; keys
+        it does not know are left out (a newer node may say more)."""
+        if not isinstance(doc, Mapping):
+            raise ProtocolError(f"{cls.__name__}: want a JSON object, got {doc!r:.100}")
+        out = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name in doc:
+                out[f.name] = doc[f.name]
+            elif f.default is MISSING and f.default_factory is MISSING:
+                raise ProtocolError(f"{cls.__name__}: no {f.name!r} in {dict(doc)!r:.200}")
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Any:
+        return cls(**cls._fields(doc))
+
+
+@dataclass
+class Progress(_Answer):
+    """``progress/rank-<r>.json``: the trainer's heartbeat, rewritten after every step."""
+
+    rank: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    time: float | None = None            # when it was written (the node's clock)
+    pid: int | None = None
+    world_size: int | None = None
+    tokens_per_sec: float | None = None
+    state: str | None = None             # one of PROGRESS_STATES
+
+
+@dataclass
+class Leftover(_Answer):
+    rank: int | str                      # a rank, or LAUNCHER
+    pid: int
+
+
+@dataclass
+class PreflightAnswer(_Answer):
+    python: str                          # sys.executable
+    python_version: str
+    mlx: str | None                      # mlx.core.__version__, None: not importable
+    system: str                          # platform.system()
+    ports_busy: list[int]                # of the ports asked about
+    leftovers: list[Leftover]            # processes of this job still alive
+    checkpoints: list[int]               # steps of its complete checkpoints, oldest first
+    mpirun: str | None = None            # asked with --mpi: mpirun's absolute path
+    mpi_libname: str | None = None       # ... and the libmpi MLX should dlopen
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> PreflightAnswer:
+        got = cls._fields(doc)
+        got["leftovers"] = [Leftover.from_dict(x) for x in got["leftovers"]]
+        return cls(**got)
+
+
+@dataclass
+class SpawnAnswer(_Answer):
+    pids: dict[int, int]                 # rank -> pid of its process group
+    launcher: int | None = None          # launcher.sh's pid, when asked to start it
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> SpawnAnswer:
+        got = cls._fields(doc)
+        got["pids"] = {int(r): pid for r, pid in got["pids"].items()}
+        return cls(**got)
+
+
+@dataclass
+class RankAnswer(_Answer):
+    """One rank's files and process, as its node sees them now."""
+
+    rank: int
+    pid: int | None                      # rank-<r>.pid, None before the rank started
+    alive: bool
+    exit: int | None                     # rank-<r>.exit
+    ended_ago: float | None              # seconds since rank-<r>.exit was written
+    started: float | None                # when rank-<r>.pid was written (node clock)
+    heartbeat_age: float | None          # seconds since its last progress (or its start)
+    progress: Progress | None            # this attempt's heartbeat, None before the first
+    log_bytes: int
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> RankAnswer:
+        got = cls._fields(doc)
+        got["progress"] = None if got["progress"] is None else Progress.from_dict(
+            got["progress"])
+        return cls(**got)
+
+
+@dataclass
+class LauncherAnswer(_Answer):
+    """``launcher.sh`` (mpirun of an mpi job), like a rank: its start is its heartbeat."""
+
+    pid: int | None
+    alive: bool
+    exit: int | None
+    started: float | None
+    age: float | None                    # seconds since it started
+    ended_ago: float | None
+
+
+@dataclass
+class StatusAnswer(_Answer):
+    now: float                           # the node's clock
+    exists: bool                         # the run directory
+    stopped: bool                        # the STOPPED_MARKER
+    ranks: list[RankAnswer]              # one per rank-<r>.sh here
+    checkpoints: list[int]
+    launcher: LauncherAnswer | None = None   # where launcher.sh is
+
+    def rank(self, rank: int) -> RankAnswer | None:
+        return next((r for r in self.ranks if r.rank == rank), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        if self.launcher is None:
+            del doc["launcher"]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> StatusAnswer:
+        got = cls._fields(doc)
+        got["ranks"] = [RankAnswer.from_dict(r) for r in got["ranks"]]
+        if got.get("launcher") is not None:
+            got["launcher"] = LauncherAnswer.from_dict(got["launcher"])
+        return cls(**got)
+
+
+@dataclass
+class StopAnswer(_Answer):
+    """Keys are ranks, LAUNCHER, or ``orted-<pid>`` (an MPI daemon that outlived its ranks)."""
+
+    signalled: list[int | str]           # alive when the stop began: sent SIGTERM
+    killed: list[int | str]              # ... and SIGKILL after the grace period
+    alive: list[int | str]               # still alive at the end: the stop failed
+    ports_busy: list[int]                # of the ports asked about
+
+
+@dataclass
+class LogChunk(_Answer):
+    text: str
+    offset: int                          # where the next read starts
+
+
+@dataclass
+class LogsAnswer(_Answer):
+    logs: dict[int | str, LogChunk]      # by rank, and LAUNCHER for mpirun's own log
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> LogsAnswer:
+        got = cls._fields(doc)
+        return cls({rank_key(k): LogChunk.from_dict(v) for k, v in got["logs"].items()})
+
+
+@dataclass
+class KeepCheckpointsAnswer(_Answer):
+    removed: list[int]                   # steps removed
+
+
+Answer = (PreflightAnswer | SpawnAnswer | StatusAnswer | StopAnswer | LogsAnswer
+          | KeepCheckpointsAnswer)
+ANSWERS: dict[str, type[_Answer]] = {
+    PREFLIGHT: PreflightAnswer, SPAWN: SpawnAnswer, STATUS: StatusAnswer, STOP: StopAnswer,
+    LOGS: LogsAnswer, KEEP_CHECKPOINTS: KeepCheckpointsAnswer,
+}
+
+
+def answer_line(answer: _Answer) -> str:
+    """What the node prints: the answer as one line of JSON."""
+    return json.dumps(answer.to_dict())
+
+
+def parse_answer(command: str, line: str) -> Any:
+    """The controller's reading of ``command``'s answer line; ProtocolError if unreadable."""
+    try:
+        doc = json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(f"{command}: not JSON: {line[-200:]!r}") from exc
+    try:
+        return ANSWERS[command].from_dict(doc)
+    except ProtocolError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"{command}: unreadable answer: {exc!r}") from exc

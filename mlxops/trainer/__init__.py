@@ -1,7 +1,8 @@
 """The bundled MLX trainer: a data-parallel decoder-only transformer LM with exact resume.
 
-It imports only mlx, numpy and the standard library, because mlxops syncs this package to
-every node and runs it there on its own. Launch it like this (nanoGPT style):
+It imports only mlx, numpy, the standard library and :mod:`mlxops.node.protocol` (standard
+library only, synced beside it: the run directory's names), because mlxops syncs this
+package to every node and runs it there on its own. Launch it like this (nanoGPT style):
 
     # one process
     python -m mlxops.trainer --config trainer.json

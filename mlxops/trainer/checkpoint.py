@@ -6,6 +6,10 @@ RNG key, world size, micro/accumulation in use, the full config). It is written 
 ``ckpt/.tmp-step-XXXXXXXX-<pid>/``, every file fsynced, then renamed into place (atomic on
 POSIX), then ``latest`` is replaced the same way. A kill at any point leaves either the old
 or the new checkpoint complete; half-written ``.tmp-*`` directories are ignored and swept.
+
+The names and the rule for a complete checkpoint are the node protocol's
+(:mod:`mlxops.node.protocol`, synced beside the trainer; docs/node-protocol.md): the node
+helpers read these directories for ``mlxops status`` and ``resume``.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from typing import Any
 
 import mlx.core as mx
 
-PREFIX = "step-"
-STATE = "state.json"
-FILES = ("model.safetensors", "optimizer.safetensors", STATE)
-
-
-def name_for(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
+from mlxops.node.protocol import (
+    CKPT_MODEL,
+    CKPT_OPTIMIZER,
+    CKPT_STATE,
+    LATEST,
+    checkpoint_complete,
+    checkpoint_name,
+    complete_checkpoints,
+)
 
 
 def _fsync(path: Path) -> None:
@@ -55,20 +61,20 @@ def save(
     keep: int,
 ) -> Path:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    final = ckpt_dir / name_for(step)
-    tmp = ckpt_dir / f".tmp-{name_for(step)}-{os.getpid()}"
+    final = ckpt_dir / checkpoint_name(step)
+    tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    mx.save_safetensors(str(tmp / "model.safetensors"), weights)
-    _fsync(tmp / "model.safetensors")
+    mx.save_safetensors(str(tmp / CKPT_MODEL), weights)
+    _fsync(tmp / CKPT_MODEL)
     # Test hook: widen the window in which a kill hits a half-written checkpoint.
     delay = float(os.environ.get("MLXOPS_TRAINER_CKPT_DELAY", "0") or 0)
     if delay:
         time.sleep(delay)
-    mx.save_safetensors(str(tmp / "optimizer.safetensors"), optimizer)
-    _fsync(tmp / "optimizer.safetensors")
-    with open(tmp / STATE, "w") as f:
+    mx.save_safetensors(str(tmp / CKPT_OPTIMIZER), optimizer)
+    _fsync(tmp / CKPT_OPTIMIZER)
+    with open(tmp / CKPT_STATE, "w") as f:
         json.dump(state, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
@@ -77,37 +83,23 @@ def save(
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(ckpt_dir)
-    write_atomic(ckpt_dir / "latest", final.name + "\n")
+    write_atomic(ckpt_dir / LATEST, final.name + "\n")
     _fsync(ckpt_dir)
     prune(ckpt_dir, keep)
     return final
 
 
-def complete(path: Path) -> bool:
-    """A checkpoint directory with every file present and a parseable state.json."""
-    if not path.is_dir() or not all((path / f).is_file() for f in FILES):
-        return False
-    try:
-        json.loads((path / STATE).read_text())
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def list_complete(ckpt_dir: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    dirs = [p for p in ckpt_dir.iterdir() if p.name.startswith(PREFIX) and complete(p)]
-    return sorted(dirs, key=lambda p: p.name)
+    return complete_checkpoints(ckpt_dir)
 
 
 def find_latest(ckpt_dir: Path) -> Path | None:
     """The ``latest`` pointer if it names a complete checkpoint, else the newest complete."""
-    pointer = ckpt_dir / "latest"
+    pointer = ckpt_dir / LATEST
     try:
         target = ckpt_dir / pointer.read_text().strip()
-        if target.name.startswith(PREFIX) and complete(target):
+        if checkpoint_complete(target):
             newest = list_complete(ckpt_dir)
             # A newer complete directory can exist if we died between rename and pointer.
             return newest[-1] if newest and newest[-1].name > target.name else target
@@ -118,9 +110,9 @@ def find_latest(ckpt_dir: Path) -> Path | None:
 
 
 def load(path: Path) -> tuple[dict[str, mx.array], dict[str, mx.array], dict[str, Any]]:
-    weights = mx.load(str(path / "model.safetensors"))
-    optimizer = mx.load(str(path / "optimizer.safetensors"))
-    state = json.loads((path / STATE).read_text())
+    weights = mx.load(str(path / CKPT_MODEL))
+    optimizer = mx.load(str(path / CKPT_OPTIMIZER))
+    state = json.loads((path / CKPT_STATE).read_text())
     return weights, optimizer, state
 
 
@@ -135,4 +127,4 @@ def prune(ckpt_dir: Path, keep: int) -> None:
 
 
 def load_step(path: Path) -> int:
-    return int(json.loads((path / STATE).read_text())["step"])
+    return int(json.loads((path / CKPT_STATE).read_text())["step"])

@@ -14,6 +14,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from mlxops.node import protocol
+
 from . import checkpoint
 from .checkpoint import write_atomic
 from .config import ConfigError, TrainerConfig, diff_resume_keys
@@ -81,7 +83,7 @@ class Trainer:
     # -- start / resume ------------------------------------------------------------------
 
     def _start(self, resume: bool) -> None:
-        ckpt_dir = self.out / "ckpt"
+        ckpt_dir = self.out / protocol.CKPT_DIR
         latest = checkpoint.find_latest(ckpt_dir)
         mine = checkpoint.load_step(latest) if latest else -1
         # Every rank reads its own node's copy; all must agree on the step.
@@ -106,7 +108,7 @@ class Trainer:
         weights, opt, state = checkpoint.load(latest)
         diff = diff_resume_keys(state["config"], self.cfg)
         if diff:
-            raise ConfigError(f"{latest / checkpoint.STATE}: {diff[0]} (incompatible config)")
+            raise ConfigError(f"{latest / protocol.CKPT_STATE}: {diff[0]} (incompatible config)")
         self.model.load_weights(list(weights.items()), strict=True)
         self.optimizer.state = tree_unflatten(list(opt.items()))
         self.optimizer.init(self.model.trainable_parameters())
@@ -127,7 +129,7 @@ class Trainer:
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop metrics logged after the checkpoint we resume from: they will be redone."""
-        path = self.out / "metrics.jsonl"
+        path = self.out / protocol.METRICS
         if not path.exists():
             return
         kept = [line for line in path.read_text().splitlines()
@@ -251,13 +253,11 @@ class Trainer:
 
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
-        d = self.out / "progress"
-        d.mkdir(parents=True, exist_ok=True)
-        write_atomic(d / f"rank-{self.rank}.json", json.dumps({
-            "rank": self.rank, "step": self.step, "loss": loss, "time": time.time(),
-            "pid": os.getpid(), "world_size": self.world, "tokens_per_sec": tps,
-            "state": state,
-        }) + "\n")
+        path = self.out / protocol.progress_file(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(protocol.Progress(
+            rank=self.rank, step=self.step, loss=loss, time=time.time(), pid=os.getpid(),
+            world_size=self.world, tokens_per_sec=tps, state=state).to_dict()) + "\n")
 
     def _metrics(self, loss: float, window: list, tokens_per_step: int) -> None:
         if self.rank != 0:
@@ -273,7 +273,7 @@ class Trainer:
             "accumulation": self.accum, "lr": self.optimizer.learning_rate.item(),
             "active_memory": mx.get_active_memory(), "peak_memory": mx.get_peak_memory(),
         }
-        with open(self.out / "metrics.jsonl", "a") as f:
+        with open(self.out / protocol.METRICS, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(f"step {self.step} | loss {loss:.4f} | {rec['tokens_per_sec']:.0f} tok/s | "
               f"{step_time * 1e3:.1f} ms/step (compute {compute * 1e3:.1f}, all-reduce+update "
@@ -289,7 +289,7 @@ class Trainer:
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(
-            self.out / "ckpt", self.step, dict(tree_flatten(self.model.parameters())),
+            self.out / protocol.CKPT_DIR, self.step, dict(tree_flatten(self.model.parameters())),
             dict(tree_flatten(self.optimizer.state)), state, self.cfg.train.keep,
         )
         if self.rank == 0:

@@ -22,13 +22,13 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import paramiko
 
 from mlxops.errors import InternalError, MlxopsError, debug, describe
 from mlxops.transport.hostkeys import HostUnreachable
-from mlxops.transport.results import FAILED, UNREACHABLE, HostResult, Results
+from mlxops.transport.results import FAILED, OK, UNREACHABLE, HostResult, Results
 
 H = TypeVar("H")
 MAX_FORKS = 32
@@ -51,7 +51,7 @@ def failure_result(host: str, exc: BaseException) -> HostResult | None:
 
 def run_parallel(
     hosts: Sequence[H],
-    work: Callable[[H], HostResult],
+    work: Callable[[H], Any],
     *,
     forks: int | None = None,
     on_result: Callable[[HostResult], None] | None = None,
@@ -59,7 +59,9 @@ def run_parallel(
 ) -> Results:
     """Run ``work(host)`` for every host, ``forks`` at a time; results in the hosts' order.
 
-    Raises :class:`InternalError` when ``work`` raised something no host can cause (a bug).
+    ``work`` returns the host's HostResult, or any other value: an OK result carrying it
+    as its ``value``. Raises :class:`InternalError` when ``work`` raised something no host
+    can cause (a bug).
     """
     forks = forks or default_forks(len(hosts))
     done: dict[str, HostResult] = {}
@@ -72,6 +74,8 @@ def run_parallel(
         start = time.monotonic()
         try:
             result = work(host)
+            if not isinstance(result, HostResult):
+                result = HostResult(name(host), OK, value=result)
         except Exception as exc:  # noqa: BLE001 - sorted below: a host's failure, or a bug
             result = failure_result(name(host), exc)
             if result is None:

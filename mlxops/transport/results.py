@@ -1,7 +1,8 @@
 """Per-host results, keyed by host name, and the one exception that carries them.
 
-Like Fabric's GroupResult: every host has a result whatever happened to the others, and
-a failure anywhere can be raised as :class:`GroupError` without losing the partial results.
+Like Fabric's GroupResult: every host has a result whatever happened to the others, a
+result carries what the work returned for its host (``value``), and a failure anywhere can
+be raised as :class:`GroupError` without losing the partial results.
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ __all__ = ["CHANGED", "FAILED", "OK", "SKIPPED", "UNREACHABLE", "GroupError", "H
 
 @dataclass
 class HostResult:
+    """One host's result. ``value``: what the work returned for this host (a work function
+    that returns a plain value gets it wrapped as an OK result with that value);
+    ``data``: details for people and ``--json`` output."""
+
     host: str
     status: str = OK
     message: str = ""
     command: CommandResult | None = None
     duration: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)
+    value: Any = None
 
     @property
     def succeeded(self) -> bool:
@@ -64,6 +70,10 @@ class Results(Mapping[str, HostResult]):
     @property
     def unreachable(self) -> list[str]:
         return self.with_status(UNREACHABLE)
+
+    def succeeded_values(self) -> dict[str, Any]:
+        """The ``value`` of every host that succeeded, in host order."""
+        return {h: r.value for h, r in self._results.items() if r.succeeded}
 
     @property
     def exit_code(self) -> int:

@@ -19,8 +19,9 @@ import yaml
 from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record
 
 from mlxops.inventory import load_inventory
-from mlxops.jobs.launch import PreflightError, launch
+from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
+from mlxops.jobs.preflight import PreflightError
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather

@@ -19,7 +19,7 @@ import yaml
 from cli_helpers import host_key_fingerprint, known_lines, mlxops, run_json
 
 from mlxops.inventory import load_inventory
-from mlxops.node.ranks import descendants, process_table
+from mlxops.node.procs import descendants, process_table
 from mlxops.transport import ConnectOptions, Connector
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,6 @@ from mlxops.jobs.spec import RESTART_KEYS, TOP_KEYS
 from mlxops.trainer.config import SECTIONS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# Written on the branch that moves the controller-node protocol into mlxops/node/protocol.py;
-# linked from here already.
-ELSEWHERE = {"node-protocol.md"}
 
 
 def text(name: str) -> str:
@@ -77,8 +74,6 @@ def test_links_between_pages_resolve():
                                          page.read_text()):
             target = target or page.name
             links += 1
-            if target in ELSEWHERE and target not in anchors:
-                continue
             assert target in anchors, f"{page.name}: link to missing {target}"
             if anchor:
                 assert anchor in anchors[target], f"{page.name}: no #{anchor} in {target}"

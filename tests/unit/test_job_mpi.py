@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from node_answers import Processes, answers, preflight_answer
 
 from mlxops.inventory.model import Host
 from mlxops.jobs.placement import (
@@ -88,15 +89,17 @@ STATUS = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_status_c
 
 
 @pytest.mark.parametrize("name", sorted(STATUS))
-def test_classify_an_mpi_job_with_its_launcher(name):
+def test_classify_an_mpi_job_with_its_launcher(name, tmp_path):
     case = STATUS[name]
+    with Processes() as procs:
+        got, unreachable = answers(tmp_path, case["hosts"], procs)
     record = JobRecord(
         name="j", job_file="j.yml", inventory="inv.yml", backend="mpi",
         hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],
         ranks=[Rank(0, "a", "1.1.1.1", 1, 0), Rank(1, "a", "1.1.1.1", 2, 1),
                Rank(2, "b", "1.1.1.2", 3, 0)],
         state=case["record_state"], restart=RestartPolicy(stall_timeout=10))
-    status = classify(record, case["answers"], {})
+    status = classify(record, got, unreachable)
     assert [r.state for r in status.ranks] == case["ranks"]
     assert status.state == case["job"]
     assert status.problem == case["problem"]
@@ -104,13 +107,14 @@ def test_classify_an_mpi_job_with_its_launcher(name):
 
 
 def test_preflight_wants_mpirun_on_the_first_host_and_at_the_same_path_everywhere():
-    from mlxops.jobs.launch import HostPrep, _mpi_problems
+    from mlxops.jobs.preflight import HostPrep, mpi_problems
 
     def preps(**mpiruns):
-        return {n: HostPrep(Host(n, {}), answer={"mpirun": m}) for n, m in mpiruns.items()}
+        return {n: HostPrep(Host(n, {}), "/r", "/py", preflight_answer(mpirun=m))
+                for n, m in mpiruns.items()}
 
-    assert _mpi_problems(preps(a=None, b="/usr/bin/mpirun"), "a") == [
+    assert mpi_problems(preps(a=None, b="/usr/bin/mpirun"), "a") == [
         "mpirun not found on a: install Open MPI (brew install open-mpi)"]
-    assert _mpi_problems(preps(a="/usr/bin/mpirun", b="/usr/bin/mpirun"), "a") == []
-    [problem] = _mpi_problems(preps(a="/opt/homebrew/bin/mpirun", b=None), "a")
+    assert mpi_problems(preps(a="/usr/bin/mpirun", b="/usr/bin/mpirun"), "a") == []
+    [problem] = mpi_problems(preps(a="/opt/homebrew/bin/mpirun", b=None), "a")
     assert problem.startswith("b: Open MPI must be installed at the same path on every node")

@@ -7,10 +7,11 @@ import sys
 import pytest
 
 from mlxops.jobs.nodecmd import NodeCommandError, parse_preflight, preflight_command
+from mlxops.node import protocol
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import LocalConnection
 
-ASK = ["preflight", "--run-dir", "runs/j", "--ip", "", "--ports"]
+ASK = protocol.preflight_args("runs/j")
 
 
 def test_resolves_lists_code_and_answers_with_hostile_paths_verbatim(tmp_path):
@@ -24,7 +25,7 @@ def test_resolves_lists_code_and_answers_with_hostile_paths_verbatim(tmp_path):
     got_root, python, manifest, answer = parse_preflight("local", result, sys.executable)
     assert got_root == str(root) and python.startswith("/")
     assert list(parse_manifest(manifest, True)) == ["mlxops/x.py"]
-    assert answer is not None and answer["checkpoints"] == [] and answer["leftovers"] == []
+    assert answer is not None and answer.checkpoints == [] and answer.leftovers == []
     assert not canary.exists()
 
 

@@ -92,12 +92,17 @@ def test_mpi_rank_environment_leaves_rank_numbers_to_mpi():
 
 
 def test_mpi_environment_from_the_launcher_node_is_what_mlx_launch_sets():
-    from mlxops.jobs.launch import mpi_environment
+    from node_answers import preflight_answer
 
-    assert mpi_environment({"mpirun": "/usr/bin/mpirun", "mpi_libname": None}) == {}
-    assert mpi_environment({"mpirun": "/usr/bin/mpirun", "mpi_libname": "libmpi.so.40",
-                            "system": "Linux"}) == {"MLX_MPI_LIBNAME": "libmpi.so.40"}
-    assert mpi_environment({"mpirun": "/opt/homebrew/bin/mpirun", "system": "Darwin",
-                            "mpi_libname": "/opt/homebrew/opt/open-mpi/lib/libmpi.40.dylib"}) == {
+    from mlxops.jobs.runfiles import mpi_environment
+
+    def launcher(**answer):
+        return preflight_answer(**answer)
+
+    assert mpi_environment(launcher(mpirun="/usr/bin/mpirun", mpi_libname=None)) == {}
+    assert mpi_environment(launcher(mpirun="/usr/bin/mpirun", mpi_libname="libmpi.so.40",
+                                    system="Linux")) == {"MLX_MPI_LIBNAME": "libmpi.so.40"}
+    assert mpi_environment(launcher(mpirun="/opt/homebrew/bin/mpirun", system="Darwin",
+                           mpi_libname="/opt/homebrew/opt/open-mpi/lib/libmpi.40.dylib")) == {
         "MLX_MPI_LIBNAME": "/opt/homebrew/opt/open-mpi/lib/libmpi.40.dylib",
         "DYLD_LIBRARY_PATH": "/opt/homebrew/lib"}

@@ -5,15 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from node_answers import preflight_answer
 
 from mlxops.errors import UserError
 from mlxops.inventory.model import Host
-from mlxops.jobs.launch import HostPrep, PreflightError, check_preflight, rdma_devices
 from mlxops.jobs.placement import place_ranks
+from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight, rdma_devices
 from mlxops.jobs.spec import JobSpec
-
-OK = {"mlx": "0.32.4", "python_version": "3.11.7", "system": "Linux", "ports_busy": [],
-      "leftovers": [], "checkpoints": []}
+from mlxops.node.protocol import Leftover
 
 
 def spec(backend: str = "ring") -> JobSpec:
@@ -22,7 +21,8 @@ def spec(backend: str = "ring") -> JobSpec:
 
 
 def preps(**answers):
-    return {n: HostPrep(Host(n, {"ansible_host": f"10.0.0.{i}"}), "/r", "/py", {**OK, **a})
+    return {n: HostPrep(Host(n, {"ansible_host": f"10.0.0.{i}"}), "/r", "/py",
+                        preflight_answer(**a))
             for i, (n, a) in enumerate(answers.items(), 1)}
 
 
@@ -40,7 +40,7 @@ def test_all_good_starts_fresh():
     ({"a": {"mlx": None}, "b": {}}, "a: mlx is not importable by /py (run 'mlxops provision')"),
     ({"a": {}, "b": {"mlx": "0.31.0"}}, "mlx/python versions differ across hosts"),
     ({"a": {}, "b": {"python_version": "3.12.1"}}, "mlx/python versions differ across hosts"),
-    ({"a": {"leftovers": [{"rank": 0, "pid": 42}]}, "b": {}},
+    ({"a": {"leftovers": [Leftover(0, 42)]}, "b": {}},
      "a: ranks of job 'j' still run (pids 42); run 'mlxops stop j'"),
     ({"a": {}, "b": {"ports_busy": [30001]}}, "b: ring ports in use: 30001"),
     ({"a": {"checkpoints": [10, 20]}, "b": {"checkpoints": [10]}},

@@ -1,4 +1,5 @@
-"""Job and rank states from node answers, as data (answers in, states out)."""
+"""Job and rank states from node answers: run directories described as data, the node's
+own ``status`` of them, the controller's classification of that answer."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from node_answers import Processes, answers
 
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord
@@ -25,11 +27,11 @@ def record(state: str) -> JobRecord:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_classify(name):
+def test_classify(name, tmp_path):
     case = CASES[name]
-    answers = {h: a for h, a in case["answers"].items() if a is not None}
-    unreachable = {h: "timed out" for h, a in case["answers"].items() if a is None}
-    status = classify(record(case["record_state"]), answers, unreachable)
+    with Processes() as procs:
+        got, unreachable = answers(tmp_path, case["hosts"], procs)
+    status = classify(record(case["record_state"]), got, unreachable)
     assert [r.state for r in status.ranks] == case["ranks"]
     assert status.state == case["job"]
     assert status.problem == case["problem"]

@@ -1,0 +1,149 @@
+"""Pre-flight of a job: which hosts, then one pass over them that refuses what would fail.
+
+One pass over the hosts, in parallel: reachable; ``mlxops_root`` and the interpreter
+resolved to absolute paths; code synced (only what changed travels); then, from every
+node's pre-flight answer (:class:`mlxops.node.protocol.PreflightAnswer`): the same mlx and
+Python everywhere; the ring ports free (ring) or Open MPI found (mpi); no leftover rank of
+this job; and the checkpoint step a resume starts from. Nothing is started anywhere unless
+every host passes. The node's side: docs/node-protocol.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlxops import render
+from mlxops.errors import MlxopsError, UserError
+from mlxops.inventory import load_inventory
+from mlxops.jobs import nodecmd
+from mlxops.jobs.code import code_bundle, sync_code
+from mlxops.jobs.placement import NodePaths, Rank
+from mlxops.jobs.spec import JobSpec
+from mlxops.node import protocol
+from mlxops.sync import parse_manifest, python_manifest_args
+from mlxops.transport import Connector, Results, run_parallel
+
+
+class PreflightError(MlxopsError):
+    pass
+
+
+@dataclass
+class HostPrep:
+    """What pre-flight learned about one host."""
+
+    host: object                    # mlxops.inventory.Host
+    root: str
+    python: str
+    answer: protocol.PreflightAnswer
+
+
+def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
+    inventory = load_inventory(spec.inventory)
+    hosts = inventory.select(spec.hosts, source=f"{spec.path}: hosts")
+    unknown = [h for h in exclude if h not in inventory.hosts]
+    if unknown:
+        raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")
+    hosts = [h for h in hosts if h.name not in set(exclude)]
+    if not hosts:
+        raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
+    return hosts
+
+
+def rdma_devices(spec: JobSpec, hosts: list) -> list | None:
+    """MLX_IBV_DEVICES for jaccl (checked like mlx.launch checks it), else None."""
+    if spec.backend not in ("jaccl", "jaccl-ring"):
+        return None
+    return render.rdma_matrix(hosts, spec.backend, source=spec.inventory)
+
+
+def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connector,
+              forks: int | None) -> tuple[Results, dict[str, HostPrep]]:
+    """Ask every host, syncing the code on the way; the preps of those that answered."""
+    _, roots, _ = code_bundle(spec)
+    manifest_args = python_manifest_args(protocol.CODE_DIR, roots)
+
+    def work(host) -> HostPrep:
+        conn = connector.connect(host)
+        mine = [r for r in ranks if r.host == host.name]
+        ports = [r.port for r in mine] if spec.backend == "ring" else []
+        questions = {"ip": host.ip if ports else "", "ports": ports,
+                     "mpi": spec.backend == "mpi"}
+        # One round trip when the code is current: resolve, manifest and the questions
+        # (asked in <root>, so of the run directory relative to it).
+        result = conn.run(nodecmd.preflight_command(
+            host.root, host.python, manifest_args,
+            protocol.preflight_args(protocol.run_path(spec.name), **questions)), timeout=60)
+        root, python, manifest, answer = nodecmd.parse_preflight(host.name, result,
+                                                                 host.python)
+        paths = NodePaths(root, spec.name)
+        report = sync_code(conn, paths, spec, python, remote=parse_manifest(manifest, True))
+        helpers_changed = any(p.startswith("mlxops/node/")
+                              for p in report.added + report.changed + report.deleted)
+        if answer is None or helpers_changed:
+            # The answer came from missing or older helpers: ask the ones just synced.
+            answer = nodecmd.run_node(conn, python, paths.code,
+                                      protocol.preflight_args(paths.run_dir, **questions))
+        return HostPrep(host, root, python, answer)
+
+    results = run_parallel(hosts, work, forks=forks)
+    return results, results.succeeded_values()
+
+
+def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
+                    resume: bool, fresh: bool = False) -> int | None:
+    """Refuse what would fail or hang later; returns the checkpoint step to resume from."""
+    problems = []
+    versions = {name: (p.answer.mlx, p.answer.python_version[:4])
+                for name, p in preps.items()}
+    for name, (mlx, _) in versions.items():
+        if mlx is None:
+            problems.append(f"{name}: mlx is not importable by {preps[name].python} "
+                            "(run 'mlxops provision')")
+    if len({v for v in versions.values()}) > 1:
+        listing = ", ".join(f"{n}: mlx {m} python {p}" for n, (m, p) in versions.items())
+        problems.append(f"mlx/python versions differ across hosts ({listing})")
+    for name, prep in preps.items():
+        if prep.answer.leftovers:
+            pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)
+            problems.append(f"{name}: ranks of job {spec.name!r} still run (pids {pids}); "
+                            f"run 'mlxops stop {spec.name}'")
+        elif prep.answer.ports_busy:
+            ports = ", ".join(map(str, prep.answer.ports_busy))
+            problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "
+                            f"{spec.path.name})")
+        if spec.backend in ("jaccl", "jaccl-ring") and prep.answer.system != "Darwin":
+            problems.append(f"{name}: the {spec.backend} backend needs macOS with RDMA over "
+                            "Thunderbolt 5; this node runs " + str(prep.answer.system))
+    if spec.backend == "mpi" and ranks:
+        problems += mpi_problems(preps, ranks[0].host)
+    if problems:
+        raise PreflightError("pre-flight failed: " + "; ".join(problems))
+    steps = [set(p.answer.checkpoints) for p in preps.values()]
+    if not resume:
+        if any(steps) and not fresh:
+            holders = [n for n, p in preps.items() if p.answer.checkpoints]
+            raise PreflightError(
+                f"job {spec.name!r} already has checkpoints on {', '.join(holders)}: "
+                f"'mlxops resume {spec.name}' continues it, 'mlxops launch --fresh' starts "
+                "over, or give the job another name")
+        return None
+    common = set.intersection(*steps) if steps else set()
+    return max(common) if common else None
+
+
+def mpi_problems(preps: dict[str, HostPrep], launcher: str) -> list[str]:
+    """mpirun on the launcher host, and Open MPI at the same place on every other node
+    (mpirun's ``--prefix`` tells the remote orted where it is)."""
+    mpirun = preps[launcher].answer.mpirun
+    if not mpirun:
+        return [f"mpirun not found on {launcher}: install Open MPI (brew install open-mpi)"]
+    problems = []
+    for name, prep in preps.items():
+        theirs = prep.answer.mpirun
+        if name != launcher and theirs != mpirun:
+            problems.append(f"{name}: Open MPI must be installed at the same path on every "
+                            f"node: mpirun on {launcher} is {mpirun}, here "
+                            f"{theirs or 'not found'}")
+    return problems

@@ -1,0 +1,105 @@
+"""What a job's run directory on one node holds before its ranks start, and the command
+that clears the previous attempt's files and unpacks the new ones.
+
+Names are :mod:`mlxops.node.protocol`'s: ``trainer.json`` (the bundled trainer's config),
+``hostfile.json`` (ring), ``ibv_devices.json`` (jaccl), one ``rank-<r>.sh`` per rank on the
+node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import time
+from pathlib import PurePosixPath
+
+from mlxops import shell
+from mlxops.jobs.placement import (
+    NodePaths,
+    Rank,
+    launcher_script,
+    rank_environment,
+    rank_script,
+    ring_hostfile,
+)
+from mlxops.jobs.preflight import HostPrep
+from mlxops.jobs.spec import JobSpec
+from mlxops.node import protocol
+
+
+def mpi_environment(launcher: protocol.PreflightAnswer) -> dict[str, str]:
+    """What every mpi rank gets from the launcher node's pre-flight answer, as
+    ``mlx.launch`` sets it: ``MLX_MPI_LIBNAME`` (and on macOS ``DYLD_LIBRARY_PATH``, the
+    ``lib`` beside mpirun's ``bin``) when a libmpi was found."""
+    if not launcher.mpi_libname:
+        return {}
+    env = {"MLX_MPI_LIBNAME": launcher.mpi_libname}
+    if launcher.system == "Darwin" and launcher.mpirun:
+        env["DYLD_LIBRARY_PATH"] = str(PurePosixPath(launcher.mpirun).parent.parent / "lib")
+    return env
+
+
+def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
+              rdma: list | None, preps: dict[str, HostPrep]) -> dict[str, bytes]:
+    """The files of ``prep``'s host, by name in its run directory."""
+    host = prep.host
+    paths = NodePaths(prep.root, spec.name)
+    files: dict[str, bytes] = {}
+    if spec.trainer is not None:
+        config = dict(spec.trainer, out=paths.run_dir)
+        files[protocol.TRAINER_CONFIG] = json.dumps(config, indent=1).encode()
+        argv = [prep.python, "-m", "mlxops.trainer", "--config",
+                paths.run_file(protocol.TRAINER_CONFIG)]
+        if resume:
+            argv.append("--resume")
+        cwd = paths.run_dir
+    else:
+        argv = list(spec.command or [])
+        if argv[0] in ("python", "python3"):
+            argv[0] = prep.python  # the node's absolute interpreter, as mlx.launch --python
+        cwd = paths.workdir() if spec.workdir else paths.run_dir
+    if spec.backend == "ring" and len(ranks) > 1:
+        files[protocol.RING_HOSTFILE] = ring_hostfile(ranks).encode()
+    if rdma is not None:
+        files[protocol.IBV_DEVICES] = json.dumps(rdma).encode()
+    mpi = spec.backend == "mpi"
+    launcher = preps[ranks[0].host].answer
+    for rank in (r for r in ranks if r.host == host.name):
+        env = rank_environment(backend=spec.backend, rank=rank, ranks=ranks, paths=paths,
+                               host_env=host.env, job_env=spec.env, resume=resume,
+                               mpi_env=mpi_environment(launcher) if mpi else None)
+        files[protocol.process_file(rank.rank, protocol.SCRIPT)] = rank_script(
+            env=env, argv=argv, paths=paths, cwd=cwd, rank=rank.rank, mpi=mpi).encode()
+    if mpi and host.name == ranks[0].host:
+        assert launcher.mpirun, "pre-flight refuses an mpi job without mpirun on its first host"
+        scripts = {r.rank: NodePaths(preps[r.host].root, spec.name).process_file(
+            r.rank, protocol.SCRIPT) for r in ranks}
+        files[protocol.process_file(protocol.LAUNCHER, protocol.SCRIPT)] = launcher_script(
+            mpirun=launcher.mpirun, ranks=ranks, scripts=scripts, paths=paths).encode()
+    return files
+
+
+def tar(files: dict[str, bytes]) -> bytes:
+    """``files`` as one tar archive, for ``tar -xf -`` in the run directory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o600
+            info.mtime = int(time.time())
+            archive.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def start_command_prefix(run_dir: str, fresh: bool = False) -> str:
+    """Clear the previous attempt's rank files (not logs, not checkpoints), then unpack.
+
+    ``fresh`` starts over: the whole run directory goes (checkpoints, metrics, logs).
+    """
+    q = shell.quote(run_dir)
+    wipe = f"rm -rf {q} && " if fresh else ""
+    # The globs stay outside the quotes: they are the protocol's names, not user input.
+    stale = " ".join(f"{q}/{pattern}" for pattern in protocol.attempt_files())
+    return f"{wipe}mkdir -p {q} && rm -f {stale} && tar -xf - -C {q}"

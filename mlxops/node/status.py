@@ -1,0 +1,95 @@
+"""What a node says of a job's ranks and launcher: the ``status`` command
+(docs/node-protocol.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from mlxops.node import protocol
+from mlxops.node.procs import Table, alive, process_table
+from mlxops.node.rundir import (
+    checkpoint_steps,
+    has_launcher,
+    is_stopped,
+    mtime,
+    process_path,
+    ranks_in,
+    read_int,
+)
+
+
+def progress(run_dir: Path, rank: int) -> protocol.Progress | None:
+    """The trainer's last heartbeat of ``rank``, None when it has written none (or junk)."""
+    try:
+        return protocol.Progress.from_dict(
+            json.loads((run_dir / protocol.progress_file(rank)).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def rank_status(run_dir: Path, rank: int, now: float,
+                table: Table | None = None) -> protocol.RankAnswer:
+    pid_file = process_path(run_dir, rank, protocol.PID)
+    exit_file = process_path(run_dir, rank, protocol.EXIT)
+    log = process_path(run_dir, rank, protocol.LOG)
+    pid = read_int(pid_file)
+    started = mtime(pid_file)
+    beat = progress(run_dir, rank)
+    if beat is not None and started is not None and (beat.time or 0) < started:
+        beat = None  # the previous attempt's
+    # Heartbeat: the trainer's last progress record, or the start when it has none yet.
+    last = beat.time if beat is not None and beat.time is not None else started
+    ended = mtime(exit_file)
+    return protocol.RankAnswer(
+        rank=rank, pid=pid, alive=alive(pid, table), exit=read_int(exit_file),
+        ended_ago=None if ended is None else now - ended,
+        started=started,
+        heartbeat_age=None if last is None else max(0.0, now - last),
+        progress=beat,
+        log_bytes=log.stat().st_size if log.exists() else 0,
+    )
+
+
+def launcher_status(run_dir: Path, now: float, table: Table | None = None
+                    ) -> protocol.LauncherAnswer | None:
+    """``launcher.sh`` (mpi jobs) like a rank; None where there is none."""
+    if not has_launcher(run_dir):
+        return None
+    pid = read_int(process_path(run_dir, protocol.LAUNCHER, protocol.PID))
+    started = mtime(process_path(run_dir, protocol.LAUNCHER, protocol.PID))
+    ended = mtime(process_path(run_dir, protocol.LAUNCHER, protocol.EXIT))
+    return protocol.LauncherAnswer(
+        pid=pid, alive=alive(pid, table),
+        exit=read_int(process_path(run_dir, protocol.LAUNCHER, protocol.EXIT)),
+        started=started,
+        age=None if started is None else max(0.0, now - started),
+        ended_ago=None if ended is None else now - ended,
+    )
+
+
+def status(run_dir: Path) -> protocol.StatusAnswer:
+    """The ``status`` command."""
+    now = time.time()
+    table = process_table()
+    return protocol.StatusAnswer(
+        now=now, exists=run_dir.is_dir(), stopped=is_stopped(run_dir),
+        ranks=[rank_status(run_dir, r, now, table) for r in ranks_in(run_dir)],
+        checkpoints=checkpoint_steps(run_dir),
+        launcher=launcher_status(run_dir, now, table),
+    )
+
+
+def leftovers(run_dir: Path) -> list[protocol.Leftover]:
+    """Processes of the job that still run here (pre-flight refuses to start over them)."""
+    if not run_dir.is_dir():
+        return []
+    table = process_table()
+    found = [protocol.Leftover(r.rank, r.pid) for r in
+             (rank_status(run_dir, rank, 0.0, table) for rank in ranks_in(run_dir))
+             if r.alive and r.pid is not None]
+    launcher = launcher_status(run_dir, 0.0, table)
+    if launcher is not None and launcher.alive and launcher.pid is not None:
+        found.append(protocol.Leftover(protocol.LAUNCHER, launcher.pid))
+    return found
