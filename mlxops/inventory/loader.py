@@ -308,7 +308,7 @@ class _Builder:
 
     def _check_peers(self, host: Host, hosts: dict[str, Host]) -> None:
         """``mlxops_rdma`` names peers: each must be a host of this inventory."""
-        for peer in host.vars.get("mlxops_rdma") or {}:
+        for peer in host.var("mlxops_rdma") or {}:
             if peer not in hosts:
                 path, key = host.origins["mlxops_rdma"]
                 raise bad_input(path, join_key(key, peer),
