@@ -39,7 +39,7 @@ from mlxops.jobs.placement import (
     ring_hostfile,
 )
 from mlxops.jobs.record import RUNNING, HostRecord, JobRecord
-from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.spec import JobSpec, check_world
 from mlxops.jobs.stop import stop_job
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, HostResult, Results, run_parallel
@@ -69,6 +69,7 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
+    check_world(spec, sum(h.slots for h in hosts))  # launch, plan, resume: before connecting
     return hosts
 
 
