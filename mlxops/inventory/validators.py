@@ -205,9 +205,9 @@ def ssh_target(value: Any) -> str:
     """``host`` or ``user@host``, as ``ssh`` takes it."""
     text = _text(value, "an SSH target such as 'me@10.0.0.1'")
     user, at, host = text.rpartition("@")
-    if at:
-        ssh_user(user)
     try:
+        if at:
+            ssh_user(user)
         host_address(host)
     except Invalid:
         raise Invalid(f"must be an SSH target such as 'me@10.0.0.1' (user@host or host), "
