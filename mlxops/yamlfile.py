@@ -28,6 +28,9 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from mlxops.errors import bad_input
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+# libyaml's parser when PyYAML has it, as Ansible does: the pure-Python one accepts a few
+# things libyaml refuses (``{a:}``), and a file should mean the same to both.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Ansible's own tags, with what to do instead.
 _ANSIBLE_TAGS = {
@@ -67,7 +70,7 @@ def read_yaml(path: str | os.PathLike[str], what: str = "a YAML file") -> Any:
 
 def parse_yaml(text: str, source: object) -> Any:
     """``read_yaml`` for text already read; ``source`` names it in messages."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -96,7 +99,7 @@ def join_key(path: str | None, part: Any) -> str:
     return f"{path}.{part}" if path else str(part)
 
 
-def _check_tree(loader: yaml.SafeLoader, root: Node) -> None:
+def _check_tree(loader: Any, root: Node) -> None:
     """Refuse duplicate keys and unsupported tags, naming the key path of each."""
     # Depth first in document order: an anchor comes before its aliases, so a node shared
     # through an alias is checked, and named, where it is written. An alias is the same node
@@ -139,7 +142,7 @@ def _hashable(value: Any) -> bool:
     return True
 
 
-def _check_tag(loader: yaml.SafeLoader, node: Node, key: str | None) -> None:
+def _check_tag(loader: Any, node: Node, key: str | None) -> None:
     tag, line = node.tag, node.start_mark.line + 1
     if tag in _ANSIBLE_TAGS:
         raise _Refused(key, line, _ANSIBLE_TAGS[tag].format(line=line))

@@ -56,7 +56,8 @@ def test_command_jobs_split_a_string_and_take_a_workdir(tmp_path):
 
 
 BAD = [
-    ("name: [unclosed", "line 1: invalid YAML"),
+    ("name: [unclosed", "invalid YAML: did not find expected ',' or ']' (while parsing a "
+                        "flow sequence at line 1)"),
     ("- a list", "a job file is a mapping"),
     (with_(nmae="x"), "nmae: unknown key"),
     (with_(name=None), "name: required"),
