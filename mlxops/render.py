@@ -31,8 +31,8 @@ import jinja2
 
 from mlxops import paths, shell
 from mlxops.errors import bad_input
+from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, JACCL_BACKENDS, JACCL_RING, MPI
 
-BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")
 LAUNCH_TEMPLATE = "mlx-hostfile.json.j2"
 MPI_TEMPLATE = "mpi-hostfile.txt.j2"
 ENV_TEMPLATE = "env.sh.j2"
@@ -79,19 +79,19 @@ def render_template(name: str, **values: Any) -> str:
 
 def ssh_target(host: Any) -> str:
     """The word ``ssh`` (and so mlx.launch and mpirun) is given to reach ``host``."""
-    explicit = host.vars.get("mlxops_ssh_target")
+    explicit = host.var("mlxops_ssh_target")
     if explicit:
-        return str(explicit)
+        return explicit
     if host.connection == "local":
         return "127.0.0.1"
-    if int(host.port or 22) != 22:
+    if host.port != 22:
         return host.name
     return f"{host.user}@{host.address}" if host.user else host.address
 
 
 def cluster_ip(host: Any) -> str:
     """The address other ranks reach ``host`` on (local hosts: loopback unless mlxops_ip)."""
-    if host.connection == "local" and not host.vars.get("mlxops_ip"):
+    if host.connection == "local" and not host.is_set("mlxops_ip"):
         return "127.0.0.1"
     return host.ip
 
@@ -118,9 +118,9 @@ def rdma_matrix(hosts: Sequence[Any], backend: str, source: object = "inventory"
     n = len(hosts)
     rows = []
     for i, h in enumerate(hosts):
-        devices = h.vars.get("mlxops_rdma") or {}
+        devices = h.var("mlxops_rdma") or {}
         rows.append([None if i == j else devices.get(peer.name) for j, peer in enumerate(hosts)])
-    needed = (((i - 1) % n, (i + 1) % n) if backend == "jaccl-ring" else range(n)
+    needed = (((i - 1) % n, (i + 1) % n) if backend == JACCL_RING else range(n)
               for i in range(n))
     for i, peers in enumerate(needed):
         for j in peers:
@@ -144,25 +144,25 @@ def launch_envs(hosts: Sequence[Any], backend: str, source: object = "inventory"
         for name, value in first.items():
             if all(h.env.get(name) == value for h in hosts):
                 envs[name] = value
-    if any(h.vars.get("mlxops_metal_fast_synch") is not None for h in hosts):
+    if any(h.is_set("mlxops_metal_fast_synch") for h in hosts):
         values = {_fast_synch(h) for h in hosts}
         if len(values) > 1:
             raise bad_input(source, "mlxops_metal_fast_synch",
                             "must be the same on every host of one job, got "
                             + " and ".join(sorted(values)))
         envs.setdefault("MLX_METAL_FAST_SYNCH", values.pop())
-    if backend == "mpi" and hosts:
-        links = {str(_links(h)) for h in hosts}
+    if backend == MPI and hosts:
+        links = {str(h.var("mlxops_btl_tcp_links")) for h in hosts}
         if len(links) == 1:
             envs.setdefault("OMPI_MCA_btl_tcp_links", links.pop())
-        ifs = {h.vars.get("mlxops_btl_tcp_if_include") for h in hosts}
+        ifs = {h.var("mlxops_btl_tcp_if_include") for h in hosts}
         if len(ifs) == 1 and None not in ifs:
-            envs.setdefault("OMPI_MCA_btl_tcp_if_include", str(ifs.pop()))
+            envs.setdefault("OMPI_MCA_btl_tcp_if_include", ifs.pop())
     return [f"{_envname(k)}={v}" for k, v in envs.items()]
 
 
-def launch_hostfile(hosts: Sequence[Any], backend: str = "ring", source: object = "inventory"
-                    ) -> str:
+def launch_hostfile(hosts: Sequence[Any], backend: str = DEFAULT_BACKEND,
+                    source: object = "inventory") -> str:
     """The mlx.launch ``--hostfile`` JSON text for ``hosts`` and ``backend``."""
     if backend not in BACKENDS:
         raise bad_input(source, "backend", f"must be one of {', '.join(BACKENDS)}, got "
@@ -170,7 +170,7 @@ def launch_hostfile(hosts: Sequence[Any], backend: str = "ring", source: object 
     if not hosts:
         raise bad_input(source, "hosts", "no hosts selected")
     ranks = rank_hosts(hosts)
-    matrix = rdma_matrix(hosts, backend, source) if backend.startswith("jaccl") else None
+    matrix = rdma_matrix(hosts, backend, source) if backend in JACCL_BACKENDS else None
     entries = [{"ssh": ssh_target(h), "ips": [cluster_ip(h)],
                 "rdma": matrix[i] if matrix is not None else []}
                for i, h in enumerate(ranks)]
@@ -208,13 +208,7 @@ def mpi_hostfile(hosts: Sequence[Any]) -> str:
 
 
 def _fast_synch(host: Any) -> str:
-    value = host.vars.get("mlxops_metal_fast_synch")
-    return str(0 if value is None else int(value))
-
-
-def _links(host: Any) -> int:
-    value = host.vars.get("mlxops_btl_tcp_links")
-    return 4 if value is None else int(value)
+    return str(host.var("mlxops_metal_fast_synch"))
 
 
 def interface_for(address: str, interfaces: Mapping[str, Sequence[str]]) -> str | None:
@@ -235,7 +229,7 @@ def interface_for(address: str, interfaces: Mapping[str, Sequence[str]]) -> str 
 
 def host_environment(host: Any, interface: str | None) -> dict[str, str]:
     """Everything ``env.sh`` exports for ``host``; ``interface`` is btl_tcp_if_include."""
-    env = {"OMPI_MCA_btl_tcp_links": str(_links(host))}
+    env = {"OMPI_MCA_btl_tcp_links": str(host.var("mlxops_btl_tcp_links"))}
     if interface:
         env["OMPI_MCA_btl_tcp_if_include"] = interface
     env["MLX_METAL_FAST_SYNCH"] = _fast_synch(host)

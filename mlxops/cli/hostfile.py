@@ -14,11 +14,12 @@ from mlxops import render
 from mlxops.cli.options import inventory_argument, limit_option
 from mlxops.errors import bad_input
 from mlxops.inventory import load_inventory
+from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, MPI
 
 
 @click.command("hostfile")
 @inventory_argument
-@click.option("--backend", "-b", type=click.Choice(render.BACKENDS), default="ring",
+@click.option("--backend", "-b", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True, help="mlx.launch hostfile JSON, or the MPI hostfile for mpi.")
 @limit_option
 @click.option("--output", "-o", metavar="PATH", type=click.Path(dir_okay=False),
@@ -32,8 +33,9 @@ def command(inventory, backend, limit, output):
       mlx.launch --hostfile hostfile.json --python /opt/homebrew/bin/python3 train.py
     """
     inv = load_inventory(inventory)
-    hosts = inv.select(limit, source="--limit")
-    if backend == "mpi":
+    # Nothing connects from here (mlx.launch's own ssh does not read the key file either).
+    hosts = inv.select(limit, source="--limit", check_files=False)
+    if backend == MPI:
         text = render.mpi_hostfile(hosts)
     else:
         text = render.launch_hostfile(hosts, backend, source=inv.path)

@@ -23,11 +23,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from mlxops.errors import bad_input
 from mlxops.inventory import variables
 from mlxops.inventory.model import Group, Host, Inventory
+from mlxops.yamlfile import join_key, read_yaml
 
 GROUP_KEYS = ("hosts", "vars", "children")
 # Names that also work unquoted in host patterns and as file names in group_vars/.
@@ -41,7 +40,7 @@ _VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Load and validate an inventory; any problem is one-line :class:`UserError`."""
     path = Path(path)
-    data = _read_yaml(path)
+    data = read_yaml(path, "an inventory file")
     if data is None:
         raise bad_input(path, None, "empty inventory: no hosts defined")
     if not isinstance(data, dict):
@@ -54,48 +53,9 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
 
 # --- reading files ------------------------------------------------------------------------
 
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys: the first `hosts:` would silently vanish."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}",
-                                                    key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise bad_input(path, None, "no such file") from None
-    except IsADirectoryError:
-        raise bad_input(path, None, "is a directory, not an inventory file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise bad_input(path, None, f"cannot read: {reason}") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}" if mark else None
-        problem = " ".join(str(exc.problem or exc).split())
-        context = exc.context_mark
-        if exc.context and context and mark and context.line != mark.line:
-            # An unclosed bracket is reported where the file ends: say where it opened.
-            problem += f" ({exc.context} at line {context.line + 1})"
-        raise bad_input(path, where, f"invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise bad_input(path, None, f"invalid YAML: {' '.join(str(exc).split())}") from None
+# Where a variable's value was written: the file and the key path in it, for messages about
+# a value that can only be judged once the inventory is whole (or a host is selected).
+Origin = tuple[Path, str]
 
 
 def _vars_files(directory: Path, name: str) -> list[Path]:
@@ -122,15 +82,28 @@ def _dir_vars_files(directory: Path) -> list[Path]:
     return found
 
 
-def _load_vars_files(directory: Path, name: str) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
+@dataclass
+class _Vars:
+    """Variables of one layer, each with where it was written."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
+
+    def update(self, path: Path, key: str | None, data: dict[str, Any]) -> None:
+        for name, value in data.items():
+            self.values[name] = value
+            self.origins[name] = (path, join_key(key, name))
+
+
+def _load_vars_files(directory: Path, name: str) -> _Vars:
+    merged = _Vars()
     for file in _vars_files(directory, name):
-        data = _read_yaml(file)
+        data = read_yaml(file, "a vars file")
         if data is None:
             continue
         if not isinstance(data, dict):
             raise bad_input(file, None, f"must be a mapping of variables, got {_kind(data)}")
-        merged.update(_checked_vars(file, None, data))
+        merged.update(file, None, _checked_vars(file, None, data))
     return merged
 
 
@@ -145,19 +118,15 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def _join(key: str | None, part: Any) -> str:
-    return f"{key}.{part}" if key else str(part)
-
-
 def _checked_vars(path: Path, key: str | None, data: dict[Any, Any]) -> dict[str, Any]:
     """Validate a mapping of variables where it is written; return it unchanged."""
     for name, value in data.items():
         if not isinstance(name, str) or not name.isidentifier():
-            raise bad_input(path, _join(key, name), "not a valid variable name")
+            raise bad_input(path, join_key(key, name), "not a valid variable name")
         try:
             variables.check(name, value)
         except variables.Invalid as exc:
-            where = _join(_join(key, name), exc.subkey) if exc.subkey else _join(key, name)
+            where = join_key(join_key(key, name), exc.subkey) if exc.subkey else join_key(key, name)
             raise bad_input(path, where, exc.problem) from None
     return data
 
@@ -190,7 +159,7 @@ class _GroupDraft:
     hosts: list[str] = field(default_factory=list)
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
-    vars: dict[str, Any] = field(default_factory=dict)
+    vars: _Vars = field(default_factory=_Vars)
     priority: int = 1
 
 
@@ -198,7 +167,7 @@ class _GroupDraft:
 class _HostDraft:
     key: str
     groups: list[str] = field(default_factory=list)  # direct memberships
-    vars: dict[str, Any] = field(default_factory=dict)
+    vars: _Vars = field(default_factory=_Vars)
 
 
 class _Builder:
@@ -226,7 +195,7 @@ class _Builder:
                             f"a group must be a mapping of hosts/vars/children, got {_kind(body)}")
         # File order, as Ansible: it decides the order hosts are first seen in.
         for section, value in body.items():
-            where = _join(key, section)
+            where = join_key(key, section)
             if section not in GROUP_KEYS:
                 raise bad_input(self.path, where,
                                 "unknown group key: a group has only hosts, vars and children")
@@ -235,10 +204,10 @@ class _Builder:
                 self._group_vars(draft, where, value)
             elif section == "children":
                 for child, child_body in value.items():
-                    self.group(child, child_body, _join(where, child), parent=name)
+                    self.group(child, child_body, join_key(where, child), parent=name)
             else:
                 for pattern, host_vars in value.items():
-                    self._host(name, pattern, host_vars, _join(where, pattern))
+                    self._host(name, pattern, host_vars, join_key(where, pattern))
 
     def _section(self, key: str, section: str, value: Any) -> dict[Any, Any]:
         if value is None:
@@ -251,11 +220,10 @@ class _Builder:
         return value
 
     def _group_vars(self, draft: _GroupDraft, key: str, data: dict[Any, Any]) -> None:
-        for name, value in _checked_vars(self.path, key, data).items():
-            if name == "ansible_group_priority":
-                draft.priority = value  # Ansible keeps it out of the group's vars
-            else:
-                draft.vars[name] = value  # a group defined twice: later keys win
+        data = dict(_checked_vars(self.path, key, data))
+        if "ansible_group_priority" in data:
+            draft.priority = data.pop("ansible_group_priority")  # Ansible keeps it apart
+        draft.vars.update(self.path, key, data)  # a group defined twice: later keys win
 
     def _link(self, parent: str, child: str, key: str) -> None:
         if child == "all":
@@ -297,7 +265,7 @@ class _Builder:
             if group not in draft.groups:
                 draft.groups.append(group)
                 self.groups[group].hosts.append(name)
-            draft.vars.update(host_vars)  # a host listed twice: later keys win, as Ansible
+            draft.vars.update(self.path, key, host_vars)  # listed twice: later keys win
 
     # -- after the tree
 
@@ -314,8 +282,8 @@ class _Builder:
         group_files = {g: _load_vars_files(base / "group_vars", g) for g in self.groups}
         groups = {
             name: Group(name, tuple(d.hosts), tuple(d.children), tuple(d.parents),
-                        MappingProxyType({**d.vars, **group_files[name]}), depths[name],
-                        d.priority)
+                        MappingProxyType({**d.vars.values, **group_files[name].values}),
+                        depths[name], d.priority)
             for name, d in self.groups.items()
         }
         hosts = {}
@@ -327,11 +295,25 @@ class _Builder:
                       group_files["all"], *(group_files[g.name] for g in order),
                       self.hosts[name].vars, _load_vars_files(base / "host_vars", name)]
             resolved: dict[str, Any] = {}
+            origins: dict[str, Origin] = {}
             for layer in layers:
-                resolved.update(layer)
+                resolved.update(layer.values)
+                origins.update(layer.origins)
             hosts[name] = Host(name, MappingProxyType(resolved),
-                               tuple(sorted(member_of - {"all"})), base)
+                               tuple(sorted(member_of - {"all"})), base,
+                               MappingProxyType(origins))
+        for host in hosts.values():
+            self._check_peers(host, hosts)
         return Inventory(self.path, MappingProxyType(hosts), MappingProxyType(groups))
+
+    def _check_peers(self, host: Host, hosts: dict[str, Host]) -> None:
+        """``mlxops_rdma`` names peers: each must be a host of this inventory."""
+        for peer in host.var("mlxops_rdma") or {}:
+            if peer not in hosts:
+                path, key = host.origins["mlxops_rdma"]
+                raise bad_input(path, join_key(key, peer),
+                                f"no host named {peer!r} in {self.path} (mlxops_rdma maps "
+                                "peer hosts to the RDMA device that reaches them)")
 
     def _reconcile(self) -> None:
         """Ansible's reconcile_inventory: parentless groups go under `all`; hosts in no

@@ -33,7 +33,7 @@ def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume:
            fresh: bool = False) -> Results:
     """Write every host's run files and start its ranks; each result's value is the node's
     :class:`~mlxops.node.protocol.SpawnAnswer`."""
-    mpi = spec.backend == "mpi"
+    mpi = spec.backend == protocol.MPI
     launcher = ranks[0].host
 
     def work(host) -> protocol.SpawnAnswer:

@@ -91,7 +91,7 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
     env.update(host_env)
     env.update(job_env)
     world = len(ranks)
-    if backend == "mpi":
+    if backend == protocol.MPI:
         for name in ("MLX_RANK", "MLX_HOSTFILE"):
             env.pop(name, None)
         env.update(mpi_env or {})
@@ -105,12 +105,12 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
         "MLXOPS_RESUME": "1" if resume else "0",
     })
     if world > 1:
-        if backend == "ring":
+        if backend == protocol.RING:
             env["MLX_HOSTFILE"] = paths.run_file(protocol.RING_HOSTFILE)
-        elif backend in ("jaccl", "jaccl-ring"):
+        elif backend in protocol.JACCL_BACKENDS:
             env["MLX_JACCL_COORDINATOR"] = f"{ranks[0].ip}:{ranks[0].port}"
             env["MLX_IBV_DEVICES"] = paths.run_file(protocol.IBV_DEVICES)
-            if backend == "jaccl-ring":
+            if backend == protocol.JACCL_RING:
                 env["MLX_JACCL_RING"] = "1"
     return env
 

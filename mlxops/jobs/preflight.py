@@ -19,7 +19,7 @@ from mlxops.inventory import load_inventory
 from mlxops.jobs import nodecmd
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
-from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.spec import JobSpec, check_world
 from mlxops.node import protocol
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, run_parallel
@@ -48,12 +48,13 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
+    check_world(spec, sum(h.slots for h in hosts))  # launch, plan, resume: before connecting
     return hosts
 
 
 def rdma_devices(spec: JobSpec, hosts: list) -> list | None:
     """MLX_IBV_DEVICES for jaccl (checked like mlx.launch checks it), else None."""
-    if spec.backend not in ("jaccl", "jaccl-ring"):
+    if spec.backend not in protocol.JACCL_BACKENDS:
         return None
     return render.rdma_matrix(hosts, spec.backend, source=spec.inventory)
 
@@ -67,9 +68,9 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
     def work(host) -> HostPrep:
         conn = connector.connect(host)
         mine = [r for r in ranks if r.host == host.name]
-        ports = [r.port for r in mine] if spec.backend == "ring" else []
+        ports = [r.port for r in mine] if spec.backend == protocol.RING else []
         questions = {"ip": host.ip if ports else "", "ports": ports,
-                     "mpi": spec.backend == "mpi"}
+                     "mpi": spec.backend == protocol.MPI}
         # One round trip when the code is current: resolve, manifest and the questions
         # (asked in <root>, so of the run directory relative to it).
         result = conn.run(nodecmd.preflight_command(
@@ -113,10 +114,10 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
             ports = ", ".join(map(str, prep.answer.ports_busy))
             problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "
                             f"{spec.path.name})")
-        if spec.backend in ("jaccl", "jaccl-ring") and prep.answer.system != "Darwin":
+        if spec.backend in protocol.JACCL_BACKENDS and prep.answer.system != "Darwin":
             problems.append(f"{name}: the {spec.backend} backend needs macOS with RDMA over "
                             "Thunderbolt 5; this node runs " + str(prep.answer.system))
-    if spec.backend == "mpi" and ranks:
+    if spec.backend == protocol.MPI and ranks:
         problems += mpi_problems(preps, ranks[0].host)
     if problems:
         raise PreflightError("pre-flight failed: " + "; ".join(problems))

@@ -59,11 +59,11 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         if argv[0] in ("python", "python3"):
             argv[0] = prep.python  # the node's absolute interpreter, as mlx.launch --python
         cwd = paths.workdir() if spec.workdir else paths.run_dir
-    if spec.backend == "ring" and len(ranks) > 1:
+    if spec.backend == protocol.RING and len(ranks) > 1:
         files[protocol.RING_HOSTFILE] = ring_hostfile(ranks).encode()
     if rdma is not None:
         files[protocol.IBV_DEVICES] = json.dumps(rdma).encode()
-    mpi = spec.backend == "mpi"
+    mpi = spec.backend == protocol.MPI
     launcher = preps[ranks[0].host].answer
     for rank in (r for r in ranks if r.host == host.name):
         env = rank_environment(backend=spec.backend, rank=rank, ranks=ranks, paths=paths,

@@ -1,7 +1,11 @@
-"""The job file (DESIGN.md, "Job file"): loaded and validated before anything touches a host.
+"""The job file (docs/job-file.md): loaded and validated before anything touches a host.
 
+Read with the one YAML reader (:mod:`mlxops.yamlfile`: a key written twice is refused).
 Every error is one line naming the file and the key, e.g.
 ``jobs/tiny.yml: restart.stall_timeout: must be a positive number, got 'soon'``.
+The ``trainer:`` section is validated by the trainer's own rules
+(:mod:`mlxops.trainer.config`), once on its own at load and once the job's hosts, and so
+its number of ranks, are known (:func:`check_world`).
 """
 
 from __future__ import annotations
@@ -13,13 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mlxops import shell
 from mlxops.errors import bad_input
+from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
+from mlxops.trainer import config as trainer_config
+from mlxops.yamlfile import read_yaml
 
-BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring")
-RUNNABLE_HERE = ("ring", "mpi")  # jaccl needs RDMA over Thunderbolt 5: rendered, not run here
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
             "restart", "port", "stop_grace"}
@@ -50,7 +53,7 @@ class JobSpec:
     name: str
     inventory: Path
     hosts: str = "all"
-    backend: str = "ring"
+    backend: str = DEFAULT_BACKEND
     trainer: dict[str, Any] | None = None      # the bundled trainer's config, or
     command: list[str] | None = None           # the user's own command (words)
     workdir: Path | None = None                # synced to <root>/code/jobs/<name>/
@@ -76,17 +79,7 @@ def _number(path: Path, key: str, value: Any, *, integer: bool = False,
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise bad_input(path, None, f"cannot read job file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise bad_input(path, None, f"invalid YAML{where}: {getattr(exc, 'problem', exc)}"
-                        ) from None
+    data = read_yaml(path, "a job file")
     if not isinstance(data, dict):
         raise bad_input(path, None, "a job file is a mapping (name:, inventory:, ...)")
     return data
@@ -114,7 +107,7 @@ def load_job(path: str | Path) -> JobSpec:
     hosts = data.get("hosts", "all")
     if not isinstance(hosts, str) or not hosts.strip():
         raise bad_input(path, "hosts", "must be a host pattern such as 'all' or 'macs:!mac3'")
-    backend = data.get("backend", "ring")
+    backend = data.get("backend", DEFAULT_BACKEND)
     if backend not in BACKENDS:
         raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
@@ -209,18 +202,38 @@ def _command_words(path: Path, command: Any) -> list[str]:
 
 def _validate_trainer(path: Path, trainer: Any) -> dict[str, Any]:
     """The trainer's own loader validates the section (it names the key that is wrong)."""
-    from mlxops.trainer.config import ConfigError, from_dict
-
     if not isinstance(trainer, dict):
         raise bad_input(path, "trainer", "must be a mapping (model:, data:, train:)")
     if "out" in trainer:
         raise bad_input(path, "trainer.out", "is set by mlxops (the job's run directory)")
-    try:
-        from_dict(dict(trainer), where="trainer")
-    except ConfigError as exc:
-        # The trainer says "trainer: model.dims: ..."; make it "trainer.model.dims: ...".
-        message = str(exc)
-        if message.startswith("trainer: "):
-            message = "trainer." + message[len("trainer: "):]
-        raise bad_input(path, None, message) from None
+    _trainer_config(path, trainer)
     return trainer
+
+
+def _trainer_config(path: Path, trainer: dict[str, Any]) -> trainer_config.TrainerConfig:
+    try:
+        return trainer_config.from_dict(dict(trainer), where="trainer")
+    except trainer_config.ConfigError as exc:
+        raise bad_input(path, None, _trainer_problem(exc)) from None
+
+
+def _trainer_problem(exc: Exception) -> str:
+    # The trainer says "trainer: model.dims: ..."; make it "trainer.model.dims: ...".
+    message = str(exc)
+    if message.startswith("trainer: "):
+        message = "trainer." + message[len("trainer: "):]
+    return message
+
+
+def check_world(spec: JobSpec, world: int) -> None:
+    """Refuse a trainer config that the job's number of ranks breaks (``world``: the
+    ``mlxops_slots`` of its hosts, summed), by the trainer's own rule, before any rank
+    starts: ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
+    if spec.trainer is None:
+        return  # the user's own command: its rules are its own
+    cfg = _trainer_config(spec.path, spec.trainer)
+    try:
+        trainer_config.check_world(cfg, world, where="trainer")
+    except trainer_config.ConfigError as exc:
+        raise bad_input(spec.path, None, f"{_trainer_problem(exc)}; the hosts {spec.hosts!r} "
+                                         f"give {world} ranks (their mlxops_slots)") from None

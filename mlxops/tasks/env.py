@@ -34,9 +34,9 @@ def _addresses(address: str) -> list[str]:
 
 def tcp_interface(host: Any, facts: Mapping[str, Any]) -> str:
     """The interface carrying the host's cluster address; ValueError if none does."""
-    explicit = host.vars.get("mlxops_btl_tcp_if_include")
+    explicit = host.var("mlxops_btl_tcp_if_include")
     if explicit:
-        return str(explicit)
+        return explicit
     interfaces = facts.get("interfaces") or {}
     address = render.cluster_ip(host)
     for candidate in _addresses(address):
@@ -56,7 +56,7 @@ def render_env(host: Any, facts: Mapping[str, Any]) -> str:
 
 @task("env")
 def env_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
-    if not ctx.facts.get("interfaces") and not ctx.host.vars.get("mlxops_btl_tcp_if_include"):
+    if not ctx.facts.get("interfaces") and not ctx.host.is_set("mlxops_btl_tcp_if_include"):
         return Outcome.failed("env needs the host's facts (run the facts task first)")
     try:
         text = render_env(ctx.host, ctx.facts)

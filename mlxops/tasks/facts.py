@@ -2,7 +2,7 @@
 
 pyinfra style: :func:`facts_script` builds one POSIX ``sh`` script (constant text plus
 quoted values) that prints labelled sections; small pure parsers turn each section into
-facts; :func:`build_facts` assembles the schema other code reads (DESIGN.md, P2's env
+facts; :func:`build_facts` assembles the schema other code reads (docs/formats.md, the env
 task, the jobs code)::
 
     {"system": "Darwin"|"Linux", "hostname", "arch", "macos_version", "macos_build",

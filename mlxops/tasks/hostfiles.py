@@ -14,13 +14,14 @@ from typing import Any
 
 from mlxops import render
 from mlxops.errors import UserError
+from mlxops.node.protocol import JACCL, JACCL_BACKENDS, JACCL_RING, MPI, RING
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.files import ensure_file
 from mlxops.transport.results import CHANGED, FAILED
 
 HOSTFILES_DIR = "hostfiles"
-FILE_NAMES = {"ring": "ring.json", "mpi": "mpi.txt", "jaccl": "jaccl.json",
-              "jaccl-ring": "jaccl-ring.json"}
+FILE_NAMES = {RING: "ring.json", MPI: "mpi.txt", JACCL: "jaccl.json",
+              JACCL_RING: "jaccl-ring.json"}
 
 
 def hostfile_path(host: Any, backend: str) -> str:
@@ -29,10 +30,10 @@ def hostfile_path(host: Any, backend: str) -> str:
 
 def render_all(hosts: Sequence[Any], source: object = "inventory") -> dict[str, str]:
     """``{backend: text}`` for every backend the inventory can describe."""
-    files = {"ring": render.launch_hostfile(hosts, "ring", source),
-             "mpi": render.mpi_hostfile(hosts)}
-    if all(h.vars.get("mlxops_rdma") for h in hosts):
-        for backend in ("jaccl", "jaccl-ring"):
+    files = {RING: render.launch_hostfile(hosts, RING, source),
+             MPI: render.mpi_hostfile(hosts)}
+    if all(h.var("mlxops_rdma") for h in hosts):
+        for backend in JACCL_BACKENDS:
             try:
                 files[backend] = render.launch_hostfile(hosts, backend, source)
             except UserError:

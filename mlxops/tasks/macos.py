@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxops import shell
+from mlxops.node.protocol import BACKENDS, JACCL_BACKENDS
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.transport.results import SKIPPED
 
 MIB = 1024 * 1024
-JACCL_BACKENDS = ("jaccl", "jaccl-ring")
-BACKENDS = ("ring", "mpi", "jaccl", "jaccl-ring", "nccl")
 
 
 @dataclass
@@ -36,38 +35,38 @@ class Plan:
     needs_become: bool = False                               # changes wanted, no become
 
 
-def wired_limit_mb(facts: Mapping[str, Any], host_vars: Mapping[str, Any],
+def wired_limit_mb(facts: Mapping[str, Any], explicit: int | None,
                    share: float | None) -> int | None:
-    """The wanted ``iogpu.wired_limit_mb``, or None to leave macOS's own."""
-    explicit = host_vars.get("mlxops_wired_limit_mb")
+    """The wanted ``iogpu.wired_limit_mb`` (``explicit``: the host's
+    ``mlxops_wired_limit_mb``), or None to leave macOS's own."""
     if explicit:
-        return int(explicit)
+        return explicit
     memory = facts.get("memory_bytes")
     if share and memory:
         return int(memory * share) // MIB
     return None
 
 
-def plan(facts: Mapping[str, Any], host_vars: Mapping[str, Any], args: Mapping[str, Any],
-         become: bool) -> Plan:
-    """The commands that bring this Mac to the wanted state (none when it is there)."""
+def plan(facts: Mapping[str, Any], host: Any, args: Mapping[str, Any]) -> Plan:
+    """The commands that bring this Mac (``host``, an inventory Host) to the wanted state
+    (none when it is there)."""
     out = Plan()
     current = facts.get("macos") or {}
-    wanted = wired_limit_mb(facts, host_vars, args.get("wired_share"))
+    wanted = wired_limit_mb(facts, host.var("mlxops_wired_limit_mb"), args.get("wired_share"))
     if wanted is not None and current.get("wired_limit_mb") != wanted:
         out.commands.append(["sysctl", "-w", f"iogpu.wired_limit_mb={wanted}"])
         out.changes.append(f"iogpu.wired_limit_mb {current.get('wired_limit_mb')} -> {wanted}")
     if args.get("disable_sleep", True) and current.get("sleep") != 0:
         out.commands.append(["pmset", "-a", "sleep", "0"])
         out.changes.append(f"sleep {current.get('sleep')} -> 0 (never)")
-    backend = args.get("backend") or host_vars.get("mlxops_backend")
+    backend = args.get("backend") or host.var("mlxops_backend")
     if current.get("thunderbolt_bridge_up") and backend in JACCL_BACKENDS:
         out.warnings.append(
             "Thunderbolt Bridge (bridge0) is up and the backend is "
             f"{backend}: RDMA needs the Thunderbolt ports outside the bridge; remove them "
             "from it in System Settings > Network > Thunderbolt Bridge")
     if out.commands:
-        if become:
+        if host.become:
             out.commands = [shell.privileged(argv) for argv in out.commands]
         else:
             out.needs_become = True
@@ -90,7 +89,7 @@ def check_args(args: Mapping[str, Any]) -> None:
 def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if ctx.facts.get("system") != "Darwin":
         return Outcome.skipped(f"not macOS ({ctx.facts.get('system')})")
-    steps = plan(ctx.facts, ctx.host.vars, args, bool(ctx.host.become))
+    steps = plan(ctx.facts, ctx.host, args)
     warnings = {"warnings": steps.warnings} if steps.warnings else {}
     if not steps.commands:
         return Outcome.ok("tuned", **warnings)

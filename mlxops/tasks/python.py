@@ -11,7 +11,6 @@ Afterwards ``facts["python"]`` describes the interpreter the node will use.
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -36,7 +35,7 @@ def controller_mlx_version() -> str | None:
 
 
 def pinned_version(host: Any) -> str | None:
-    return host.vars.get("mlxops_mlx_version") or controller_mlx_version()
+    return host.var("mlxops_mlx_version") or controller_mlx_version()
 
 
 def requirement(system: str | None, pin: str) -> str:
@@ -81,10 +80,7 @@ def install_command(facts: Mapping[str, Any], pin: str, packages: Sequence[str],
 
 def wheelhouse_dir(host: Any) -> Path | None:
     """``mlxops_wheelhouse`` on the controller (``~`` expands, relative to the inventory)."""
-    value = host.vars.get("mlxops_wheelhouse")
-    if not value:
-        return None
-    return Path(getattr(host, "base_dir", Path("."))) / os.path.expanduser(value)
+    return host.local_path("mlxops_wheelhouse")
 
 
 def wheelhouse_archive(directory: Path) -> bytes:

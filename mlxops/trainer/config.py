@@ -5,13 +5,21 @@ importable) < ``--set section.key=value`` on the command line. The resolved conf
 into every checkpoint; resume compares it with :data:`RESUME_KEYS`.
 
 Standard library only: the controller imports this module to validate a job's ``trainer:``
-section, and nodes import it without mlxops' own dependencies.
+section, and nodes import it without mlxops' own dependencies. So the rules live here once:
+:func:`validate` (every value on its own) and :func:`check_world` (what needs the number of
+ranks), which ``mlxops launch``/``plan`` apply before any rank starts and the trainer
+applies again when it starts.
+
+The file reader is the trainer's own (the controller's, ``mlxops.yamlfile``, is not synced
+to nodes) with the same rules and wording: a key written twice is refused, ``FILE: KEY:
+duplicate key``, where JSON and PyYAML would silently keep the last one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +96,9 @@ class TrainerConfig:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+#: The synthetic corpus gives every token this many distinct successors (trainer/data.py),
+#: so its vocabulary needs at least as many tokens.
+SYNTHETIC_SUCCESSORS = 4
 
 # Keys that must be equal between a checkpoint and the config that resumes it: they change
 # the model, the data stream or the optimisation trajectory. Everything else (steps,
@@ -119,6 +130,8 @@ def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
             return value
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{where}: {key}: must be a finite number, got {value!r}")
             return float(value)
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -137,25 +150,87 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs in file order, so duplicates can be seen."""
+
+
+def _unique_keys(value: Any, path: Path, key: str | None = None) -> Any:
+    """JSON data with its objects made dicts; a key twice in one object is refused."""
+    if isinstance(value, _Pairs):
+        out: dict[str, Any] = {}
+        for name, item in value:
+            where = f"{key}.{name}" if key else name
+            if name in out:
+                raise ConfigError(f"{path}: {where}: duplicate key")
+            out[name] = _unique_keys(item, path, where)
+        return out
+    if isinstance(value, list):
+        return [_unique_keys(item, path, f"{key or ''}[{i}]") for i, item in enumerate(value)]
+    return value
+
+
+def _read_json(text: str, path: Path) -> Any:
+    try:
+        data = json.loads(text, object_pairs_hook=_Pairs)
+    except ValueError as e:
+        raise ConfigError(f"{path}: invalid JSON: {e}") from None
+    return _unique_keys(data, path)
+
+
+def _read_yaml(text: str, path: Path) -> Any:
+    try:
+        import yaml  # optional: nodes may not have PyYAML; mlxops writes JSON
+    except ImportError:
+        raise ConfigError(f"{path}: YAML needs PyYAML; use a JSON config") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(yaml, loader, node, path, None)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from None
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(yaml: Any, loader: Any, node: Any, path: Path, key: str | None
+                           ) -> None:
+    """Keys written twice in one mapping, over the node tree as written. Merge keys
+    (``<<: *base``) are not duplicates: the mapping's own keys override merged ones."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(yaml, loader, item, path, f"{key or ''}[{i}]")
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = loader.construct_object(key_node, deep=True)
+            where = f"{key}.{name}" if key else str(name)
+            if not isinstance(name, (str, int, float, bool)):
+                continue  # an unhashable key: construction reports it
+            if name in first:
+                raise ConfigError(f"{path}: {where}: duplicate key at line "
+                                  f"{key_node.start_mark.line + 1} (first at line "
+                                  f"{first[name].start_mark.line + 1})")
+            first[name] = key_node
+            _refuse_duplicate_keys(yaml, loader, value_node, path, where)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     if path.suffix in (".yml", ".yaml"):
-        try:
-            import yaml  # optional: nodes may not have PyYAML; mlxops writes JSON
-        except ImportError:
-            raise ConfigError(f"{path}: YAML needs PyYAML; use a JSON config") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
+        data = _read_yaml(text, path)
     else:
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise ConfigError(f"{path}: invalid JSON: {e}") from None
+        data = _read_json(text, path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -221,6 +296,21 @@ def validate(cfg: TrainerConfig, where: str) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where}: {key}: must be positive, got {value}")
+    # Values the trainer would otherwise trip over only once it runs (a negative seed is
+    # refused by numpy and mlx, a negative width by the layers) or train on silently wrong.
+    if m.ffn_dims is not None and m.ffn_dims <= 0:
+        raise ConfigError(f"{where}: model.ffn_dims: must be positive or null, got {m.ffn_dims}")
+    for key, value in {"model.rope_base": m.rope_base, "model.norm_eps": m.norm_eps}.items():
+        if value <= 0:
+            raise ConfigError(f"{where}: {key}: must be positive, got {value}")
+    for key, value in {"train.warmup": t.warmup, "train.min_lr": t.min_lr,
+                       "train.weight_decay": t.weight_decay, "train.grad_clip": t.grad_clip,
+                       "train.seed": t.seed, "data.seed": d.seed}.items():
+        if value < 0:
+            raise ConfigError(f"{where}: {key}: must be >= 0, got {value}")
+    for key, value in {"train.seed": t.seed, "data.seed": d.seed}.items():
+        if value >= 2**63:
+            raise ConfigError(f"{where}: {key}: must be below 2**63, got {value}")
     if m.dims % m.heads or (m.dims // m.heads) % 2:
         raise ConfigError(f"{where}: model.heads: dims/heads must be an even integer")
     if t.stop_at < 0 or t.stop_at > t.steps:
@@ -237,6 +327,26 @@ def validate(cfg: TrainerConfig, where: str) -> None:
         raise ConfigError(f"{where}: data.path: required for source {d.source}")
     if d.source != "synthetic" and m.vocab_size < 256:
         raise ConfigError(f"{where}: model.vocab_size: byte-level text needs >= 256")
+    if d.source == "synthetic" and m.vocab_size < SYNTHETIC_SUCCESSORS:
+        raise ConfigError(f"{where}: model.vocab_size: the synthetic corpus needs >= "
+                          f"{SYNTHETIC_SUCCESSORS} tokens, got {m.vocab_size}")
+    if d.source == "jsonl" and not d.text_field:
+        raise ConfigError(f"{where}: data.text_field: must name the JSONL text field")
+
+
+def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
+    """The rules that need the number of ranks, ``world``.
+
+    Every rank takes ``global_batch / world`` sequences of each step, so the global batch
+    must divide evenly. (``micro_batch`` is an upper bound: the trainer takes the largest
+    divisor of the per-rank batch not above it, so it never conflicts with the world.)
+    """
+    if world < 1:
+        raise ConfigError(f"{where}: the world size must be at least 1, got {world}")
+    g = cfg.train.global_batch
+    if g % world:
+        raise ConfigError(f"{where}: train.global_batch: {g} is not divisible by the world "
+                          f"size {world} (each rank takes global_batch / world sequences)")
 
 
 def load_config(

@@ -18,7 +18,7 @@ from mlxops.node import protocol
 
 from . import checkpoint
 from .checkpoint import write_atomic
-from .config import ConfigError, TrainerConfig, diff_resume_keys
+from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_batch
 from .distributed import (
     all_gather_cpu,
@@ -58,6 +58,7 @@ class Trainer:
         self.out = Path(cfg.out)
         self.group = init_group(expected_world_size())
         self.rank, self.world = self.group.rank(), self.group.size()
+        check_world(cfg, self.world)  # mlxops launch checked it too, with the job's hosts
         self.writer = is_node_writer(self.group)
         t = cfg.train
         self.micro, self.accum = split_batch(t.global_batch, t.micro_batch, self.world)

@@ -346,11 +346,10 @@ class Connector:
         connect_kwargs = {}
         if host.key_file:
             connect_kwargs["key_filename"] = [str(host.key_file)]
-        port = host.vars.get("ansible_port")
         conn = fabric.Connection(
             host.address,
             user=host.user,
-            port=int(port) if port is not None else None,
+            port=host.ssh_port,  # None unless the inventory names one: ~/.ssh/config may
             connect_timeout=self.options.connect_timeout,
             connect_kwargs=connect_kwargs,
             config=self._fabric_config,

@@ -6,6 +6,7 @@ hostile values that must reach the node as data, never as shell.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -188,9 +189,17 @@ def test_hostile_values_execute_nothing(sandbox, tmp_path):
     vars_["mlxops_env"] = {"X": f"$(touch {markers[0]})", "Y": f"`touch {markers[1]}`"}
     vars_["mlxops_root"] = f"~/.mlxops; touch {markers[2]}"
     hosts = doc["all"]["children"]["sandbox"]["hosts"]
-    hosts["node8"]["ansible_user"] = f"{sandbox.user}; touch {markers[3]}"
-    hosts["node7"]["ansible_ssh_private_key_file"] = \
-        f"{vars_['ansible_ssh_private_key_file']}$(touch {markers[4]})"
+    # A user name cannot hold spaces (refused when the inventory loads, see below): this one
+    # is still shell syntax, and no such user exists.
+    hosts["node8"]["ansible_user"] = f"{sandbox.user};touch${{IFS}}{markers[3]}"
+    # A key that exists, under a name that is shell syntax: its directories spell
+    # `keys$(touch /tmp/pwned-...-4)`. Not a key the nodes accept: node7 stays out.
+    key_dir = tmp_path / "keys$(touch " / "tmp"
+    key_dir.mkdir(parents=True)
+    key = f"{tmp_path}/keys$(touch {markers[4]})"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True,
+                   stdin=subprocess.DEVNULL)
+    hosts["node7"]["ansible_ssh_private_key_file"] = key
     inv = tmp_path / "inventory.yml"
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
 
@@ -203,6 +212,21 @@ def test_hostile_values_execute_nothing(sandbox, tmp_path):
         assert out["hosts"][name]["status"] == "ok", out["hosts"][name]
         assert out["hosts"][name]["stdout"] == expected  # verbatim
     assert out["hosts"]["node7"]["unreachable"] and out["hosts"]["node8"]["unreachable"]
+
+    # What cannot work is refused before anything connects: exit 2, one line with the key.
+    for name, var, value in [
+            ("node8", "ansible_user", f"{sandbox.user}; touch {markers[3]}"),
+            ("node8", "ansible_user", f"{sandbox.user}\nProxyCommand touch {markers[3]}"),
+            ("node7", "ansible_ssh_private_key_file",
+             f"{vars_['ansible_ssh_private_key_file']}$(touch {markers[4]})")]:
+        bad = copy.deepcopy(doc)
+        bad["all"]["children"]["sandbox"]["hosts"][name][var] = value
+        bad_inv = tmp_path / "bad.yml"
+        bad_inv.write_text(yaml.safe_dump(bad, sort_keys=False))
+        proc = mlxops(tmp_path, "run", str(bad_inv), "--", "true")
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1
+        assert f"all.children.sandbox.hosts.{name}.{var}: " in proc.stderr
 
     assert [m for m in markers if os.path.exists(m)] == []
     for name in sandbox.nodes:

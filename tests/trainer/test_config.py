@@ -1,9 +1,12 @@
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from mlxops.trainer.config import (
     ConfigError,
+    check_world,
     default_config,
     describe_options,
     diff_resume_keys,
@@ -65,3 +68,36 @@ def test_yaml_when_available(tmp_path):
     p = tmp_path / "t.yml"
     p.write_text("model: {dims: 64, heads: 4}\ntrain: {steps: 3}\n")
     assert load_config(p).train.steps == 3
+
+
+DATA = Path(__file__).parent / "data" / "config"
+EXPECTED = yaml.safe_load((DATA / "expected.yml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_bad_config_files_get_one_line_naming_file_and_key(name):
+    path = DATA / name
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == EXPECTED[name].replace("FILE", str(path))
+
+
+def test_every_config_data_file_is_a_case():
+    assert {p.name for p in DATA.iterdir()} == {*EXPECTED, "expected.yml", "merged.yml"}
+
+
+def test_merge_keys_load_with_the_mappings_own_keys_winning():
+    cfg = load_config(DATA / "merged.yml")
+    assert (cfg.train.steps, cfg.train.lr, cfg.train.warmup) == (5, 0.5, 1)
+
+
+def test_check_world_is_the_rule_for_the_global_batch():
+    cfg = load_config({"train": {"global_batch": 12, "micro_batch": 8}})
+    for world in (1, 2, 3, 4, 6, 12):
+        check_world(cfg, world)
+    for world in (5, 8, 24):
+        with pytest.raises(ConfigError, match=rf"^job: train\.global_batch: 12 is not "
+                                              rf"divisible by the world size {world} "):
+            check_world(cfg, world, where="job")
+    with pytest.raises(ConfigError, match="world size must be at least 1"):
+        check_world(cfg, 0)

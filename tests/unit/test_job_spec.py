@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
 from mlxops.errors import UserError
-from mlxops.jobs.spec import load_job
+from mlxops.jobs.spec import check_world, load_job
 
 INVENTORY = {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1"}}}}
 GOOD = {
@@ -54,7 +56,8 @@ def test_command_jobs_split_a_string_and_take_a_workdir(tmp_path):
 
 
 BAD = [
-    ("name: [unclosed", "invalid YAML at line 1"),
+    ("name: [unclosed", "invalid YAML: did not find expected ',' or ']' (while parsing a "
+                        "flow sequence at line 1)"),
     ("- a list", "a job file is a mapping"),
     (with_(nmae="x"), "nmae: unknown key"),
     (with_(name=None), "name: required"),
@@ -93,5 +96,44 @@ def test_bad_jobs_get_one_line_naming_file_and_key(tmp_path, job, message):
 
 
 def test_an_unreadable_job_file(tmp_path):
-    with pytest.raises(UserError, match="cannot read job file"):
+    with pytest.raises(UserError, match="nope.yml: no such file$"):
         load_job(tmp_path / "nope.yml")
+
+
+DATA = Path(__file__).parent / "data" / "jobs"
+BAD_FILES = sorted((DATA / "bad").glob("*.yml"))
+
+
+@pytest.mark.parametrize("case", BAD_FILES, ids=lambda p: p.stem)
+def test_bad_job_files(case):
+    expect = case.read_text().splitlines()[0].removeprefix("# expect: ")
+    with pytest.raises(UserError) as err:
+        load_job(case)
+    assert str(err.value) == f"{case.parent}/{expect}"
+
+
+def test_merge_keys_load_as_ansible_loads_them():
+    spec = load_job(DATA / "good" / "merged.yml")
+    # the first merged mapping wins over the second, the mapping's own keys over both
+    assert spec.trainer["train"] == {"steps": 30, "lr": 0.01, "warmup": 2, "global_batch": 6}
+    assert (spec.restart.max_restarts, spec.restart.stall_timeout) == (1, 9.0)
+
+
+@pytest.mark.parametrize("world, ok", [(1, True), (2, True), (3, True), (6, True),
+                                       (4, False), (5, False), (12, False)])
+def test_check_world_applies_the_trainers_rule(world, ok):
+    spec = load_job(DATA / "good" / "merged.yml")  # global_batch 6
+    if ok:
+        check_world(spec, world)
+        return
+    with pytest.raises(UserError) as err:
+        check_world(spec, world)
+    assert str(err.value) == (
+        f"{spec.path}: trainer.train.global_batch: 6 is not divisible by the world size "
+        f"{world} (each rank takes global_batch / world sequences); the hosts 'all' give "
+        f"{world} ranks (their mlxops_slots)")
+
+
+def test_check_world_leaves_a_command_job_alone(tmp_path):
+    spec = load_job(write(tmp_path, with_(trainer=None, command="python x.py")))
+    check_world(spec, 7)

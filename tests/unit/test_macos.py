@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlxops.inventory import Host
 from mlxops.tasks import macos
 from mlxops.tasks.facts import build_facts, split_sections
 
@@ -27,9 +28,8 @@ def recorded_facts(name: str) -> dict:
 def test_plan_from_recorded_facts(case: Path) -> None:
     spec = yaml.safe_load(case.read_text())
     facts = recorded_facts(spec["facts"])
-    host_vars = spec.get("vars") or {}
-    plan = macos.plan(facts, host_vars, spec.get("args") or {},
-                      bool(host_vars.get("ansible_become")))
+    host = Host("mac", spec.get("vars") or {})
+    plan = macos.plan(facts, host, spec.get("args") or {})
     expect = spec["expect"]
     assert plan.commands == expect["commands"]
     assert plan.needs_become == expect["needs_become"]
@@ -47,6 +47,7 @@ def test_every_case_file_is_exercised() -> None:
     ({"wired_share": True}, "wired_share"),
     ({"disable_sleep": "yes"}, "disable_sleep"),
     ({"backend": "tcp"}, "backend"),
+    ({"backend": "nccl"}, "backend"),  # CUDA only: the inventory refuses it too
 ])
 def test_bad_args_are_refused(args, problem) -> None:
     with pytest.raises(ValueError, match=f"^{problem}: "):
@@ -55,12 +56,13 @@ def test_bad_args_are_refused(args, problem) -> None:
 
 def test_wired_limit_explicit_share_or_none() -> None:
     facts = {"memory_bytes": 64 * 1024**3}
-    assert macos.wired_limit_mb(facts, {"mlxops_wired_limit_mb": 50000}, 0.5) == 50000
-    assert macos.wired_limit_mb(facts, {}, 0.5) == 32768
-    assert macos.wired_limit_mb(facts, {}, None) is None
+    assert macos.wired_limit_mb(facts, 50000, 0.5) == 50000
+    assert macos.wired_limit_mb(facts, None, 0.5) == 32768
+    assert macos.wired_limit_mb(facts, None, None) is None
 
 
 def test_commands_are_plain_words_for_shell_join() -> None:
     # Every word is quoted by shell.join when run: nothing from facts can become syntax.
-    plan = macos.plan(recorded_facts("darwin_m2_ultra"), {}, {"wired_share": 0.75}, True)
+    plan = macos.plan(recorded_facts("darwin_m2_ultra"), Host("mac", {"ansible_become": True}),
+                      {"wired_share": 0.75})
     assert all(isinstance(w, str) for argv in plan.commands for w in argv)

@@ -78,6 +78,11 @@ def test_bundled_provision_playbook_is_valid() -> None:
     ("tasks: [{task: macos, args: {wired_share: 2}}]",
      "play.yml: tasks[0].args.wired_share: must be a fraction"),
     ("tasks: [{task: _t_mark]", "play.yml: line 1: invalid YAML"),
+    ("tasks: [{task: _t_mark, task: env}]", "play.yml: tasks[0].task: duplicate key at line 1"),
+    ("tasks: [{task: macos, args: {backend: !vault x}}]",
+     "play.yml: tasks[0].args.backend: an Ansible Vault value"),
+    ("tasks: [{task: macos, args: {backend: nccl}}]",
+     "play.yml: tasks[0].args.backend: must be one of ring, mpi, jaccl, jaccl-ring"),
 ])
 def test_validation_errors_are_one_line(tmp_path: Path, body: str, where: str) -> None:
     with pytest.raises(UserError) as info:
