@@ -36,7 +36,6 @@ from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, JACCL_BACKENDS, JACC
 LAUNCH_TEMPLATE = "mlx-hostfile.json.j2"
 MPI_TEMPLATE = "mpi-hostfile.txt.j2"
 ENV_TEMPLATE = "env.sh.j2"
-DEFAULT_BASE_PORT = 32323  # mlx.launch's --starting-port default
 
 
 def _tojson(value: Any) -> str:

@@ -276,5 +276,8 @@ def inventory_hosts(record: JobRecord) -> dict:
     if missing:
         raise UserError(f"{record.inventory}: host {missing[0]!r} of job {record.name!r} is no "
                         "longer in the inventory")
-    return {h.name: inventory.hosts[h.name] for h in [*record.hosts, *record.stray]
-            if h.name in inventory.hosts}
+    hosts = {h.name: inventory.hosts[h.name] for h in [*record.hosts, *record.stray]
+             if h.name in inventory.hosts}
+    for host in hosts.values():
+        host.check_local_files()  # a key file gone since launch: exit 2, not 3 per host
+    return hosts

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlxops.errors import UserError
 from mlxops.jobs import watch
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import (
     HostRecord,
     JobRecord,
     JobStopped,
+    inventory_hosts,
     launched_job,
     load_record,
     mark_stopped,
@@ -268,3 +270,13 @@ def test_a_change_that_raises_writes_nothing(tmp_path):
     with pytest.raises(JobStopped):
         update("j", change)
     assert record_path("j").read_text() == before
+
+
+def test_a_key_file_gone_since_launch_is_bad_input_before_connecting(tmp_path):
+    spec = load_job(write_job(tmp_path))
+    record = record_for(spec)
+    inventory = {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1",
+                                         "ansible_ssh_private_key_file": "gone_key"}}}}
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(inventory))
+    with pytest.raises(UserError, match=r"inv\.yml: .*ansible_ssh_private_key_file"):
+        inventory_hosts(record)
