@@ -70,11 +70,17 @@ class JobStatus:
             return (f"mpirun on {launcher['host']} {how} "
                     "(see launcher.log in the job's run directory there)")
         if failed:
-            # When one rank dies its peers fail too (their all-reduce breaks): name the likely
-            # cause: a rank killed by a signal (or gone without an exit code) before one that
-            # raised an error, then the one that ended first.
-            r = max(failed, key=lambda r: (r.exit is None or r.exit >= 128,
-                                           float("inf") if r.ended_ago is None else r.ended_ago))
+            # When one rank dies its peers fail too (their all-reduce breaks, or mpirun kills
+            # them): name the likely cause. A rank whose script recorded death by a signal
+            # comes first (its time is known), then one gone without an exit code (killed
+            # with its script: when is unknown, and mpirun's clean-up after the first death
+            # looks the same), then one that raised an error; among equals, the one that
+            # ended first.
+            def blame(r: RankStatus) -> tuple[int, float]:
+                kind = 0 if r.exit is not None and r.exit < 128 else 1 if r.exit is None else 2
+                return kind, float("inf") if r.ended_ago is None else r.ended_ago
+
+            r = max(failed, key=blame)
             how = f"exited with code {r.exit}" if r.exit is not None else "vanished"
             return f"rank {r.rank} on {r.host} {how}"
         stalled = [r for r in self.ranks if r.state == STALLED]
