@@ -1,7 +1,7 @@
 """Ship the top-level templates/ and playbooks/ inside the wheel, as mlxops/_data/.
 
-DESIGN.md keeps them at the top of the checkout, where a person finds them; an installed
-mlxops finds them through mlxops.paths either way.
+The repository keeps them at the top of the checkout (README.md, "Layout"), where a person
+finds them; an installed mlxops finds them through mlxops.paths either way.
 """
 
 import shutil

@@ -77,7 +77,7 @@ class Results(Mapping[str, HostResult]):
 
     @property
     def exit_code(self) -> int:
-        """DESIGN.md: 3 when any host is unreachable, else 1 when any failed, else 0."""
+        """docs/cli.md, "Exit codes": 3 when any host is unreachable, else 1 when any failed, else 0."""
         if self.unreachable:
             return EXIT_UNREACHABLE
         if self.failed:

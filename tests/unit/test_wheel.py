@@ -1,4 +1,4 @@
-"""An installed mlxops finds templates/ and playbooks/ without a checkout (DESIGN.md)."""
+"""An installed mlxops finds templates/ and playbooks/ without a checkout (README.md, "Layout")."""
 
 from __future__ import annotations
 
