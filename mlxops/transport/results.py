@@ -77,7 +77,8 @@ class Results(Mapping[str, HostResult]):
 
     @property
     def exit_code(self) -> int:
-        """docs/cli.md, "Exit codes": 3 when any host is unreachable, else 1 when any failed, else 0."""
+        """3 when any host is unreachable, else 1 when any failed, else 0 (docs/cli.md,
+        "Exit codes")."""
         if self.unreachable:
             return EXIT_UNREACHABLE
         if self.failed:
