@@ -20,6 +20,9 @@ On its own sandbox (N fake nodes; needs root), the bundled trainer with a tiny m
     sudo .venv/bin/python benchmarks/launch.py [--nodes 4] [--stop-ranks 16] [--repeat 3]
 
 Every process it starts is stopped by pid and the sandbox taken down, also on Ctrl-C.
+
+Longer than the project's modules on purpose: a benchmark is read and run as one script,
+both sides of each comparison side by side.
 """
 
 from __future__ import annotations
