@@ -13,6 +13,13 @@ all-reduce = the rest of the step: the loss/flag reduction (including waiting fo
             optimizer update alone, the floor to subtract when reading larger worlds.
 Ranks share this machine's cores, so more ranks here measure the overheads of data
 parallelism, not a speed-up; on a cluster each rank has its own machine.
+
+BLAS (Linux): the runs above use the BLAS MLX's wheel carries (netlib's reference BLAS;
+any LD_PRELOAD / OPENBLAS_NUM_THREADS of this shell is removed for them). Then the same
+fp32 config at each of ``--blas-ranks`` world sizes runs again with this machine's
+OpenBLAS preloaded as mlxops preloads it into ranks (``LD_PRELOAD``,
+``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks), printed side by side with the ratio, and
+a 1024x1024x1024 float32 matmul is timed both ways (median of ``--matmul-repeat``).
 """
 
 from __future__ import annotations
@@ -29,9 +36,43 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
+
+BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
+MATMUL = """
+import statistics, sys, time
+import mlx.core as mx
+n, repeat = int(sys.argv[1]), int(sys.argv[2])
+a = mx.random.normal((n, n)); b = mx.random.normal((n, n)); mx.eval(a, b)
+mx.eval(a @ b)
+times = []
+for _ in range(repeat):
+    t = time.perf_counter(); mx.eval(a @ b); times.append(time.perf_counter() - t)
+print(statistics.median(times))
+"""
 
 
-def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str, **train: object) -> dict:
+def environment(blas: dict[str, str] | None) -> dict[str, str]:
+    """This process's environment without a BLAS preload of its own, plus ``blas``."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
+    return {**env, **(blas or {})}
+
+
+def openblas_env(library: str, ranks: int) -> dict[str, str]:
+    """What mlxops gives each of ``ranks`` ranks on this machine (docs/job-file.md)."""
+    return {"LD_PRELOAD": library, "OPENBLAS_NUM_THREADS": str(max(1, usable_cpus() // ranks))}
+
+
+def matmul_seconds(n: int, repeat: int, blas: dict[str, str] | None) -> float:
+    out = subprocess.run([sys.executable, "-c", MATMUL, str(n), str(repeat)], check=True,
+                         env=environment(blas), capture_output=True, text=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str,
+        blas: dict[str, str] | None = None, **train: object) -> dict:
     out = tmp / name
     cfg = {
         "model": {"dims": args.dims, "layers": args.layers, "heads": args.heads,
@@ -50,7 +91,7 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str, **train: obj
         cmd = [launch, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
                "--starting-port", str(random.randint(20000, 50000)), "--", *cmd]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env=environment(blas))
     try:
         _, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -68,7 +109,8 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str, **train: obj
     return {"name": name, "ranks": ranks, "tokens_per_sec": med("tokens_per_sec"),
             "step_ms": med("step_time") * 1e3, "compute_ms": med("compute_time") * 1e3,
             "comm_ms": med("comm_time") * 1e3, "micro": recs[-1]["micro_batch"],
-            "accum": recs[-1]["accumulation"], "loss": recs[-1]["loss"]}
+            "accum": recs[-1]["accumulation"], "loss": recs[-1]["loss"],
+            "blas": "openblas" if blas else "wheel"}
 
 
 def main() -> None:
@@ -85,10 +127,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--skip", type=int, default=2, help="leading steps left out")
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed per run")
+    p.add_argument("--blas-ranks", default="1,2",
+                   help="world sizes to run again with OpenBLAS preloaded ('' for none)")
+    p.add_argument("--matmul", type=int, default=1024, help="n of the n^3 matmul timed")
+    p.add_argument("--matmul-repeat", type=int, default=5)
     p.add_argument("--json", action="store_true", help="print the rows as JSON only")
     args = p.parse_args()
 
-    rows = []
+    library = find_openblas() if sys.platform.startswith("linux") else None
+    blas_ranks = [int(x) for x in args.blas_ranks.split(",") if x.strip()] if library else []
+    rows, blas_rows, matmul = [], [], []
     with tempfile.TemporaryDirectory(prefix="mlxops-bench-") as d:
         tmp = Path(d)
         for n in (int(x) for x in args.ranks.split(",")):
@@ -98,8 +146,18 @@ def main() -> None:
         rows.append(run(args, tmp, v, f"bf16 ranks={v}", dtype="bfloat16"))
         rows.append(run(args, tmp, v, f"bf16+ckpt ranks={v}", dtype="bfloat16",
                         grad_checkpoint=True))
+        for n in blas_ranks:
+            wheel = next((r for r in rows if r["name"] == f"fp32 ranks={n}"), None) or \
+                run(args, tmp, n, f"fp32 ranks={n}")
+            fast = run(args, tmp, n, f"fp32 ranks={n} openblas", openblas_env(library, n))
+            blas_rows.append((wheel, fast))
+    if library:
+        for blas in (None, openblas_env(library, 1)):
+            seconds = matmul_seconds(args.matmul, args.matmul_repeat, blas)
+            matmul.append({"name": f"matmul {args.matmul}^3", "seconds": seconds,
+                           "blas": "openblas" if blas else "wheel"})
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + [fast for _, fast in blas_rows] + matmul, indent=1))
         return
     print(f"model dims={args.dims} layers={args.layers} heads={args.heads} "
           f"seq_len={args.seq_len}, global batch {args.global_batch} "
@@ -113,6 +171,28 @@ def main() -> None:
         print(f"{r['name']:<20} {r['micro']:>5} x {r['accum']:<3} {r['tokens_per_sec']:>9.0f} "
               f"{r['step_ms']:>9.1f} {r['compute_ms']:>11.1f} {r['comm_ms']:>14.1f} "
               f"{100 * r['comm_ms'] / r['step_ms']:>6.1f}%")
+    print_blas(library, blas_rows, matmul)
+
+
+def print_blas(library: str | None, runs: list[tuple[dict, dict]], matmul: list[dict]) -> None:
+    print()
+    if not library:
+        print("BLAS: no OpenBLAS on this machine to compare with (Debian, Ubuntu: "
+              "apt-get install libopenblas0-pthread; nothing is preloaded on macOS)")
+        return
+    print(f"BLAS: the wheel's against {library} preloaded "
+          f"(OPENBLAS_NUM_THREADS = {usable_cpus()} CPUs // ranks)")
+    head = f"{'run':<20} {'wheel':>12} {'openblas':>12} {'ratio':>8}"
+    print(head)
+    print("-" * len(head))
+    for wheel, fast in runs:
+        print(f"{wheel['name']:<20} {wheel['tokens_per_sec']:>8.0f} t/s "
+              f"{fast['tokens_per_sec']:>8.0f} t/s "
+              f"{fast['tokens_per_sec'] / wheel['tokens_per_sec']:>7.1f}x")
+    if len(matmul) == 2:
+        slow, fast = matmul
+        print(f"{slow['name'] + ' fp32':<20} {slow['seconds']:>10.3f} s {fast['seconds']:>10.4f} s "
+              f"{slow['seconds'] / fast['seconds']:>7.1f}x")
 
 
 if __name__ == "__main__":

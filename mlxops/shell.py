@@ -31,20 +31,28 @@ def is_env_name(name: str) -> bool:
     return bool(_ENV_NAME.match(name))
 
 
+class Prepend(str):
+    """An environment value that goes *before* the one the variable has when the line runs,
+    ``:``-separated, instead of replacing it (``LD_PRELOAD``: what the node's session
+    already preloads stays preloaded). Written ``NAME='value'${NAME:+:$NAME}``."""
+
+
+def assignment(name: str, value: object) -> str:
+    """``NAME='value'`` (a :class:`Prepend` keeps the variable's current value after it)."""
+    if not is_env_name(name):
+        raise ValueError(f"not an environment variable name: {name!r}")
+    rest = f'${{{name}:+":${name}"}}' if isinstance(value, Prepend) else ""
+    return f"{name}={quote(value)}{rest}"
+
+
 def env_assignments(env: Mapping[str, object]) -> str:
     """``A='1' B='x y'``: a prefix of assignments for a command (names are checked)."""
-    for name in env:
-        if not is_env_name(name):
-            raise ValueError(f"not an environment variable name: {name!r}")
-    return " ".join(f"{name}={quote(value)}" for name, value in env.items())
+    return " ".join(assignment(name, value) for name, value in env.items())
 
 
 def export_lines(env: Mapping[str, object]) -> str:
     """The body of an env file: one ``export NAME='value'`` line per variable."""
-    for name in env:
-        if not is_env_name(name):
-            raise ValueError(f"not an environment variable name: {name!r}")
-    return "".join(f"export {name}={quote(value)}\n" for name, value in env.items())
+    return "".join(f"export {assignment(name, value)}\n" for name, value in env.items())
 
 
 def with_env(argv: Sequence[object], env: Mapping[str, object]) -> str:

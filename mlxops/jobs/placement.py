@@ -6,7 +6,9 @@ port). Each rank gets the environment ``mlx.launch`` would give its backend (rea
 ``mlx/_distributed_utils/launch.py``): ``MLX_RANK`` and ``MLX_HOSTFILE`` for ring;
 ``MLX_JACCL_COORDINATOR``, ``MLX_IBV_DEVICES`` (and ``MLX_JACCL_RING``) for jaccl; plus the
 managed ``env.sh``, the host's ``mlxops_env``, the job's ``env:`` and mlxops' own
-``MLXOPS_*`` variables that the trainer reads.
+``MLXOPS_*`` variables that the trainer reads. On a Linux node with an OpenBLAS, it is
+preloaded (``LD_PRELOAD``) with ``OPENBLAS_NUM_THREADS`` at the cores per rank, unless
+the user set those themselves (docs/job-file.md, "What each rank gets").
 """
 
 from __future__ import annotations
@@ -78,16 +80,35 @@ class NodePaths:
         return f"{self.code}/jobs/{self.name}"
 
 
+def blas_environment(*, rank: Rank, ranks: Sequence[Rank], openblas: str | None,
+                     cpus: int | None) -> dict[str, str]:
+    """The optimised BLAS of a rank on a Linux node: ``openblas`` (the node's pre-flight
+    answer; None on macOS, without one, or with ``blas: off``) preloaded before whatever the
+    rank's session preloads, and its threads at the node's ``cpus`` shared by the job's
+    ranks there (at least 1), so that ranks on one host do not fight over its cores."""
+    if not openblas:
+        return {}
+    env: dict[str, str] = {"LD_PRELOAD": shell.Prepend(openblas)}
+    if cpus:
+        here = sum(1 for r in ranks if r.host == rank.host)
+        env["OPENBLAS_NUM_THREADS"] = str(max(1, cpus // here))
+    return env
+
+
 def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: NodePaths,
                      host_env: dict[str, str], job_env: dict[str, str],
-                     resume: bool, mpi_env: dict[str, str] | None = None) -> dict[str, str]:
+                     resume: bool, mpi_env: dict[str, str] | None = None,
+                     openblas: str | None = None, cpus: int | None = None) -> dict[str, str]:
     """Environment of one rank, later entries winning (mlxops' own variables last).
 
     ``mpi_env``: for the mpi backend, what the launcher node found about Open MPI
     (``MLX_MPI_LIBNAME``, and ``DYLD_LIBRARY_PATH`` on macOS), as ``mlx.launch`` sets it.
     MPI numbers the ranks itself, so an mpi rank gets no ``MLX_RANK``.
+    ``openblas``, ``cpus``: :func:`blas_environment`, first, so that an ``LD_PRELOAD`` or
+    ``OPENBLAS_NUM_THREADS`` in the host's ``mlxops_env`` or the job's ``env:`` wins.
     """
-    env: dict[str, str] = {}
+    env: dict[str, str] = blas_environment(rank=rank, ranks=ranks, openblas=openblas,
+                                           cpus=cpus)
     env.update(host_env)
     env.update(job_env)
     world = len(ranks)

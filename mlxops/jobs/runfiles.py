@@ -24,7 +24,7 @@ from mlxops.jobs.placement import (
     ring_hostfile,
 )
 from mlxops.jobs.preflight import HostPrep
-from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.spec import BLAS_AUTO, JobSpec
 from mlxops.node import protocol
 
 
@@ -65,10 +65,12 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         files[protocol.IBV_DEVICES] = json.dumps(rdma).encode()
     mpi = spec.backend == protocol.MPI
     launcher = preps[ranks[0].host].answer
+    openblas = prep.answer.openblas if spec.blas == BLAS_AUTO else None
     for rank in (r for r in ranks if r.host == host.name):
         env = rank_environment(backend=spec.backend, rank=rank, ranks=ranks, paths=paths,
                                host_env=host.env, job_env=spec.env, resume=resume,
-                               mpi_env=mpi_environment(launcher) if mpi else None)
+                               mpi_env=mpi_environment(launcher) if mpi else None,
+                               openblas=openblas, cpus=prep.answer.cpus)
         files[protocol.process_file(rank.rank, protocol.SCRIPT)] = rank_script(
             env=env, argv=argv, paths=paths, cwd=cwd, rank=rank.rank, mpi=mpi).encode()
     if mpi and host.name == ranks[0].host:

@@ -25,7 +25,10 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace"}
+            "restart", "port", "stop_grace", "blas"}
+#: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
+BLAS_AUTO, BLAS_OFF = "auto", "off"
+BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
 RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable"}
 
 
@@ -61,6 +64,7 @@ class JobSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     port: int = 0                              # first ring port; 0 = derived from the name
     stop_grace: float = 5.0                    # seconds between SIGTERM and SIGKILL
+    blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
 
     @property
     def base_port(self) -> int:
@@ -145,7 +149,17 @@ def load_job(path: str | Path) -> JobSpec:
         restart=_restart(path, data.get("restart")),
         port=_port(path, data.get("port", 0)),
         stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
+        blas=_blas(path, data.get("blas", BLAS_AUTO)),
     )
+
+
+def _blas(path: Path, value: Any) -> str:
+    # YAML reads a bare `off` as false: take it as the word the user wrote.
+    if value is False:
+        return BLAS_OFF
+    if value not in BLAS_MODES:
+        raise bad_input(path, "blas", f"must be {' or '.join(BLAS_MODES)}, got {value!r}")
+    return value
 
 
 def _restart(path: Path, data: Any) -> RestartPolicy:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mlxops.node import protocol
+from mlxops.node.blas import find_openblas, usable_cpus
 from mlxops.node.ports import busy_ports
 from mlxops.node.rundir import checkpoint_steps
 from mlxops.node.status import leftovers
@@ -40,6 +41,9 @@ def preflight(run_dir: Path, *, ip: str, ports: list[int], mpi: bool
         checkpoints=checkpoint_steps(run_dir),
         mpirun=mpirun,
         mpi_libname=libname,
+        # macOS has Accelerate and Metal: nothing to preload there.
+        openblas=find_openblas() if platform.system() == "Linux" else None,
+        cpus=usable_cpus(),
     )
 
 

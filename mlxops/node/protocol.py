@@ -176,7 +176,7 @@ COMMANDS = (PREFLIGHT, SPAWN, STATUS, STOP, LOGS, KEEP_CHECKPOINTS)
 def preflight_args(run_dir: str, *, ip: str = "", ports: Sequence[int] = (),
                    mpi: bool = False) -> list[str]:
     """Pre-flight: this job's leftovers and checkpoints, ``ports`` busy on ``ip`` (ring),
-    mpirun and libmpi (``mpi``), Python and mlx."""
+    mpirun and libmpi (``mpi``), Python and mlx, an OpenBLAS (Linux) and the CPU count."""
     return [PREFLIGHT, "--run-dir", run_dir, "--ip", ip, *(["--mpi"] if mpi else []),
             "--ports", *map(str, ports)]
 
@@ -315,6 +315,8 @@ class PreflightAnswer(_Answer):
     checkpoints: list[int]               # steps of its complete checkpoints, oldest first
     mpirun: str | None = None            # asked with --mpi: mpirun's absolute path
     mpi_libname: str | None = None       # ... and the libmpi MLX should dlopen
+    openblas: str | None = None          # Linux: an OpenBLAS ranks preload; None: none, macOS
+    cpus: int | None = None              # CPUs this node's processes may use (affinity, quota)
 
     @classmethod
     def from_dict(cls, doc: Any) -> PreflightAnswer:

@@ -6,7 +6,7 @@ before a playbook is validated against it.
 
 from __future__ import annotations
 
-from mlxops.tasks import env, facts, hostfiles, macos, python, sync  # noqa: F401 - registers
+from mlxops.tasks import blas, env, facts, hostfiles, macos, python, sync  # noqa: F401 - registers
 from mlxops.tasks.base import REGISTRY, Outcome, TaskContext, TaskSpec, task
 
 __all__ = ["REGISTRY", "Outcome", "TaskContext", "TaskSpec", "task"]

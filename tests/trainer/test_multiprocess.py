@@ -8,12 +8,25 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
-from trainer_procs import ROOT, losses, ok, run_trainer, trainer_cmd, write_config
+from trainer_procs import PY, ROOT, losses, ok, run_trainer, trainer_cmd, write_config
 
+from mlxops.node.blas import find_openblas, usable_cpus
 from mlxops.trainer import checkpoint
+
+# Ranks on a Linux node run with its OpenBLAS preloaded, as mlxops starts them
+# (docs/job-file.md, "What each rank gets"): resume must stay bitwise with it too.
+OPENBLAS = find_openblas() if sys.platform.startswith("linux") else None
+NO_OPENBLAS = ("no OpenBLAS on this machine to preload into the ranks "
+               "(Debian, Ubuntu: apt-get install libopenblas0-pthread)")
+
+
+def openblas_env(ranks: int) -> dict[str, str]:
+    """What mlxops gives each of ``ranks`` ranks on this machine."""
+    return {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": str(max(1, usable_cpus() // ranks))}
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +37,22 @@ def runs(tmp_path_factory):
     assert straight.returncode == 0, straight.stderr[-2000:]
     half = run_trainer(write_config(tmp, tmp / "half", train={"stop_at": 20}), ranks=2)
     assert half.returncode == 0, half.stderr[-2000:]
+    return tmp, straight
+
+
+@pytest.fixture(scope="module")
+def openblas_runs(tmp_path_factory):
+    """``runs``, every rank with the machine's OpenBLAS preloaded."""
+    if OPENBLAS is None:
+        pytest.skip(NO_OPENBLAS)
+    env = openblas_env(2)
+    # The preload takes: a process with this environment maps the library.
+    maps = subprocess.run([PY, "-c", "import mlx.core; print(open('/proc/self/maps').read())"],
+                          env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert os.path.realpath(OPENBLAS) in maps.stdout
+    tmp = tmp_path_factory.mktemp("openblas-runs")
+    straight = ok(run_trainer(write_config(tmp, tmp / "straight"), ranks=2, env=env))
+    ok(run_trainer(write_config(tmp, tmp / "half", train={"stop_at": 20}), ranks=2, env=env))
     return tmp, straight
 
 
@@ -49,13 +78,15 @@ def test_straight_run_learns_and_writes_contracts(runs):
     assert state["data_cursor"] == 40 * 8 and state["config"]["model"]["dims"] == 32
 
 
-def test_resume_same_world_size_is_bitwise_identical(runs):
-    tmp, _ = runs
+@pytest.mark.parametrize("blas", ["wheel", "openblas"])
+def test_resume_same_world_size_is_bitwise_identical(request, blas):
+    tmp, _ = request.getfixturevalue("runs" if blas == "wheel" else "openblas_runs")
+    env = openblas_env(2) if blas == "openblas" else None
     ref = losses(tmp / "straight")
     out = tmp / "resumed2"
     shutil.copytree(tmp / "half", out)
     assert max(losses(out)) == 20
-    ok(run_trainer(write_config(tmp, out), "--resume", ranks=2))
+    ok(run_trainer(write_config(tmp, out), "--resume", ranks=2, env=env))
     got = losses(out)
     assert sorted(got) == list(range(1, 41))
     for s in range(21, 41):

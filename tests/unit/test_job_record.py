@@ -106,7 +106,7 @@ def test_the_watchdogs_interval_comes_from_the_policy():
 
 
 def test_the_record_rebuilds_the_job_as_launched(tmp_path):
-    spec = load_job(write_job(tmp_path, env={"A": "1"}, port=21000, stop_grace=3))
+    spec = load_job(write_job(tmp_path, env={"A": "1"}, port=21000, stop_grace=3, blas="off"))
     record_for(spec).save()
     assert load_record("j").job_spec() == spec
 

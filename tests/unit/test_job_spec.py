@@ -46,6 +46,14 @@ def test_a_good_job_loads_with_defaults(tmp_path):
     assert spec.base_port == load_job(write(tmp_path, GOOD)).base_port  # stable per name
 
 
+def test_blas_is_auto_unless_turned_off(tmp_path):
+    assert load_job(write(tmp_path, GOOD)).blas == "auto"
+    assert load_job(write(tmp_path, with_(blas="auto"))).blas == "auto"
+    # YAML reads a bare `off` as false; quoted, it is the word.
+    assert load_job(write(tmp_path, yaml.safe_dump(GOOD) + "blas: off\n")).blas == "off"
+    assert load_job(write(tmp_path, with_(blas="off"))).blas == "off"
+
+
 def test_command_jobs_split_a_string_and_take_a_workdir(tmp_path):
     (tmp_path / "work").mkdir()
     spec = load_job(write(tmp_path, with_(trainer=None, command="python train.py --lr 'a b'",
@@ -82,6 +90,8 @@ BAD = [
     (with_(port=80), "port: must be a port number from 1024 to 65000"),
     (with_(restart={"exclude_unreachable": "yes"}), "restart.exclude_unreachable: must be true"),
     (with_(restart={"poll_interval": -1}), "restart.poll_interval: must be a non-negative"),
+    (with_(blas="fast"), "blas: must be auto or off, got 'fast'"),
+    (with_(blas=True), "blas: must be auto or off, got True"),
 ]
 
 

@@ -80,3 +80,17 @@ def test_path_word_keeps_home_expandable_and_quotes_the_rest(tmp_path, monkeypat
 def test_join_refuses_a_plain_string():
     with pytest.raises(TypeError):
         shell.join("rm -rf /")  # type: ignore[arg-type]
+
+
+def test_a_prepended_value_goes_before_the_current_one_and_stays_quoted():
+    from mlxops.shell import Prepend
+
+    value = Prepend("/x y/$(touch pwned).so")
+    for script in (shell.export_lines({"LD_PRELOAD": value}) + 'printf %s "$LD_PRELOAD"',
+                   shell.with_env(["sh", "-c", 'printf %s "$LD_PRELOAD"'],
+                                  {"LD_PRELOAD": value})):
+        for before, after in (("", "/x y/$(touch pwned).so"),
+                              ("/a.so", "/x y/$(touch pwned).so:/a.so")):
+            out = subprocess.run(["sh", "-c", f"LD_PRELOAD={shell.quote(before)}; {script}"],
+                                 capture_output=True, text=True)
+            assert out.stdout == after
