@@ -1,7 +1,8 @@
 """The pytest plugin behind ``mlxops check`` and ``pytest --mlxops-inventory``.
 
 One :class:`MlxopsPlugin` object per session holds what is checked (a
-:class:`~mlxops.checks.target.Target`) and gives tests:
+:class:`~mlxops.checks.target.Target`) and gives tests (the fixtures of
+:mod:`mlxops.checks.fixtures`, which it registers):
 
 * ``host``: testinfra's fixture, parametrised over the inventory's hosts with their names
   as ids (``check_env_file[mac2]``), on the ``mlxops`` backend
@@ -24,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from mlxops.checks import backend
+from mlxops.checks import backend, fixtures
 from mlxops.checks.cluster import Cluster
 from mlxops.checks.outcome import (
     ERROR,
@@ -45,23 +46,29 @@ from mlxops.errors import InternalError
 from mlxops.transport import Connector, HostUnreachable
 from mlxops.transport.results import OK
 
-WHEN = "mlxops_when"
-UNTRUSTED_OK = "mlxops_untrusted_ok"
+#: Attributes :func:`when` and :func:`untrusted_ok` set on a check function.
+WHEN, UNTRUSTED_OK = "mlxops_when", "mlxops_untrusted_ok"
 #: testinfra's parametrised argument behind its ``host`` fixture.
 HOST_PARAM = "_testinfra_host"
 #: Fixtures that need the hosts' states gathered first.
 STATE_FIXTURES = frozenset({"node", "cluster", "ring_reach"})
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def when(predicate: Callable[[Cluster, NodeState], bool]) -> pytest.MarkDecorator:
+def when(predicate: Callable[[Cluster, NodeState], bool]) -> Callable[[F], F]:
     """Where a check applies: ``predicate(cluster, node)``, asked with the gathered states
     (a host that was not read has no facts: a check must then apply, and error)."""
-    # with_args: a mark called with one function would mark that function instead.
-    return getattr(pytest.mark, WHEN).with_args(predicate)
+    def mark(check: F) -> F:
+        setattr(check, WHEN, predicate)
+        return check
+
+    return mark
 
 
-#: Marks a check that runs on a host whose key is not trusted (the one that says so).
-untrusted_ok = getattr(pytest.mark, UNTRUSTED_OK)
+def untrusted_ok(check: F) -> F:
+    """Marks a check that runs on a host whose key is not trusted (the one that says so)."""
+    setattr(check, UNTRUSTED_OK, True)
+    return check
 
 
 @dataclass
@@ -100,7 +107,7 @@ def one_line(exc: BaseException, host: str | None) -> str:
 
 
 class MlxopsPlugin:
-    """pytest hooks and fixtures for one session over ``target``'s hosts.
+    """pytest hooks for one session over ``target``'s hosts.
 
     ``standalone``: a user's own ``pytest --mlxops-inventory`` run, where an error while
     gathering propagates; ``mlxops check`` keeps it in :attr:`error` and raises it itself.
@@ -131,13 +138,12 @@ class MlxopsPlugin:
                                     f"hosts use the {backend.NAME!r} backend")
         config.option.connection = backend.NAME
         config.option.hosts = ",".join(self.target.names)
-        config.addinivalue_line("markers", f"{WHEN}(predicate): where an mlxops check "
-                                           "applies")
-        config.addinivalue_line("markers", f"{UNTRUSTED_OK}: runs on a host whose key is "
-                                           "not trusted")
         self.connector = Connector(self.target.options)
         backend.bind(self.target.inventory.hosts, self.connector)
         self._cluster = Cluster(self.target, self.connector)
+        config.stash[fixtures.PLUGIN] = self
+        if not config.pluginmanager.is_registered(fixtures):
+            config.pluginmanager.register(fixtures, fixtures.__name__)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         backend.unbind()
@@ -181,46 +187,26 @@ class MlxopsPlugin:
         return self._cluster
 
     def _applies(self, item: pytest.Item) -> bool:
-        marker = item.get_closest_marker(WHEN)
-        if marker is None:
+        predicate = getattr(getattr(item, "obj", None), WHEN, None)
+        if predicate is None:
             return True
         name = host_name(item)
         state = self._cluster.states.get(name) if name else None
         if name and state is None:
             return True
-        return bool(marker.args[0](self._cluster, state))
+        return bool(predicate(self._cluster, state))
 
-    # --- fixtures ---------------------------------------------------------------------
-
-    @pytest.fixture(scope="session")
-    def cluster(self) -> Cluster:
-        """Every checked host's state (gathered once, in parallel)."""
-        return self.gather()
-
-    @pytest.fixture
-    def node(self, host: Any, cluster: Cluster) -> NodeState:
-        """The state of the host this test runs for."""
-        return cluster.state(host.backend.get_hostname())
-
-    @pytest.fixture(scope="session")
-    def ring_reach(self, cluster: Cluster) -> Cluster:
-        """``cluster`` once every pair of hosts tried each other's ring ports."""
-        if not cluster.reached:
-            cluster.gather_reach()
-        return cluster
-
-    @pytest.fixture(autouse=True)
-    def _mlxops_host_reachable(self, request: pytest.FixtureRequest) -> None:
-        """Before a test of a host that was not read: an error (unreachable, or failed),
-        or for an untrusted host key a skip."""
-        name = host_name(request.node)
+    def before_test(self, item: pytest.Item) -> None:
+        """Before a test of a host that was not read: an error (unreachable, or failed), or
+        for an untrusted host key a skip (except for the check that says so)."""
+        name = host_name(item)
         if name is None or not self.gathered or name not in self._cluster.states:
             return
         state = self._cluster.states[name]
         if state.status == OK:
             return
         if state.status == UNTRUSTED:
-            if request.node.get_closest_marker(UNTRUSTED_OK) is None:
+            if not getattr(getattr(item, "obj", None), UNTRUSTED_OK, False):
                 pytest.skip(f"{name}: host key not trusted (see check_ssh)")
             return
         if state.status == UNREACHABLE:
@@ -260,7 +246,8 @@ class MlxopsPlugin:
         if call.when == "teardown" and current is not None and current.outcome != PASSED:
             return  # a teardown's error does not hide what the test found
         path, line, _ = item.location
+        module = getattr(item, "module", None)
         self.results[item.nodeid] = CheckResult(
             check=getattr(item, "originalname", item.name), host=host, outcome=outcome,
-            message=message, module=getattr(item, "module", None).__name__
-            if getattr(item, "module", None) is not None else path, line=line)
+            message=message, module=module.__name__ if module is not None else path,
+            line=line or 0)
