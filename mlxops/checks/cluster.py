@@ -13,6 +13,7 @@ from mlxops.checks.state import NodeState, inspect
 from mlxops.checks.target import Target
 from mlxops.jobs.nodecmd import run_node
 from mlxops.node import protocol
+from mlxops.tasks.facts import load_cached_facts
 from mlxops.transport import Connector, run_parallel
 from mlxops.transport.results import OK
 
@@ -37,8 +38,11 @@ class Cluster:
                                forks=self.target.forks)
         for host in self.target.hosts:
             result = results[host.name]
-            self.states[host.name] = (result.value if result.succeeded else
-                                      NodeState(host, result.status, result.message))
+            state = (result.value if result.succeeded else
+                     NodeState(host, result.status, result.message))
+            if state.status != OK:
+                state.cached = load_cached_facts(host.name) or {}
+            self.states[host.name] = state
 
     def state(self, name: str) -> NodeState:
         return self.states[name]

@@ -50,10 +50,17 @@ class NodeState:
     ready: protocol.ReadyAnswer | str | None = None
     clock: tuple[float, float] | None = None    # (node clock - controller's, uncertainty) s
     reach: protocol.ReachAnswer | str | None = None
+    # A host not read: the facts the last provision cached for it, if any.
+    cached: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.host.name
+
+    @property
+    def system(self) -> str | None:
+        """``Darwin``, ``Linux``; as last seen when the host was not read; None: unknown."""
+        return self.facts.get("system") or self.cached.get("system")
 
     @property
     def interpreter(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import tomllib
 import xml.etree.ElementTree as ET
 from importlib import import_module
 from pathlib import Path
@@ -222,6 +221,7 @@ def test_pytest_with_mlxops_inventory_gives_a_users_suite_the_hosts(cluster, tmp
 
 
 def test_the_plugin_is_a_pytest11_entry_point_and_checks_are_never_collected_by_pytest():
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     target = project["entry-points"]["pytest11"]["mlxops"]
     assert hasattr(import_module(target), "pytest_addoption")

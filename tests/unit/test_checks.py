@@ -14,8 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlxops.checks import NotReady, check_cluster, check_files, check_host
-from mlxops.checks import check_macos, check_resources
+from mlxops.checks import (
+    NotReady,
+    check_cluster,
+    check_files,
+    check_host,
+    check_macos,
+    check_resources,
+)
 from mlxops.checks.cluster import Cluster
 from mlxops.checks.state import UNTRUSTED, NodeState
 from mlxops.checks.target import load_target
@@ -229,6 +235,8 @@ def test_macos_settings_as_the_macos_task_would_set_them(tmp_path):
     assert check_macos._mac(cluster, node)
     assert not check_macos._mac(cluster, cluster.state("mac2"))
     assert check_macos._mac(cluster, NodeState(node.host, "unreachable", "down"))
+    assert not check_macos._mac(cluster, NodeState(node.host, "unreachable", "down",
+                                                   cached={"system": "Linux"}))
 
 
 def test_versions_agree_names_the_odd_host_and_leaves_the_mlx_pin_to_check_mlx(tmp_path):
