@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxops import render
 from mlxops.errors import UserError, bad_input
+from mlxops.ignore import Ignore
 from mlxops.inventory import Host, Inventory, load_inventory
 from mlxops.jobs.code import code_bundle
 from mlxops.jobs.placement import place_ranks
@@ -23,6 +24,7 @@ from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.node import protocol
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook
+from mlxops.sync import DEFAULT_EXCLUDES
 from mlxops.tasks.hostfiles import render_all
 from mlxops.tasks.sync import bundle
 from mlxops.transport import ConnectOptions
@@ -65,10 +67,15 @@ class Target:
             return str(exc)
 
     @functools.cached_property
-    def code(self) -> tuple[dict[str, Path], list[str], Any]:
+    def code(self) -> tuple[dict[str, Path], list[str], Ignore]:
         """``(files, roots, ignore)`` of ``<root>/code``: the ``sync`` task's bundle, or the
         job's (with its workdir) as its pre-flight syncs it."""
-        return code_bundle(self.job) if self.job is not None else bundle()
+        files, roots, ignore = code_bundle(self.job) if self.job is not None else bundle()
+        # The bundle's excludes apply under mlxops/trainer/ and mlxops/node/ only; the
+        # mlxops/__pycache__/ a node's Python writes when it runs the helpers is no
+        # difference either.
+        ignore.extend(Ignore(DEFAULT_EXCLUDES))
+        return files, roots, ignore
 
     @functools.cached_property
     def macos_args(self) -> dict[str, Any]:

@@ -111,12 +111,17 @@ def test_each_breakage_fails_its_check_on_its_node_only(sandbox_mut, cluster):
     try:
         (home["node1"] / "env.sh").unlink()                                  # env missing
         _fake_mlx_venv(sandbox, "node2")                                     # wrong mlx
+        # SO_REUSEADDR as any server sets it: the first test's reach left TIME_WAITs.
         holder = sandbox.popen_in("node3", [sandbox.python, "-c", textwrap.dedent("""
             import socket, sys, time
-            s = socket.socket(); s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((sys.argv[1], int(sys.argv[2]))); s.listen()
             print("held", flush=True); time.sleep(300)
-        """), sandbox.ip("node3"), str(PORT + 2)], stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "held"                   # held ring port
+        """), sandbox.ip("node3"), str(PORT + 2)], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        held = holder.stdout.readline().strip()                              # held ring port
+        assert held == "held", holder.stderr.read() if holder.poll() is not None else held
         sandbox.write_node_file("node4", ".chk/code/mlxops/trainer/train.py",
                                 trainer_code + "# edited on the node\n")     # stale code
         leftover = sandbox.popen_in("node5", ["sleep", "300"])
@@ -137,7 +142,7 @@ def test_each_breakage_fails_its_check_on_its_node_only(sandbox_mut, cluster):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     broken = {"check_env_file[node1]", "check_mlx[node2]", "check_ring_ports[node3]",
               "check_synced_code[node4]", "check_leftover_ranks[node5]", "check_ssh[node6]"}
-    assert {n for n, o in cases.items() if o == "failure"} == broken
+    assert {n for n, o in cases.items() if o == "failure"} == broken, proc.stdout
     assert not [n for n, o in cases.items() if o == "error"]
     # node6 answered with a key nobody trusts: nothing else is asked of it.
     assert {n for n, o in cases.items() if o == "skipped"} == {

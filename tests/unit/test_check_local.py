@@ -61,6 +61,10 @@ def junit_cases(path: Path) -> dict[str, list[str]]:
 
 
 def test_a_provisioned_cluster_passes_one_testcase_per_host_per_check(cluster, tmp_path):
+    # What a node's Python leaves when it runs the helpers is not a code difference.
+    pyc = cluster / "a" / "code" / "mlxops" / "__pycache__" / "__init__.cpython-311.pyc"
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(b"compiled")
     xml = tmp_path / "check.xml"
     proc = mlxops("check", str(cluster / "inventory.yml"), "--junitxml", str(xml),
                   home=cluster / "home")
