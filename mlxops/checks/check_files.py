@@ -40,10 +40,18 @@ def check_env_file(node):
 
 def check_hostfiles(node, cluster):
     """``<root>/hostfiles/``: one file per backend the inventory describes, each as the
-    hostfiles task renders it for the checked hosts."""
-    rendered = cluster.target.hostfiles
-    if isinstance(rendered, str):
-        raise node.fail(f"the hostfiles cannot be rendered: {rendered}", "fix the inventory")
+    hostfiles task renders it for the whole inventory, or for the hosts provision may have
+    been limited to (the job's, the checked ones)."""
+    choices = cluster.target.hostfiles
+    if isinstance(choices, str):
+        raise node.fail(f"the hostfiles cannot be rendered: {choices}", "fix the inventory")
+    found = [_hostfile_problems(node, rendered, which) for which, rendered in choices]
+    if not all(found):
+        return
+    raise node.fail("; ".join(found[0]), PROVISION)
+
+
+def _hostfile_problems(node, rendered: dict[str, str], which: str) -> list[str]:
     problems = []
     for backend, text in rendered.items():
         path = hostfile_path(node.host, backend)
@@ -51,11 +59,10 @@ def check_hostfiles(node, cluster):
         if content is None:
             problems.append(f"{path} missing")
         elif content != text.encode():
-            problems.append(f"{path} does not match the inventory")
+            problems.append(f"{path} does not match {which}")
         elif mode != 0o644:
             problems.append(f"{path} has mode {mode:o}, want 644")
-    if problems:
-        raise node.fail("; ".join(problems), PROVISION + " (with the same --limit)")
+    return problems
 
 
 def check_synced_code(node, cluster):

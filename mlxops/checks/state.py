@@ -95,8 +95,9 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     state = NodeState(host, facts=facts)
     python, root = state.interpreter.get("path"), facts.get("root")
     paths = [env_path(host)]
-    if isinstance(target.hostfiles, dict):
-        paths += [hostfile_path(host, backend) for backend in target.hostfiles]
+    if isinstance(target.hostfiles, list):
+        backends = dict.fromkeys(b for _, rendered in target.hostfiles for b in rendered)
+        paths += [hostfile_path(host, backend) for backend in backends]
     for path in paths:
         try:
             state.files[path] = read_file(conn, path)

@@ -38,6 +38,7 @@ class Target:
 
     inventory: Inventory
     hosts: tuple[Host, ...]              # checked, in inventory (rank) order
+    planned: tuple[Host, ...] = ()       # the job's hosts (ranks are placed over them)
     job: JobSpec | None = None
     backend: str = protocol.DEFAULT_BACKEND
     ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # ring ports per host
@@ -58,13 +59,25 @@ class Target:
         return self.inventory.hosts[name]
 
     @functools.cached_property
-    def hostfiles(self) -> dict[str, str] | str:
-        """``{backend: text}`` as the ``hostfiles`` task renders them for these hosts, or
-        why they cannot be rendered."""
-        try:
-            return render_all(list(self.hosts), self.inventory.path)
-        except (UserError, ValueError) as exc:
-            return str(exc)
+    def hostfiles(self) -> list[tuple[str, dict[str, str]]] | str:
+        """What the ``hostfiles`` task writes, ``[(for which hosts, {backend: text})]``, for
+        each set of hosts provision may have been run on: the whole inventory, the job's
+        hosts, the checked ones (``--limit``). Or why none can be rendered."""
+        sets = {"the inventory": tuple(self.inventory.hosts.values())}
+        if self.job is not None:
+            sets[f"the hosts of {self.job.path.name}"] = self.planned
+        sets["the checked hosts"] = self.hosts
+        choices, errors, seen = [], [], set()
+        for which, hosts in sets.items():
+            names = tuple(h.name for h in hosts)
+            if names in seen:
+                continue
+            seen.add(names)
+            try:
+                choices.append((which, render_all(list(hosts), self.inventory.path)))
+            except (UserError, ValueError) as exc:
+                errors.append(str(exc))
+        return choices or errors[0]
 
     @functools.cached_property
     def code(self) -> tuple[dict[str, Path], list[str], Ignore]:
@@ -116,7 +129,8 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
         for rank in place_ranks(planned, base_port):
             if rank.host in ports:
                 ports[rank.host].append(rank.port)
-    return Target(inventory=inventory, hosts=tuple(hosts), job=job, backend=backend,
+    return Target(inventory=inventory, hosts=tuple(hosts), planned=tuple(planned), job=job,
+                  backend=backend,
                   ports={n: tuple(p) for n, p in ports.items()},
                   world=sum(h.slots for h in planned),
                   options=options or ConnectOptions(), forks=forks)

@@ -153,19 +153,30 @@ def test_env_file_missing_wrong_mode_or_not_what_provision_renders(tmp_path):
     assert "Permission denied" in finding(check_files.check_env_file, node)
 
 
-def test_hostfiles_compare_with_the_hostfiles_task_for_the_checked_hosts(tmp_path):
+def test_hostfiles_are_the_hostfiles_tasks_for_the_inventory_or_the_checked_hosts(tmp_path):
+    from mlxops.tasks.hostfiles import FILE_NAMES, render_all
+
     cluster = cluster_of(tmp_path)
     node = cluster.state("mac2")
-    rendered = cluster.target.hostfiles
-    assert set(rendered) == {"ring", "mpi"}
-    for backend, text in rendered.items():
-        node.files[f"/srv/mlxops/hostfiles/{'ring.json' if backend == 'ring' else 'mpi.txt'}"
-                   ] = (text.encode(), 0o644)
+    choices = cluster.target.hostfiles
+    assert [which for which, _ in choices] == ["the inventory"]
+    for backend, text in choices[0][1].items():
+        node.files[f"/srv/mlxops/hostfiles/{FILE_NAMES[backend]}"] = (text.encode(), 0o644)
     check_files.check_hostfiles(node, cluster)
     node.files["/srv/mlxops/hostfiles/mpi.txt"] = (b"10.0.0.9 slots=1\n", 0o644)
     assert finding(check_files.check_hostfiles, node, cluster) == (
         "mac2: /srv/mlxops/hostfiles/mpi.txt does not match the inventory: "
-        "run mlxops provision (with the same --limit)")
+        "run mlxops provision")
+    # Provisioned with --limit mac1,mac2 and checked with the same limit: as it should be.
+    target = load_target(tmp_path / "inventory.yml", limit="mac1,mac2")
+    limited = Cluster(target, connector=None)
+    limited.states = dict(cluster.states)
+    assert [which for which, _ in target.hostfiles] == ["the inventory", "the checked hosts"]
+    for backend, text in render_all(list(target.hosts)).items():
+        node.files[f"/srv/mlxops/hostfiles/{FILE_NAMES[backend]}"] = (text.encode(), 0o644)
+    check_files.check_hostfiles(node, limited)
+    assert "does not match the inventory" in finding(check_files.check_hostfiles, node,
+                                                      cluster)
 
 
 def test_synced_code_names_what_differs(tmp_path):
