@@ -218,6 +218,10 @@ class MlxopsPlugin:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
         report = yield
+        exc = call.excinfo.value if call.excinfo is not None else None
+        if report.failed and isinstance(exc, (NotReady, Unreachable, HostUnreachable)):
+            # A finding is its one line (the JUnit message too), not a traceback.
+            report.longrepr = one_line(exc, host_name(item))
         self._record(item, call, report)
         return report
 

@@ -94,6 +94,10 @@ def test_each_breakage_fails_that_check_on_that_host_only(cluster, tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failed = {name for name, children in junit_cases(xml).items() if children}
     assert failed == {"check_env_file[b]", "check_synced_code[a]"}
+    [case] = [tc for tc in ET.parse(xml).getroot().iter("testcase")
+              if tc.get("name") == "check_env_file[b]"]
+    assert case.find("failure").get("message") == \
+        f"b: {env_b} missing: run mlxops provision"
     lines = proc.stdout.splitlines()
     assert f"b: {env_b} missing: run mlxops provision" in lines
     assert (f"a: {cluster / 'a' / 'code'} is not the controller's code: 1 changed "
