@@ -56,8 +56,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def when(predicate: Callable[[Cluster, NodeState], bool]) -> Callable[[F], F]:
-    """Where a check applies: ``predicate(cluster, node)``, asked with the gathered states
-    (a host that was not read has no facts: a check must then apply, and error)."""
+    """Where a check applies: ``predicate(cluster, node)``, asked with the gathered states.
+    A host that was not read has no facts (``node.system`` is what provision last cached):
+    where the predicate cannot tell, the check should apply, and error as the host does."""
     def mark(check: F) -> F:
         setattr(check, WHEN, predicate)
         return check
@@ -95,9 +96,7 @@ def one_line(exc: BaseException, host: str | None) -> str:
     """A test's failure in one line, its host first."""
     if isinstance(exc, NotReady):
         return exc.line
-    if isinstance(exc, Unreachable):
-        return f"{exc.host}: unreachable: {exc.reason}"
-    if isinstance(exc, HostUnreachable):
+    if isinstance(exc, (Unreachable, HostUnreachable)):
         return f"{exc.host}: unreachable: {exc.reason}"
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     text = lines[0] if lines else ""
@@ -241,7 +240,8 @@ class MlxopsPlugin:
             unreachable = isinstance(exc, (Unreachable, HostUnreachable))
             outcome = UNREACHABLE if unreachable else (FAILED if call.when == "call"
                                                        else ERROR)
-            message = one_line(exc, host) if exc is not None else report.longreprtext
+            message = (one_line(exc, host) if exc is not None else
+                       report.longreprtext.strip().splitlines()[-1])
         elif call.when == "call":
             outcome = PASSED
         if outcome is None:

@@ -214,10 +214,15 @@ def test_pytest_with_mlxops_inventory_gives_a_users_suite_the_hosts(cluster, tmp
         "def test_host(host):\n"
         "    assert isinstance(host.backend, MlxopsBackend)\n"
         "    assert host.run('echo hi').stdout == 'hi\\n'\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLXOPS_HOME": str(cluster / "home")}
+    from mlxops.checks.run import testinfra_entry_point
+
+    # The plugins named, none auto-loaded: the same run whether or not this checkout's
+    # entry points are installed (the entry point itself: the test below).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLXOPS_HOME": str(cluster / "home"),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     argv = [sys.executable, "-m", "pytest", "-p", "mlxops.checks.pytest_plugin",
-            "-p", "no:cacheprovider", "-v", "--mlxops-inventory",
-            str(cluster / "inventory.yml")]
+            "-p", testinfra_entry_point(), "-p", "no:cacheprovider", "-v",
+            "--mlxops-inventory", str(cluster / "inventory.yml")]
     proc = subprocess.run([*argv, "--mlxops-limit", "b"], capture_output=True, text=True,
                           cwd=suite, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
