@@ -9,7 +9,7 @@ other's (the ``reach`` node command).
 
 from __future__ import annotations
 
-from mlxops.checks.state import NodeState, inspect
+from mlxops.checks.state import READ_ONLY, NodeState, inspect
 from mlxops.checks.target import Target
 from mlxops.jobs.nodecmd import run_node
 from mlxops.node import protocol
@@ -68,7 +68,8 @@ class Cluster:
                                        ports=where[state.name][1], peers=peers,
                                        seconds=REACH_SECONDS)
             return run_node(self.connector.connect(state.host), state.interpreter["path"],
-                            f"{root}/{protocol.CODE_DIR}", args, timeout=REACH_SECONDS + 60)
+                            f"{root}/{protocol.CODE_DIR}", args, timeout=REACH_SECONDS + 60,
+                            prefix=READ_ONLY)
 
         results = run_parallel(hosts, work, forks=len(hosts))
         for state in hosts:

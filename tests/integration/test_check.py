@@ -62,6 +62,18 @@ def cluster(sandbox, tmp_path_factory):
     return base
 
 
+def snapshot(sandbox) -> dict[str, str]:
+    """Every file under every node's ~/.chk: path -> content and mode."""
+    out = {}
+    for node in sandbox.nodes:
+        for dirpath, _, files in os.walk(sandbox.node_home(node) / ".chk"):
+            for name in files:
+                path = Path(dirpath) / name
+                if path.is_file() and not path.is_symlink():
+                    out[str(path)] = f"{hash(path.read_bytes())}:{oct(path.stat().st_mode)}"
+    return out
+
+
 def check(cluster: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     xml = cluster / "check.xml"
     xml.unlink(missing_ok=True)
@@ -80,8 +92,10 @@ def test_a_provisioned_cluster_passes_with_a_users_check_beside_the_shipped_ones
             assert host.user().name == {sandbox.user!r}
             assert host.file(node.facts["root"] + "/env.sh").mode == 0o600
     """))
+    before = snapshot(sandbox)
     proc, cases = check(cluster, str(mine))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert snapshot(sandbox) == before   # read-only: not even a __pycache__
     want = {f"{c}[{n}]" for c in CHECKS | {"test_node_user"} for n in sandbox.nodes}
     assert set(cases) == want
     assert set(cases.values()) == {"passed"}

@@ -315,6 +315,15 @@ def test_the_target_is_the_jobs_hosts_narrowed_by_limit_with_the_jobs_ports(tmp_
     assert target.ports == {"mac3": (30002, 30003)}   # ranks 2, 3 of the job's placement
 
 
+def test_hosts_come_from_the_inventory_and_its_patterns(tmp_path):
+    hosts = {f"mac{i}": {"ansible_host": f"10.0.0.{i}"} for i in (1, 2, 3)}
+    write_inventory(tmp_path, hosts)
+    target = load_target(tmp_path / "inventory.yml", limit="mac*:!mac2")
+    assert target.names == ["mac1", "mac3"]
+    # Without a job, mlx.launch's ports, placed over the checked hosts.
+    assert target.ports == {"mac1": (32323,), "mac3": (32324,)}
+
+
 @pytest.mark.parametrize("change,error", [
     ({"job": {"inventory": "other.yml"}}, "job.yml: inventory: no such file"),
     ({"limit": "mac1", "job": {"hosts": "mac2"}},
