@@ -10,8 +10,9 @@ inventory's hosts as testinfra hosts. For people: README.md and docs/cli.md.
 
 Modules: ``target`` (what is checked, before any connection), ``state`` (one host read
 once), ``cluster`` (every host, in parallel; the reach test), ``backend`` (testinfra over
-mlxops's connections), ``plugin`` (fixtures, hooks, outcomes), ``run`` (``pytest.main``,
-``--wait``), ``report`` (table, ``--json``), ``outcome`` (how a check fails).
+mlxops's connections), ``plugin`` (hooks, outcomes), ``fixtures`` (``node``, ``cluster``),
+``pytest_plugin`` (``--mlxops-inventory``), ``run`` (``pytest.main``, ``--wait``),
+``report`` (table, ``--json``), ``outcome`` (how a check fails).
 """
 
 from mlxops.checks.outcome import NotReady, Unreachable

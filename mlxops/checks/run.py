@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxops.checks.outcome import ERROR, FAILED, SKIPPED, UNREACHABLE
+from mlxops.checks.outcome import ERROR, FAILED, UNREACHABLE
 from mlxops.checks.plugin import CheckResult, MlxopsPlugin
 from mlxops.checks.target import Target
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MlxopsError, UserError
@@ -52,13 +52,6 @@ class Report:
         if outcomes & {FAILED, ERROR}:
             return EXIT_FAILED
         return EXIT_OK
-
-    def with_outcome(self, *outcomes: str) -> list[CheckResult]:
-        return [r for r in self.results if r.outcome in outcomes]
-
-    @property
-    def skipped(self) -> list[CheckResult]:
-        return self.with_outcome(SKIPPED)
 
 
 def testinfra_entry_point() -> str:
