@@ -7,5 +7,6 @@ The commands, their answers and the run directory they work in are defined once,
 :mod:`mlxops.node.protocol`, and written out for people in docs/node-protocol.md.
 
 Modules: ``procs`` (the process table), ``rundir`` (reading the run directory),
-``spawn``, ``status``, ``stop``, ``logs``, ``preflight`` (one command each), ``ports``.
+``spawn``, ``status``, ``stop``, ``logs``, ``preflight``, and for ``mlxops check``
+``ready`` and ``reach`` (one command each), ``ports``.
 """

@@ -13,6 +13,8 @@ from mlxops.node import protocol
 from mlxops.node.logs import read_logs
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
+from mlxops.node.reach import reach
+from mlxops.node.ready import ready
 from mlxops.node.rundir import keep_checkpoints_up_to
 from mlxops.node.spawn import spawn_job
 from mlxops.node.status import status
@@ -22,6 +24,11 @@ from mlxops.node.stop import stop
 def answer(argv: list[str] | None = None) -> protocol.Answer:
     """The answer to one command line (``argv`` as a protocol ``*_args`` function built it)."""
     args = protocol.parser().parse_args(argv)
+    if args.cmd == protocol.READY:
+        return ready(Path(args.root), ip=args.ip, ports=args.ports, mpi=args.mpi)
+    if args.cmd == protocol.REACH:
+        return reach(args.name, args.ip, args.ports, protocol.parse_peers(args.peers),
+                     args.seconds)
     run_dir = Path(args.run_dir)
     if args.cmd == protocol.PREFLIGHT:
         return preflight(run_dir, ip=args.ip, ports=args.ports, mpi=args.mpi)

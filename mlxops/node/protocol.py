@@ -215,6 +215,42 @@ def keep_checkpoints_args(run_dir: str, step: int) -> list[str]:
     return [KEEP_CHECKPOINTS, "--run-dir", run_dir, "--step", str(step)]
 
 
+# Readiness (``mlxops check``): not of one job, so no ``--run-dir``. ``ready`` reads every
+# job's run directory under the root; ``reach`` listens on this node's ring ports for a few
+# seconds while connecting to its peers'. Neither changes a file on the node.
+READY, REACH = "ready", "reach"
+CHECK_COMMANDS = (READY, REACH)
+
+
+def ready_args(root: str, *, ip: str = "", ports: Sequence[int] = (), mpi: bool = False
+               ) -> list[str]:
+    """The node's clock, free disk under ``root``, ranks of any job alive there, ``ports``
+    busy on ``ip`` and (``mpi``) mpirun."""
+    return [READY, "--root", root, "--ip", ip, *(["--mpi"] if mpi else []),
+            "--ports", *map(str, ports)]
+
+
+def reach_args(name: str, *, ip: str, ports: Sequence[int],
+               peers: Mapping[str, tuple[str, Sequence[int]]], seconds: float) -> list[str]:
+    """Listen on ``ip``:``ports`` while connecting to each peer's address and ports
+    (``{peer: (ip, ports)}``), for at most ``seconds``; ``name``: how peers know this node."""
+    words = [f"{peer}={address}:{','.join(map(str, peer_ports))}"
+             for peer, (address, peer_ports) in peers.items()]
+    return [REACH, "--name", name, "--ip", ip, "--seconds", str(seconds),
+            "--ports", *map(str, ports), "--peers", *words]
+
+
+def parse_peers(words: Sequence[str]) -> dict[str, tuple[str, list[int]]]:
+    """``["mac2=10.0.0.2:32324,32325"]`` -> ``{"mac2": ("10.0.0.2", [32324, 32325])}``
+    (the last ``=`` ends the name, the last ``:`` the address, so IPv6 addresses work)."""
+    peers = {}
+    for word in words:
+        name, _, where = word.rpartition("=")
+        address, _, ports = where.rpartition(":")
+        peers[name] = (address, [int(p) for p in ports.split(",") if p])
+    return peers
+
+
 def parse_offsets(words: Sequence[str]) -> dict[int | str, int]:
     """``["0:120", "launcher:8"]`` -> ``{0: 120, "launcher": 8}``."""
     pairs = (word.rsplit(":", 1) for word in words)
@@ -230,9 +266,9 @@ def parser() -> argparse.ArgumentParser:
     """The node's parser of the argument lists built above."""
     p = argparse.ArgumentParser(prog="python -m mlxops.node")
     sub = p.add_subparsers(dest="cmd", required=True)
-    commands = {name: sub.add_parser(name) for name in COMMANDS}
-    for command in commands.values():
-        command.add_argument("--run-dir", required=True)
+    commands = {name: sub.add_parser(name) for name in COMMANDS + CHECK_COMMANDS}
+    for name in COMMANDS:
+        commands[name].add_argument("--run-dir", required=True)
     for name in (PREFLIGHT, STOP):
         commands[name].add_argument("--ip", default="")
         commands[name].add_argument("--ports", type=int, nargs="*", default=[])
@@ -249,6 +285,17 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--tail", type=int, default=0, help="start this many bytes from the end")
     logs.add_argument("--max-bytes", type=int, default=1 << 20)
     commands[KEEP_CHECKPOINTS].add_argument("--step", type=int, required=True)
+    ready = commands[READY]
+    ready.add_argument("--root", required=True)
+    ready.add_argument("--ip", default="")
+    ready.add_argument("--ports", type=int, nargs="*", default=[])
+    ready.add_argument("--mpi", action="store_true", help="also find mpirun and libmpi")
+    reach = commands[REACH]
+    reach.add_argument("--name", required=True)
+    reach.add_argument("--ip", required=True)
+    reach.add_argument("--ports", type=int, nargs="*", default=[])
+    reach.add_argument("--peers", nargs="*", default=[], help="name=ip:port,port ...")
+    reach.add_argument("--seconds", type=float, default=10.0)
     return p
 
 
@@ -429,11 +476,44 @@ class KeepCheckpointsAnswer(_Answer):
     removed: list[int]                   # steps removed
 
 
+@dataclass
+class RunningRank(_Answer):
+    """A process of some job that is alive on the node (``ready``)."""
+
+    job: str                             # the run directory's name under runs/
+    rank: int | str                      # a rank, or LAUNCHER
+    pid: int
+
+
+@dataclass
+class ReadyAnswer(_Answer):
+    now: float                           # the node's clock (time.time())
+    disk_free: int | None                # bytes free on the filesystem of the root
+    ports_busy: list[int]                # of the ports asked about
+    running: list[RunningRank]           # ranks of any job alive here
+    mpirun: str | None = None            # asked with --mpi: mpirun's absolute path
+    mpi_libname: str | None = None       # ... and the libmpi MLX should dlopen
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> ReadyAnswer:
+        got = cls._fields(doc)
+        got["running"] = [RunningRank.from_dict(x) for x in got["running"]]
+        return cls(**got)
+
+
+@dataclass
+class ReachAnswer(_Answer):
+    listened: list[int]                  # this node's ports it could listen on
+    reached: dict[str, list[int]]        # peer -> the peer's ports this node connected to
+    unreached: dict[str, str]            # peer -> why a port of it was not reached
+
+
 Answer = (PreflightAnswer | SpawnAnswer | StatusAnswer | StopAnswer | LogsAnswer
-          | KeepCheckpointsAnswer)
+          | KeepCheckpointsAnswer | ReadyAnswer | ReachAnswer)
 ANSWERS: dict[str, type[_Answer]] = {
     PREFLIGHT: PreflightAnswer, SPAWN: SpawnAnswer, STATUS: StatusAnswer, STOP: StopAnswer,
     LOGS: LogsAnswer, KEEP_CHECKPOINTS: KeepCheckpointsAnswer,
+    READY: ReadyAnswer, REACH: ReachAnswer,
 }
 
 

@@ -1,0 +1,88 @@
+"""Across the hosts: the same mlx, Python and macOS build; every pair reaching the other on
+the ring ports; mpirun at the same path when the backend is mpi. Each is asserted per host,
+so the table and JUnit name the host that differs."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxops.checks import when
+from mlxops.node import protocol
+from mlxops.tasks.python import SKEW_COLUMNS, find_skew, pinned_version
+
+
+def _several(cluster, node) -> bool:
+    return len(cluster.target.hosts) > 1
+
+
+def _skew_facts(state) -> dict:
+    """A host's facts as the skew task compares them, for the interpreter jobs run. Its mlx
+    is its pin: an mlx that is not its pin is check_mlx's finding; here, pins that differ."""
+    python = state.interpreter
+    return {"python": {"version": python.get("version"), "mlx": pinned_version(state.host)},
+            "system": state.facts.get("system"), "macos_build": state.facts.get("macos_build")}
+
+
+@when(_several)
+def check_versions_agree(node, cluster):
+    """mlx, Python (major.minor) and macOS build are the same as on the other hosts."""
+    facts = {s.name: _skew_facts(s) for s in cluster.answered()}
+    if len(facts) < 2:
+        pytest.skip("no other host answered to compare with")
+    expected, odd, values = find_skew(facts, pinned_version(cluster.target.hosts[0]))
+    differ = odd.get(node.name, [])
+    if differ:
+        mine = values[node.name]
+        found = ", ".join(f"{SKEW_COLUMNS[k]} {mine[k]}, others {expected[k]}" for k in differ)
+        raise node.fail(found, "make them agree (mlxops_mlx_version, the Python of "
+                               "mlxops_python, macOS updates), then run mlxops provision")
+
+
+def _ring(cluster, node) -> bool:
+    return len(cluster.target.hosts) > 1 and bool(cluster.target.ports.get(node.name))
+
+
+@when(_ring)
+def check_ring_reach(node, ring_reach):
+    """This host and every other reach each other's ``mlxops_ip`` on the ring ports (both
+    directions, every port), tested by listening and connecting on the nodes themselves."""
+    cluster = ring_reach
+    answer = node.need(node.reach if node.reach is not None else
+                       "the node helpers did not answer", "the reach test")
+    ports = cluster.target.ports
+    problems = []
+    others = [s for s in cluster.answered()
+              if s.name != node.name and isinstance(s.reach, protocol.ReachAnswer)]
+    if not others:
+        pytest.skip("no other host took part in the reach test")
+    for peer in others:
+        if set(ports[peer.name]) - set(answer.reached.get(peer.name, [])):
+            why = answer.unreached.get(peer.name, "no answer")
+            problems.append(f"cannot reach {peer.name} ({why})")
+        theirs = peer.reach
+        if set(ports[node.name]) - set(theirs.reached.get(node.name, [])):
+            why = theirs.unreached.get(node.name, "no answer")
+            problems.append(f"{peer.name} cannot reach it ({why})")
+    if problems:
+        raise node.fail("; ".join(problems), "let the nodes connect to each other's "
+                                             "mlxops_ip on the ring ports (a firewall?)")
+
+
+@when(lambda cluster, node: cluster.target.backend == protocol.MPI)
+def check_mpirun(node, cluster):
+    """mpirun on the host of rank 0, and at the same path on every other host (mpirun's
+    ``--prefix`` tells the others' orted where Open MPI is)."""
+    ready = node.need(node.ready, "the node's answer (mlxops.node ready)")
+    first = cluster.target.first
+    if node.name == first:
+        if not ready.mpirun:
+            raise node.fail("mpirun not found (PATH, /opt/homebrew/bin, /usr/local/bin, "
+                            "/opt/local/bin)", "install Open MPI: brew install open-mpi")
+        return
+    launcher = cluster.states[first].ready
+    if not isinstance(launcher, protocol.ReadyAnswer):
+        pytest.skip(f"{first} (rank 0, where mpirun starts) did not answer")
+    if ready.mpirun != launcher.mpirun:
+        raise node.fail(f"mpirun {ready.mpirun or 'not found'}, on {first} (rank 0) "
+                        f"{launcher.mpirun or 'not found'}",
+                        "install Open MPI at the same path on every node")

@@ -1,0 +1,38 @@
+"""On a Mac, the settings the provision ``macos`` task makes: the GPU's wired memory limit
+and no system sleep. Worked out by that task's own rules and arguments."""
+
+from __future__ import annotations
+
+from mlxops.checks import when
+from mlxops.tasks.macos import wired_limit_mb
+
+PRIVILEGED = "run mlxops provision with ansible_become: true"
+
+
+def _mac(cluster, node) -> bool:
+    # A host not read is what provision last saw; never seen, its checks apply (and
+    # error, as the host does).
+    return node.system in ("Darwin", None)
+
+
+@when(_mac)
+def check_wired_limit(node, cluster):
+    """``iogpu.wired_limit_mb`` as provision sets it (``mlxops_wired_limit_mb``, else the
+    playbook's share of RAM). A sysctl: a reboot resets it."""
+    want = wired_limit_mb(node.facts, node.host.vars,
+                          cluster.target.macos_args.get("wired_share"))
+    have = (node.facts.get("macos") or {}).get("wired_limit_mb")
+    if want is not None and have != want:
+        raise node.fail(f"iogpu.wired_limit_mb {have}, want {want}",
+                        f"{PRIVILEGED} (a reboot resets it)")
+
+
+@when(_mac)
+def check_sleep(node, cluster):
+    """System sleep off (a sleeping Mac hangs every rank of a job)."""
+    if not cluster.target.macos_args.get("disable_sleep", True):
+        return
+    sleep = (node.facts.get("macos") or {}).get("sleep")
+    if sleep != 0:
+        found = "sleep setting unknown" if sleep is None else f"sleeps after {sleep} min idle"
+        raise node.fail(found, f"{PRIVILEGED}, or sudo pmset -a sleep 0")

@@ -1,0 +1,103 @@
+"""Each host has room for the job and nothing in its way: disk and memory for the job's
+plan (``--job``), its ring ports free, no rank of any job still running, a clock that
+agrees with the controller's."""
+
+from __future__ import annotations
+
+from mlxops.checks import when
+from mlxops.node import protocol
+from mlxops.trainer.config import load_config
+from mlxops.trainer.plan import count_params, plan_memory
+
+GB = 1024**3
+#: Room for logs, metrics and the code, on top of the checkpoints.
+MIN_FREE_BYTES = 1 * GB
+#: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
+CHECKPOINT_BYTES_PER_PARAM = 12
+#: How far a node's clock may be from the controller's, in seconds (beyond what the round
+#: trip leaves uncertain). Metrics, checkpoints and logs carry the nodes' own times.
+MAX_CLOCK_SKEW = 1.0
+NODE_ANSWER = "the node's answer (mlxops.node ready)"
+
+
+def _trainer_job(cluster, node) -> bool:
+    job = cluster.target.job
+    return job is not None and job.trainer is not None
+
+
+@when(_trainer_job)
+def check_disk(node, cluster):
+    """Free disk under ``mlxops_root`` for the checkpoints the job keeps (``train.keep``,
+    plus the one being written), and room for logs."""
+    job = cluster.target.job
+    config = load_config(job.trainer)
+    ready = node.need(node.ready, NODE_ANSWER)
+    checkpoint = count_params(config) * CHECKPOINT_BYTES_PER_PARAM
+    kept = config.train.keep + 1 if config.train.checkpoint_every else 0
+    need = MIN_FREE_BYTES + kept * checkpoint
+    free = ready.disk_free
+    if free is None:
+        raise node.fail(f"free disk under {node.facts.get('root')} unknown",
+                        "check that the node's root is readable")
+    if free < need:
+        raise node.fail(f"{free / GB:.1f} GB free under {node.facts.get('root')}, "
+                        f"{job.path.name} needs {need / GB:.1f} GB ({kept} checkpoints of "
+                        f"{checkpoint / GB:.2f} GB, {MIN_FREE_BYTES / GB:.0f} GB for logs)",
+                        "free disk space there, or lower train.keep")
+
+
+@when(_trainer_job)
+def check_memory(node, cluster):
+    """One rank of the job fits this host's memory (the plan of ``mlxops plan``: some
+    micro-batch, with gradient checkpointing if need be)."""
+    job = cluster.target.job
+    memory = node.facts.get("memory_bytes")
+    if not memory:
+        raise node.fail("memory size unknown (the facts did not say)", "check the node")
+    plan = plan_memory(job.trainer, memory, cluster.target.world,
+                       ranks_per_node=node.host.slots)
+    if not plan.fits:
+        raise node.fail(f"one rank of {job.path.name} needs {plan.total_bytes / GB:.1f} GB "
+                        f"even at micro-batch 1 with gradient checkpointing, "
+                        f"{plan.budget_bytes / GB:.1f} GB usable ({memory / GB:.0f} GB, "
+                        f"{node.host.slots} ranks)",
+                        f"a smaller model, fewer mlxops_slots or more nodes "
+                        f"(mlxops plan {job.path.name})")
+
+
+@when(lambda cluster, node: bool(cluster.target.ports.get(node.name)))
+def check_ring_ports(node, cluster):
+    """The host's ring ports (the job's, else mlx.launch's from 32323) are free on its
+    ``mlxops_ip``."""
+    ready = node.need(node.ready, NODE_ANSWER)
+    if ready.ports_busy:
+        ports = ", ".join(map(str, ready.ports_busy))
+        plural = "s" if len(ready.ports_busy) > 1 else ""
+        job = cluster.target.job
+        fix = "stop what holds them (another job? mlxops status)"
+        if job is not None:
+            fix += f", or set another port: in {job.path.name}"
+        raise node.fail(f"ring port{plural} {ports} on {node.host.ip} in use", fix)
+
+
+def check_leftover_ranks(node):
+    """No process of any job (a rank, or an mpi job's mpirun) still runs on the host."""
+    ready = node.need(node.ready, NODE_ANSWER)
+    if not ready.running:
+        return
+    jobs: dict[str, list[str]] = {}
+    for r in ready.running:
+        what = "mpirun" if r.rank == protocol.LAUNCHER else f"rank {r.rank}"
+        jobs.setdefault(r.job, []).append(f"{what} (pid {r.pid})")
+    found = "; ".join(f"job {job}: {', '.join(ps)} still running" for job, ps in jobs.items())
+    raise node.fail(found, "; ".join(f"mlxops stop {job}" for job in jobs))
+
+
+def check_clock(node):
+    """The host's clock is within MAX_CLOCK_SKEW of the controller's."""
+    node.need(node.ready, NODE_ANSWER)
+    offset, uncertainty = node.clock
+    if abs(offset) - uncertainty > MAX_CLOCK_SKEW:
+        raise node.fail(f"clock {offset:+.1f} s off the controller's "
+                        f"(limit {MAX_CLOCK_SKEW:g} s)",
+                        "turn on network time (System Settings > General > Date & Time)")

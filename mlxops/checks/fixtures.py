@@ -1,0 +1,48 @@
+"""The fixtures the checks (and users' checks) get, beside testinfra's ``host``.
+
+A module of fixtures, registered by :class:`~mlxops.checks.plugin.MlxopsPlugin` (pytest
+wants fixtures at module level); each finds the session's plugin in the config's stash.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from mlxops.checks.cluster import Cluster
+    from mlxops.checks.plugin import MlxopsPlugin
+    from mlxops.checks.state import NodeState
+
+PLUGIN: pytest.StashKey[MlxopsPlugin] = pytest.StashKey()
+
+
+def _plugin(request: pytest.FixtureRequest) -> MlxopsPlugin:
+    return request.config.stash[PLUGIN]
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    """Every checked host's state (gathered once, in parallel) and the check's target."""
+    return _plugin(request).gather()
+
+
+@pytest.fixture
+def node(host: Any, cluster: Cluster) -> NodeState:
+    """The state of the host this test runs for (``host`` is testinfra's)."""
+    return cluster.state(host.backend.get_hostname())
+
+
+@pytest.fixture(scope="session")
+def ring_reach(cluster: Cluster) -> Cluster:
+    """``cluster`` once every pair of hosts tried each other's ring ports."""
+    if not cluster.reached:
+        cluster.gather_reach()
+    return cluster
+
+
+@pytest.fixture(autouse=True)
+def _mlxops_host_reachable(request: pytest.FixtureRequest) -> None:
+    """A test of a host that could not be read errors (or skips, host key untrusted)."""
+    _plugin(request).before_test(request.node)

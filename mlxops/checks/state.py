@@ -1,0 +1,132 @@
+"""One host's state, read once for every check: what the checks assert on.
+
+:func:`inspect` asks a host everything the shipped checks need, in a handful of commands
+on one kept connection, and changes nothing there: the ``facts`` task's script (system,
+interpreter and mlx, memory, macOS settings), ``env.sh`` and the hostfiles as the ``env``
+and ``hostfiles`` tasks read them, the manifest of ``<root>/code`` compared with the
+controller's bundle by the ``sync`` code in check mode, and the node's ``ready`` answer
+(docs/node-protocol.md). What a part could not read is kept as its reason (a string), so
+that only the checks that need it fail.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxops.checks.outcome import NotReady
+from mlxops.checks.target import Target
+from mlxops.inventory import Host
+from mlxops.jobs.nodecmd import NodeCommandError, run_node
+from mlxops.node import protocol
+from mlxops.sync import SyncError, SyncReport, remote_manifest, sync_files
+from mlxops.tasks.env import env_path
+from mlxops.tasks.facts import gather as gather_facts
+from mlxops.tasks.files import read_file
+from mlxops.tasks.hostfiles import hostfile_path
+from mlxops.tasks.sync import code_path
+from mlxops.transport import ChangedHostKey, Connector, UnknownHostKey
+from mlxops.transport.results import FAILED, OK
+
+#: The host answered, but with a host key mlxops does not trust (unknown or changed).
+UNTRUSTED = "untrusted"
+READY_TIMEOUT = 60.0
+#: Before each node command: a check leaves no file behind, not even Python's bytecode.
+READ_ONLY = "export PYTHONDONTWRITEBYTECODE=1"
+
+FileRead = tuple[bytes | None, int | None]   # (content, mode); (None, None): absent
+
+
+@dataclass
+class NodeState:
+    """What one host looked like. ``status``: ok, or why it could not be asked (unreachable,
+    untrusted, failed) with ``reason``. A part that could not be read holds its reason."""
+
+    host: Host
+    status: str = OK
+    reason: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, FileRead | str] = field(default_factory=dict)   # by node path
+    code: SyncReport | str | None = None
+    ready: protocol.ReadyAnswer | str | None = None
+    clock: tuple[float, float] | None = None    # (node clock - controller's, uncertainty) s
+    reach: protocol.ReachAnswer | str | None = None
+    # A host not read: the facts the last provision cached for it, if any.
+    cached: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    @property
+    def system(self) -> str | None:
+        """``Darwin``, ``Linux``; as last seen when the host was not read; None: unknown."""
+        return self.facts.get("system") or self.cached.get("system")
+
+    @property
+    def interpreter(self) -> dict[str, Any]:
+        """``{path, version, mlx}`` of the interpreter jobs run: ``<root>/venv`` when there
+        is one (as pre-flight resolves it), else ``mlxops_python``."""
+        venv = self.facts.get("venv") or {}
+        if venv.get("path"):
+            return dict(venv)
+        return dict(self.facts.get("python") or {})
+
+    def fail(self, found: str, fix: str = "") -> NotReady:
+        """The finding of a check on this host: ``raise node.fail(found, fix)``."""
+        return NotReady(self.name, found, fix)
+
+    def need(self, part: Any, what: str, fix: str = "run mlxops provision") -> Any:
+        """``part`` when it was read; when it holds the reason it was not, that is the
+        check's failure."""
+        if isinstance(part, str):
+            raise self.fail(f"cannot read {what}: {part}", fix)
+        return part
+
+
+def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
+    """Read one host's state (the executor's work for it)."""
+    conn = connector.connect(host)
+    try:
+        facts = gather_facts(conn, host)
+    except (UnknownHostKey, ChangedHostKey) as exc:
+        return NodeState(host, UNTRUSTED, exc.reason)
+    except RuntimeError as exc:
+        return NodeState(host, FAILED, str(exc))
+    state = NodeState(host, facts=facts)
+    python, root = state.interpreter.get("path"), facts.get("root")
+    paths = [env_path(host)]
+    if isinstance(target.hostfiles, list):
+        backends = dict.fromkeys(b for _, rendered in target.hostfiles for b in rendered)
+        paths += [hostfile_path(host, backend) for backend in backends]
+    for path in paths:
+        try:
+            state.files[path] = read_file(conn, path)
+        except OSError as exc:
+            state.files[path] = str(exc)
+    files, roots, ignore = target.code
+    try:
+        remote = remote_manifest(conn, code_path(host), roots, python)
+        state.code = sync_files(conn, files, code_path(host), roots=roots, ignore=ignore,
+                                check=True, remote=remote)
+    except SyncError as exc:
+        state.code = str(exc)
+    if not (python and root):
+        state.ready = "no interpreter to ask"
+        return state
+    ports = list(target.ports.get(host.name, ()))
+    args = protocol.ready_args(root, ip=host.ip if ports else "", ports=ports,
+                               mpi=target.backend == protocol.MPI)
+    start = time.time()
+    try:
+        answer = run_node(conn, python, f"{root}/{protocol.CODE_DIR}", args,
+                          timeout=READY_TIMEOUT, prefix=READ_ONLY)
+    except NodeCommandError as exc:
+        state.ready = str(exc)
+        return state
+    end = time.time()
+    state.ready = answer
+    # The node read its clock somewhere between our two readings.
+    state.clock = (answer.now - (start + end) / 2, (end - start) / 2)
+    return state

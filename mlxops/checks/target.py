@@ -1,0 +1,148 @@
+"""What ``mlxops check`` checks, and against what: worked out before any connection.
+
+The hosts (the inventory's, narrowed by ``--limit``; with ``--job``, the job's hosts), the
+backend, each host's ring ports, and what the nodes should hold: the hostfiles and the code
+bundle exactly as ``mlxops provision`` (or the job's pre-flight) would make them, from the
+same functions. Every problem here is bad input (exit 2), found before any host is touched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlxops import render
+from mlxops.errors import UserError, bad_input
+from mlxops.ignore import Ignore
+from mlxops.inventory import Host, Inventory, load_inventory
+from mlxops.jobs.code import code_bundle
+from mlxops.jobs.placement import place_ranks
+from mlxops.jobs.spec import JobSpec, load_job
+from mlxops.node import protocol
+from mlxops.paths import playbooks_dir
+from mlxops.playbook import load_playbook
+from mlxops.sync import DEFAULT_EXCLUDES
+from mlxops.tasks.hostfiles import render_all
+from mlxops.tasks.sync import bundle
+from mlxops.transport import ConnectOptions
+
+GB = 1024**3
+
+
+@dataclass(frozen=True)
+class Target:
+    """The hosts to check and what they should look like."""
+
+    inventory: Inventory
+    hosts: tuple[Host, ...]              # checked, in inventory (rank) order
+    planned: tuple[Host, ...] = ()       # the job's hosts (ranks are placed over them)
+    job: JobSpec | None = None
+    backend: str = protocol.DEFAULT_BACKEND
+    ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # ring ports per host
+    world: int = 0                       # ranks of the job (or of the checked hosts)
+    options: ConnectOptions = field(default_factory=ConnectOptions)
+    forks: int | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    @property
+    def first(self) -> str:
+        """The host with rank 0 (an mpi job's launcher)."""
+        return self.hosts[0].name
+
+    def host(self, name: str) -> Host:
+        return self.inventory.hosts[name]
+
+    @functools.cached_property
+    def hostfiles(self) -> list[tuple[str, dict[str, str]]] | str:
+        """What the ``hostfiles`` task writes, ``[(for which hosts, {backend: text})]``, for
+        each set of hosts provision may have been run on: the whole inventory, the job's
+        hosts, the checked ones (``--limit``). Or why none can be rendered."""
+        sets = {"the inventory": tuple(self.inventory.hosts.values())}
+        if self.job is not None:
+            sets[f"the hosts of {self.job.path.name}"] = self.planned
+        sets["the checked hosts"] = self.hosts
+        choices, errors, seen = [], [], set()
+        for which, hosts in sets.items():
+            names = tuple(h.name for h in hosts)
+            if names in seen:
+                continue
+            seen.add(names)
+            try:
+                choices.append((which, render_all(list(hosts), self.inventory.path)))
+            except (UserError, ValueError) as exc:
+                errors.append(str(exc))
+        return choices or errors[0]
+
+    @functools.cached_property
+    def code(self) -> tuple[dict[str, Path], list[str], Ignore]:
+        """``(files, roots, ignore)`` of ``<root>/code``: the ``sync`` task's bundle, or the
+        job's (with its workdir) as its pre-flight syncs it."""
+        files, roots, ignore = code_bundle(self.job) if self.job is not None else bundle()
+        # The bundle's excludes apply under mlxops/trainer/ and mlxops/node/ only; the
+        # mlxops/__pycache__/ a node's Python writes when it runs the helpers is no
+        # difference either.
+        ignore.extend(Ignore(DEFAULT_EXCLUDES))
+        return files, roots, ignore
+
+    @functools.cached_property
+    def macos_args(self) -> dict[str, Any]:
+        """The ``macos`` task's arguments in the bundled provision playbook (the wired
+        memory share, sleep): what provision would set."""
+        play = load_playbook(playbooks_dir() / "provision.yml")
+        task = next((t for t in play.tasks if t.spec.name == "macos"), None)
+        return dict(task.args) if task is not None else {}
+
+
+def load_target(inventory_path: str | Path, *, limit: str | None = None,
+                job_path: str | Path | None = None,
+                options: ConnectOptions | None = None, forks: int | None = None) -> Target:
+    """Read and validate everything ``mlxops check`` is given; UserError on bad input."""
+    inventory = load_inventory(inventory_path)
+    job = load_job(job_path) if job_path else None
+    if job is not None:
+        mine = Path(inventory.path).resolve()
+        if job.inventory != mine:
+            raise bad_input(job.path, "inventory", f"names {job.inventory}, not the inventory "
+                                                   f"being checked ({mine})")
+        planned = inventory.select(job.hosts, source=f"{job.path}: hosts")
+        if limit:
+            chosen = {h.name for h in inventory.select(limit, source="--limit")}
+            hosts = [h for h in planned if h.name in chosen]
+            if not hosts:
+                raise bad_input("--limit", None, f"{limit!r} selects none of the hosts of "
+                                                 f"{job.path.name}")
+        else:
+            hosts = planned
+        backend, base_port = job.backend, job.base_port
+    else:
+        planned = hosts = inventory.select(limit, source="--limit")
+        backend, base_port = _inventory_backend(inventory, hosts), render.DEFAULT_BASE_PORT
+    ports: dict[str, list[int]] = {h.name: [] for h in hosts}
+    if backend == protocol.RING:
+        # Ranks are placed over every host of the job (or of the check), as launch does.
+        for rank in place_ranks(planned, base_port):
+            if rank.host in ports:
+                ports[rank.host].append(rank.port)
+    return Target(inventory=inventory, hosts=tuple(hosts), planned=tuple(planned), job=job,
+                  backend=backend,
+                  ports={n: tuple(p) for n, p in ports.items()},
+                  world=sum(h.slots for h in planned),
+                  options=options or ConnectOptions(), forks=forks)
+
+
+def _inventory_backend(inventory: Inventory, hosts: list[Host]) -> str:
+    """Without a job, the backend the hosts' ``mlxops_backend`` names (ring by default);
+    hosts that disagree are bad input."""
+    named = {h.name: h.vars.get("mlxops_backend") or protocol.DEFAULT_BACKEND for h in hosts}
+    if len(set(named.values())) > 1:
+        listing = ", ".join(f"{n} {b}" for n, b in named.items())
+        raise bad_input(inventory.path, "mlxops_backend",
+                        f"the checked hosts name different backends ({listing}); "
+                        "check them with --job or --limit")
+    return next(iter(named.values()))
