@@ -36,6 +36,8 @@ from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, JACCL_BACKENDS, JACC
 LAUNCH_TEMPLATE = "mlx-hostfile.json.j2"
 MPI_TEMPLATE = "mpi-hostfile.txt.j2"
 ENV_TEMPLATE = "env.sh.j2"
+# mlx.launch --starting-port's default: the ring ports of a run from the rendered hostfile.
+DEFAULT_BASE_PORT = 32323
 
 
 def _tojson(value: Any) -> str:

@@ -19,7 +19,7 @@ def _mac(cluster, node) -> bool:
 def check_wired_limit(node, cluster):
     """``iogpu.wired_limit_mb`` as provision sets it (``mlxops_wired_limit_mb``, else the
     playbook's share of RAM). A sysctl: a reboot resets it."""
-    want = wired_limit_mb(node.facts, node.host.vars,
+    want = wired_limit_mb(node.facts, node.host.var("mlxops_wired_limit_mb"),
                           cluster.target.macos_args.get("wired_share"))
     have = (node.facts.get("macos") or {}).get("wired_limit_mb")
     if want is not None and have != want:

@@ -24,7 +24,6 @@ from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.node import protocol
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook
-from mlxops.sync import DEFAULT_EXCLUDES
 from mlxops.tasks.hostfiles import render_all
 from mlxops.tasks.sync import bundle
 from mlxops.transport import ConnectOptions
@@ -83,12 +82,7 @@ class Target:
     def code(self) -> tuple[dict[str, Path], list[str], Ignore]:
         """``(files, roots, ignore)`` of ``<root>/code``: the ``sync`` task's bundle, or the
         job's (with its workdir) as its pre-flight syncs it."""
-        files, roots, ignore = code_bundle(self.job) if self.job is not None else bundle()
-        # The bundle's excludes apply under mlxops/trainer/ and mlxops/node/ only; the
-        # mlxops/__pycache__/ a node's Python writes when it runs the helpers is no
-        # difference either.
-        ignore.extend(Ignore(DEFAULT_EXCLUDES))
-        return files, roots, ignore
+        return code_bundle(self.job) if self.job is not None else bundle()
 
     @functools.cached_property
     def macos_args(self) -> dict[str, Any]:

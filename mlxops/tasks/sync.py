@@ -37,6 +37,10 @@ def bundle(workdir: Path | None = None, job: str | None = None
     files.update(node_files)
     ignore.extend(node_ignore)
     files["mlxops/__init__.py"] = paths.trainer_dir().parent / "__init__.py"
+    # The excludes above apply under mlxops/trainer/ and mlxops/node/ only; the
+    # mlxops/__pycache__/ a node's Python writes beside __init__.py is no difference either
+    # (else every provision after a job deletes it again, and never reports ok).
+    ignore.extend(Ignore(DEFAULT_EXCLUDES))
     roots = ["mlxops"]
     if workdir is not None:
         if not job or not _JOB_NAME.match(job):

@@ -158,7 +158,7 @@ def test_a_user_check_that_does_not_import_is_bad_input(cluster, tmp_path):
 @pytest.mark.parametrize("args,error", [
     (["nosuchdir"], "nosuchdir: no such check directory"),
     (["--limit", "zzz"], "--limit: no host or group named 'zzz'"),
-    (["--job", "nosuch.yml"], "nosuch.yml: cannot read job file"),
+    (["--job", "nosuch.yml"], "nosuch.yml: no such file"),
 ])
 def test_bad_input_is_exit_2_with_one_line(cluster, args, error):
     proc = mlxops("check", str(cluster / "inventory.yml"), *args, home=cluster / "home")

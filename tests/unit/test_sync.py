@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlxops.sync import DEFAULT_EXCLUDES, collect, parse_manifest, sync_files
+from mlxops.tasks.sync import bundle
 from mlxops.transport import LocalConnection
 
 
@@ -84,3 +85,18 @@ def test_sync_cycle(tmp_path, python):
     assert (Path(dest) / "z.tmp").exists()
     assert not sync_tree(conn, src, dest, python=python).has_changes
     assert "+ " not in done.diff() and "~ d/b.txt\n- d/e/c.txt\n" == done.diff()
+
+
+def test_the_bundle_leaves_the_bytecode_a_node_writes_beside_the_package(tmp_path):
+    # A node that ran `python -m mlxops.node` has code/mlxops/__pycache__/: a provision
+    # after a job must report ok, not delete it again every time.
+    files, roots, ignore = bundle()
+    conn = LocalConnection("local")
+    dest = str(tmp_path / "code")
+    sync_files(conn, files, dest, roots=roots, ignore=ignore, python=sys.executable)
+    cache = Path(dest) / "mlxops" / "__pycache__"
+    cache.mkdir()
+    (cache / "__init__.cpython-311.pyc").write_bytes(b"\0")
+    again = sync_files(conn, files, dest, roots=roots, ignore=ignore, python=sys.executable)
+    assert not again.has_changes, again.diff()
+    assert (cache / "__init__.cpython-311.pyc").exists()
