@@ -36,6 +36,7 @@ COMMAND_MODULES = [
     "provision",
     "jobs",
     "plan",
+    "bench",
 ]
 
 

@@ -249,6 +249,9 @@ def parser() -> argparse.ArgumentParser:
     logs.add_argument("--tail", type=int, default=0, help="start this many bytes from the end")
     logs.add_argument("--max-bytes", type=int, default=1 << 20)
     commands[KEEP_CHECKPOINTS].add_argument("--step", type=int, required=True)
+    from mlxops.node import benchproto  # the bench's commands (it imports this module)
+
+    benchproto.add_parsers(sub)
     return p
 
 
@@ -446,8 +449,10 @@ def parse_answer(command: str, line: str) -> Any:
         doc = json.loads(line)
     except ValueError as exc:
         raise ProtocolError(f"{command}: not JSON: {line[-200:]!r}") from exc
+    from mlxops.node import benchproto  # the bench's answers (it imports this module)
+
     try:
-        return ANSWERS[command].from_dict(doc)
+        return {**ANSWERS, **benchproto.ANSWERS}[command].from_dict(doc)
     except ProtocolError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
