@@ -143,7 +143,8 @@ def _network(req: Request, result: BenchResult, net: Network) -> None:
             rounds = disjoint_rounds(ring_edges(up))
         else:
             rounds = round_robin(up)
-        result.pairs = net.pairs(rounds)
+        order = {name: i for i, name in enumerate(names)}
+        result.pairs = sorted(net.pairs(rounds), key=lambda p: (order[p.src], order[p.dst]))
         result.seconds["pairs"] = time.monotonic() - mark
         mark = time.monotonic()
         result.ring = _ring(req, result, up)
