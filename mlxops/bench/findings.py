@@ -1,9 +1,9 @@
 """What to make of a bench's figures: the lines printed under its tables, and ``findings``
 in its JSON (docs/formats.md). Each finding is ``{"kind", "message", ...details}``.
 
-* ``slow_host``: most of a host's links are well below the median link (its cable, port,
-  NIC or Wi-Fi, not the links' other ends); ``slow_link``: a link well below the median
-  that no slow host explains;
+* ``slow_host``: a host whose median link is well below the typical host's (its cable,
+  port, NIC or Wi-Fi, not the links' other ends); ``slow_link``: a link well below the
+  median of the links no slow host explains;
 * ``asymmetric``: one direction of a pair well below the other (duplex mismatch, a
   congested uplink, power saving);
 * ``high_latency``: a pair whose median round trip is far above the others';
@@ -22,8 +22,7 @@ from typing import Any
 
 from mlxops.bench.results import BenchResult, average_busbw
 
-SLOW = 0.75            # a link below this share of the median link is slow
-SLOW_HOST_SHARE = 0.75  # ... and a host with this share of its links slow is the cause
+SLOW = 0.75            # a link (a host) below this share of the median one is slow
 ASYMMETRIC = 0.75      # one direction below this share of the other
 HIGH_LATENCY = 2.0     # a round trip above twice the median ...
 HIGH_LATENCY_US = 50.0  # ... and at least this much above it
@@ -46,37 +45,49 @@ def findings(result: BenchResult) -> list[dict[str, Any]]:
     return out
 
 
+def _first(result: BenchResult, p) -> bool:
+    """One direction of each pair: from the host earlier in the inventory."""
+    return result.hosts.index(p.src) < result.hosts.index(p.dst)
+
+
 def _measured(result: BenchResult) -> list:
     return [p for p in result.pairs if p.bandwidth_gbps is not None]
 
 
 def _slow(result: BenchResult) -> list[dict[str, Any]]:
+    """Slow hosts first, against the median host (each host's median link): with few hosts
+    one slow host drags down half the links, and the median link with them. Then slow links
+    among the rest, against their own median."""
     pairs = _measured(result)
     if len(pairs) < 2:
         return []
-    median = statistics.median(p.bandwidth_gbps for p in pairs)
-    slow = [p for p in pairs if p.bandwidth_gbps < SLOW * median]
-    out: list[dict[str, Any]] = []
-    hosts = []
+    own = {}
     for host in result.hosts:
-        links = [p for p in pairs if host in (p.src, p.dst)]
-        mine = [p for p in slow if host in (p.src, p.dst)]
-        if links and len(mine) >= SLOW_HOST_SHARE * len(links) and len(mine) >= 2:
-            hosts.append(host)
-            own = statistics.median(p.bandwidth_gbps for p in links)
+        links = [p.bandwidth_gbps for p in pairs if host in (p.src, p.dst)]
+        if len(links) >= 2:
+            own[host] = (statistics.median(links), len(links))
+    typical = statistics.median(m for m, _ in own.values()) if own else 0.0
+    out: list[dict[str, Any]] = []
+    slow_hosts = []
+    for host, (median, count) in own.items():
+        if median < SLOW * typical:
+            slow_hosts.append(host)
             out.append({
-                "kind": "slow_host", "host": host, "median_gbps": own,
-                "links_slow": len(mine), "links": len(links),
-                "message": f"{host}: {len(mine)} of its {len(links)} links are slow (median "
-                           f"{_g(own)} Gbit/s, all links {_g(median)}): look at {host}'s "
-                           "cable, port, adapter or Wi-Fi first"})
-    for p in slow:
-        if p.src in hosts or p.dst in hosts:
-            continue
-        out.append({"kind": "slow_link", "src": p.src, "dst": p.dst,
-                    "gbps": p.bandwidth_gbps, "median_gbps": median,
-                    "message": f"{p.src} -> {p.dst}: {_g(p.bandwidth_gbps)} Gbit/s, below "
-                               f"{SLOW:.0%} of the median link ({_g(median)})"})
+                "kind": "slow_host", "host": host, "median_gbps": median,
+                "typical_gbps": typical, "links": count,
+                "message": f"{host}: its links are slow (median {_g(median)} Gbit/s, the "
+                           f"typical host's {_g(typical)}): look at {host}'s cable, port, "
+                           "adapter or Wi-Fi first"})
+    rest = [p for p in pairs if p.src not in slow_hosts and p.dst not in slow_hosts]
+    if len(rest) < 2:
+        return out
+    median = statistics.median(p.bandwidth_gbps for p in rest)
+    for p in rest:
+        if p.bandwidth_gbps < SLOW * median:
+            out.append({"kind": "slow_link", "src": p.src, "dst": p.dst,
+                        "gbps": p.bandwidth_gbps, "median_gbps": median,
+                        "message": f"{p.src} -> {p.dst}: {_g(p.bandwidth_gbps)} Gbit/s, below "
+                                   f"{SLOW:.0%} of the median link ({_g(median)})"})
     return out
 
 
@@ -84,7 +95,7 @@ def _asymmetric(result: BenchResult) -> list[dict[str, Any]]:
     out = []
     for p in _measured(result):
         back = result.pair(p.dst, p.src)
-        if back is None or back.bandwidth_gbps is None or p.src > p.dst:
+        if back is None or back.bandwidth_gbps is None or not _first(result, p):
             continue
         lo, hi = sorted((p.bandwidth_gbps, back.bandwidth_gbps))
         if hi > 0 and lo < ASYMMETRIC * hi:
@@ -98,7 +109,7 @@ def _asymmetric(result: BenchResult) -> list[dict[str, Any]]:
 
 
 def _latency(result: BenchResult) -> list[dict[str, Any]]:
-    pairs = [p for p in result.pairs if p.latency_us and p.src < p.dst]
+    pairs = [p for p in result.pairs if p.latency_us and _first(result, p)]
     if len(pairs) < 2:
         return []
     median = statistics.median(p.latency_us["median"] for p in pairs)

@@ -69,7 +69,7 @@ def step_notes(step: dict | None) -> list[str]:
         return []
     lines = [f"per step and rank: {step['compute_gflop']:.3g} GFLOP of compute "
              "(6 x params x tokens)"]
-    grads = f"all-reduce of {step['gradient_bytes'] / 1e6:.3g} MB gradients"
+    grads = f"gradient all-reduce {step['gradient_bytes'] / 1e6:.3g} MB"
     ar = step["allreduce"]
     if ar is None:
         return [*lines, f"{grads}: no 'mlxops bench' of these hosts yet"]
