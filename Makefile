@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # System packages the integration tests need (real sshd nodes in network namespaces, a
-# world-readable Python for the node user, OpenMPI for the mpi backend).
-SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin
+# world-readable Python for the node user, OpenMPI for the mpi backend, iperf3 for the
+# bench's cross-check).
+SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin iperf3
 
 .PHONY: demo test test-unit lint venv system-deps clean
 

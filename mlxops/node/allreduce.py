@@ -9,8 +9,8 @@ same count: the slowest rank's warm-up decides, agreed with ``all_max``), each o
 for (``mx.eval``). A rank's time is its own average per call; the controller takes the
 maximum over ranks, as nccl-tests does. Correctness: every element of the sum must be
 n(n+1)/2; ``wrong`` counts those that are not. Writes ``allreduce-rank-<r>.json`` in the
-run directory, and a heartbeat (``progress/rank-<r>.json``) after each warm-up and size so
-that the job's watchdog sees it alive.
+run directory, and a heartbeat (``progress/rank-<r>.json``) after each warm-up and size and
+every 5 s of timed calls, so that the job's status sees it alive.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from mlxops.node import protocol
 from mlxops.node.benchproto import allreduce_result
 
 SECOND_WARMUP_BELOW = 1.0   # seconds: a size whose first call took less gets a second one
+BEAT_EVERY = 5.0            # seconds between heartbeats during a size's timed calls
 
 
 def _write(path: Path, doc: dict) -> None:
@@ -71,9 +72,12 @@ def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_i
             beat(i)
         iters = max(min_iters, min(max_iters, math.ceil(target / max(slowest, 1e-6))))
         _agree_max(0.0, group)  # a barrier: every rank starts the timed calls together
-        start = time.perf_counter()
+        start = last = time.perf_counter()
         for _ in range(iters):
             y, _ = _call(x, group)
+            if time.perf_counter() - last > BEAT_EVERY:  # slow links, big sizes
+                beat(i)
+                last = time.perf_counter()
         elapsed = time.perf_counter() - start
         wrong = int((y != expected).astype(mx.int32).sum().item())
         rows.append({"bytes": size, "iterations": iters, "time_us": elapsed / iters * 1e6,

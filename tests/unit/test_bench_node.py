@@ -184,3 +184,22 @@ def test_iperf3_is_read_as_the_receiver_counted():
                     "-O", "1", "-P", "4", "-R"]
     assert iperf3_argv("i", "h", 1, BOTH, 1, 0.3, 0)[-1] == "--bidir"
     assert json.loads(protocol.answer_line(both))["tool"] == "iperf3"
+
+
+def test_the_synced_node_modules_import_only_the_standard_library():
+    """Macs run them with whatever Python has mlx: nothing else may be assumed there. The
+    all-reduce rank program alone imports mlx (it runs only as a rank)."""
+    import ast
+
+    for path in sorted((ROOT / "mlxops" / "node").glob("*.py")):
+        if path.name == "allreduce.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and
+                     not node.level else [])
+            for name in names:
+                top = name.split(".")[0]
+                ok = top in sys.stdlib_module_names or name.startswith("mlxops.node") \
+                    or name == "__future__"
+                assert ok or (path.name == "preflight.py" and top == "mlx"), (path.name, name)
