@@ -9,9 +9,11 @@ is removed, on success, failure and Ctrl-C alike.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from mlxops import render, shell
 from mlxops.bench import allreduce
 from mlxops.bench.findings import findings
 from mlxops.bench.measure import Network, Node, Settings, server_deadline
-from mlxops.bench.results import BenchResult, RingResult, average_busbw, fit
+from mlxops.bench.results import BenchResult, RingResult, average_busbw, bench_dir, fit
 from mlxops.bench.ring import best_ring, ring_bottleneck
 from mlxops.bench.schedule import disjoint_rounds, ring_edges, round_robin
 from mlxops.errors import MlxopsError, bad_input
@@ -93,12 +95,36 @@ def inventory_backend(hosts: Sequence, source: object) -> str:
     return named.pop() if named else DEFAULT_BACKEND
 
 
+@contextmanager
+def one_at_a_time() -> Iterator[None]:
+    """One bench per controller at a time: two would share the internal job's name (the
+    second would stop the first's all-reduce as left behind) and the ports."""
+    path = bench_dir() / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MlxopsError(f"another mlxops bench runs from this controller ({path} is "
+                              "locked)") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_bench(req: Request, connector: Connector, on_event: OnEvent = lambda _: None
               ) -> BenchResult:
-    start = time.monotonic()
     inv = load_inventory(req.inventory)
     hosts = inv.select(req.limit)
     backend = inventory_backend(hosts, inv.path)
+    with one_at_a_time():
+        return _run(req, inv, hosts, backend, connector, on_event)
+
+
+def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
+         on_event: OnEvent) -> BenchResult:
+    start = time.monotonic()
     s = req.settings
     result = BenchResult(inventory=str(inv.path), hosts=[h.name for h in hosts], options={
         "limit": req.limit, "pairs": req.pairs, **asdict(s), "sizes": list(req.sizes),

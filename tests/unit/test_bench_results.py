@@ -266,3 +266,44 @@ def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, mo
                                                              4 * m.params, 3))
     notes = step_notes(step_estimate(spec, plans))
     assert path.name in notes[1] and all(len(line) <= 80 for line in notes)
+
+
+def test_one_bench_at_a_time_per_controller(tmp_path, monkeypatch):
+    from mlxops.bench.run import one_at_a_time
+    from mlxops.errors import MlxopsError
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path))
+    with one_at_a_time():
+        code = ("from mlxops.bench.run import one_at_a_time\n"
+                "with one_at_a_time(): pass\n")
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               cwd=ROOT, env={"PYTHONPATH": str(ROOT),
+                                              "MLXOPS_HOME": str(tmp_path)}, timeout=60)
+        assert other.returncode != 0 and "another mlxops bench runs" in other.stderr
+    with one_at_a_time():
+        pass  # released
+    with pytest.raises(MlxopsError, match="another"), one_at_a_time(), one_at_a_time():
+        pass
+
+
+def test_the_ring_is_searched_over_every_pair_or_taken_as_the_inventory_orders():
+    from mlxops.bench.run import ALL, RING, Request, _ring
+
+    # studio1-studio2 is slow both ways: the inventory ring uses it, the best ring need not.
+    def speed(a, b):
+        return 1.0 if {a, b} == {"studio1", "studio2"} else 9.0
+
+    doc = result(pairs=matrix(speed))
+    best = _ring(Request(Path("inv.yml"), pairs=ALL), doc, list(HOSTS))
+    assert best.bottleneck_gbps == 9.0 and best.exact and best.inventory_bottleneck_gbps == 1.0
+    links = {frozenset(p) for p in zip(best.order, best.order[1:] + best.order[:1],
+                                       strict=True)}
+    assert frozenset(("studio1", "studio2")) not in links
+    as_is = _ring(Request(Path("inv.yml"), pairs=RING), doc, list(HOSTS))
+    assert as_is.order == HOSTS and as_is.bottleneck_gbps == 1.0 and as_is.measured == RING
+    doc.pair("mini-rack-07", "macbook-pro").streams = {}  # one direction not measured
+    unknown = _ring(Request(Path("inv.yml"), pairs=ALL), doc, list(HOSTS))
+    links = {frozenset(p) for p in zip(unknown.order, unknown.order[1:] + unknown.order[:1],
+                                       strict=True)}
+    assert frozenset(("mini-rack-07", "macbook-pro")) not in links  # unmeasured: unusable
+    assert _ring(Request(Path("inv.yml")), doc, ["studio1"]) is None
