@@ -34,6 +34,7 @@ from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.transport import Connector, run_parallel
 
 OnEvent = Callable[[str], None]
+PROGRAM = "mlxops.node.allreduce"
 STALL_TIMEOUT = 180.0     # a rank beats after every warm-up, size and 5 s of timed calls
 POLL = 0.5
 
@@ -49,7 +50,7 @@ def job_spec(inventory: Path, hosts: str, backend: str, port: int,
     return JobSpec(
         path=inventory.resolve(), name=BENCH_JOB, inventory=inventory.resolve(), hosts=hosts,
         backend=backend,
-        command=["python", "-m", "mlxops.node.allreduce", "--sizes", *map(str, sizes)],
+        command=["python", "-m", PROGRAM, "--sizes", *map(str, sizes)],
         restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT),
         port=port, stop_grace=2.0)
 
@@ -60,6 +61,9 @@ def clear_earlier(connector: Connector, on_event: OnEvent) -> None:
         record = load_record(BENCH_JOB)
     except UserError:
         return
+    if PROGRAM not in " ".join((record.job or {}).get("command") or []):
+        raise MlxopsError(f"a job named {BENCH_JOB!r} exists and is not a bench's: the name is "
+                          "mlxops bench's own; stop and rename that job")
     on_event("an earlier bench's all-reduce was left behind: stopping it")
     results = stop_job(record, connector, grace=1.0, mark_stopped=False)
     results.raise_on_failure(f"stopping the earlier {BENCH_JOB} job")

@@ -307,3 +307,17 @@ def test_the_ring_is_searched_over_every_pair_or_taken_as_the_inventory_orders()
                                        strict=True)}
     assert frozenset(("mini-rack-07", "macbook-pro")) not in links  # unmeasured: unusable
     assert _ring(Request(Path("inv.yml")), doc, ["studio1"]) is None
+
+
+def test_a_users_job_named_like_the_benchs_is_never_stopped_by_a_bench(tmp_path, monkeypatch):
+    from mlxops.bench.allreduce import clear_earlier
+    from mlxops.errors import MlxopsError
+    from mlxops.jobs.record import HostRecord, JobRecord
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path))
+    clear_earlier(connector=None, on_event=print)  # no record: nothing to do
+    JobRecord(name="mlxops-bench", job_file="job.yml", inventory="inv.yml", backend="ring",
+              hosts=[HostRecord("mac1", "/r", "/py")], ranks=[],
+              job={"command": ["python", "train.py"]}).save()
+    with pytest.raises(MlxopsError, match="not a bench's"):
+        clear_earlier(connector=None, on_event=print)
