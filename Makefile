@@ -5,9 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # System packages the integration tests need (real sshd nodes in network namespaces, a
 # world-readable Python for the node user, OpenMPI for the mpi backend, OpenBLAS for the
-# ranks to preload in place of the reference BLAS in MLX's Linux wheel).
+# ranks to preload in place of the reference BLAS in MLX's Linux wheel, iperf3 for the
+# bench's cross-check).
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
-	libopenblas0-pthread
+	libopenblas0-pthread iperf3
 
 .PHONY: demo test test-unit lint venv system-deps clean
 

@@ -97,6 +97,18 @@ def cluster_ip(host: Any) -> str:
     return host.ip
 
 
+def in_order(hosts: Sequence[Any], order: Sequence[str], source: object = "--order"
+             ) -> list[Any]:
+    """``hosts`` in the ring order ``order`` names them (``mlxops bench``'s best ring), so
+    that ranks, and the ring, follow it. ``order`` must name exactly these hosts."""
+    by_name = {h.name: h for h in hosts}
+    if sorted(order) != sorted(by_name):
+        raise bad_input(source, "ring.order",
+                        f"orders {', '.join(order)} but the hosts selected are "
+                        f"{', '.join(by_name)}: bench (or --limit to) the same hosts")
+    return [by_name[name] for name in order]
+
+
 def rank_hosts(hosts: Iterable[Any]) -> list[Any]:
     """One entry per rank, in inventory order: a host with N slots appears N times."""
     return [h for h in hosts for _ in range(h.slots)]

@@ -11,6 +11,7 @@ import os
 import click
 
 from mlxops import render
+from mlxops.bench.results import ring_order
 from mlxops.cli.options import inventory_argument, limit_option
 from mlxops.errors import bad_input
 from mlxops.inventory import load_inventory
@@ -24,7 +25,10 @@ from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, MPI
 @limit_option
 @click.option("--output", "-o", metavar="PATH", type=click.Path(dir_okay=False),
               help="Write here instead of stdout.")
-def command(inventory, backend, limit, output):
+@click.option("--order", metavar="BENCH.json", type=click.Path(dir_okay=False),
+              help="Hosts in the ring order a saved `mlxops bench` result chose "
+                   "(~/.mlxops/bench/*.json) instead of inventory order.")
+def command(inventory, backend, limit, output, order):
     """Render the hostfile of the selected hosts for BACKEND (one entry per rank).
 
     \b
@@ -35,6 +39,8 @@ def command(inventory, backend, limit, output):
     inv = load_inventory(inventory)
     # Nothing connects from here (mlx.launch's own ssh does not read the key file either).
     hosts = inv.select(limit, source="--limit", check_files=False)
+    if order:
+        hosts = render.in_order(hosts, ring_order(order), source=order)
     if backend == MPI:
         text = render.mpi_hostfile(hosts)
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import click
 from rich.table import Table
@@ -11,7 +12,7 @@ from rich.table import Table
 from mlxops import console
 from mlxops.cli.options import connector_from, host_key_options, json_option
 from mlxops.errors import EXIT_FAILED
-from mlxops.jobs.plan import NodePlan, plan_job
+from mlxops.jobs.plan import NodePlan, plan_job, step_estimate
 from mlxops.jobs.spec import load_job
 
 GB = 1024**3
@@ -62,6 +63,20 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
     return lines
 
 
+def step_notes(step: dict | None) -> list[str]:
+    """The compute of one step and, from the last bench of these hosts, its all-reduce."""
+    if step is None:
+        return []
+    lines = [f"per step and rank: {step['compute_gflop']:.3g} GFLOP of compute "
+             "(6 x params x tokens)"]
+    grads = f"gradient all-reduce {step['gradient_bytes'] / 1e6:.3g} MB"
+    ar = step["allreduce"]
+    if ar is None:
+        return [*lines, f"{grads}: no 'mlxops bench' of these hosts yet"]
+    return [*lines, f"{grads}: ~{ar['predicted_us'] / 1e3:.3g} ms (bench "
+                    f"{Path(ar['bench']).name}, {ar['bench_ranks']} ranks)"]
+
+
 @click.command("plan")
 @click.argument("job", type=click.Path(dir_okay=False))
 @click.option("--refresh", is_flag=True, help="Ask every node for its memory, ignoring cached "
@@ -75,8 +90,9 @@ def command(job, refresh, as_json, accept_new_host_keys, connect_timeout):
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
         plans, results = plan_job(spec, connector, refresh=refresh)
     fits = all(p.plan.fits for p in plans)
+    step = step_estimate(spec, plans)
     if as_json:
-        console.print_json({"name": spec.name, "fits": fits,
+        console.print_json({"name": spec.name, "fits": fits, "step": step,
                             "nodes": [p.to_dict() for p in plans],
                             "unreachable": {h: results[h].message for h in results.unreachable}})
     else:
@@ -85,7 +101,7 @@ def command(job, refresh, as_json, accept_new_host_keys, connect_timeout):
             console.err.print(f"{host}: unreachable: {results[host].message}")
         if plans:
             console.out.print()
-        for line in plan_notes(plans):
+        for line in plan_notes(plans) + step_notes(step):
             console.out.print(line, markup=False)
         if plans:
             console.out.print(f"Next: mlxops launch {job}", markup=False)

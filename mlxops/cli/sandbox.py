@@ -30,14 +30,15 @@ def command() -> None:
 @command.command("up")
 @click.option("--nodes", "-n", type=click.IntRange(1, 240), required=True,
               help="How many nodes (node1..nodeN).")
-@click.option("--rate", metavar="RATE", default=None,
-              help="Shape each node's link both ways with tc tbf, e.g. 200mbit, 1gbit.")
+@click.option("--rate", "rates", metavar="[NODE=]RATE", multiple=True,
+              help="Shape each node's link both ways with tc tbf, e.g. 200mbit, 1gbit; "
+                   "NODE=RATE for one node (repeat: --rate 400mbit --rate node3=100mbit).")
 @_dir_option
 @click.option("--subnet", default=DEFAULT_SUBNET, show_default=True,
               help="IPv4 subnet: .1 is this machine (on the bridge), node i is .(10+i).")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,
               help="Name prefix of the bridge, namespaces and veths (tells sandboxes apart).")
-def up(nodes: int, rate: str | None, state_dir: str, subnet: str, prefix: str) -> None:
+def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: str) -> None:
     """Start NODES fake nodes and write a ready-to-use inventory.
 
     Refuses when a sandbox already runs in DIR: run `mlxops sandbox down` first. The
@@ -46,13 +47,14 @@ def up(nodes: int, rate: str | None, state_dir: str, subnet: str, prefix: str) -
     """
     start = time.monotonic()
     box = Sandbox(state_dir, subnet=subnet, prefix=prefix, log=lambda m: console.err.print(m))
-    info = box.up(nodes, rate=rate)
+    info = box.up(nodes, rates=rates)
     elapsed = time.monotonic() - start
     out = console.out
     out.print(f"sandbox up: {len(info.nodes)} node(s) in {elapsed:.1f}s "
-              f"(controller {info.controller_ip}{', ' + rate if rate else ''})")
+              f"(controller {info.controller_ip})")
     for name, ip in info.nodes.items():
-        out.print(f"  {name:<8} {ip}")
+        rate = box.rate(name)
+        out.print(f"  {name:<8} {ip}{'  ' + rate if rate else ''}")
     out.print(f"inventory:  {info.inventory_path}")
     out.print(f"try:        ssh -F {info.ssh_config_path} {next(iter(info.nodes))} true")
     out.print(f"            mlxops run {info.inventory_path} -- uname -a")

@@ -3,6 +3,10 @@
 Node memory comes from the facts ``mlxops provision`` cached; hosts without cached facts
 are asked (one facts command each). The plan itself is the trainer's own
 (:func:`mlxops.trainer.plan.plan_memory`), so it is the same estimate the ranks use.
+
+Per step, beside the compute (6 x parameters x tokens, per rank), the all-reduce of the
+gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
+t(S) = a + b*S, docs/formats.md, "mlxops bench --json").
 """
 
 from __future__ import annotations
@@ -10,11 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlxops.bench.results import latest_for, predict_us
 from mlxops.errors import UserError
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import gather as gather_facts
 from mlxops.tasks.facts import load_cached_facts, save_facts
+from mlxops.trainer.config import load_config
 from mlxops.trainer.plan import MemoryPlan, plan_memory
 from mlxops.transport import Connector, Results, run_parallel
 
@@ -62,3 +68,23 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False
         plans.append(NodePlan(host.name, memory, node.get("chip") or node.get("arch") or "",
                               host.slots, plan, source))
     return plans, results
+
+
+def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None:
+    """One step per rank: its compute (6 x parameters x tokens, in GFLOP) and the all-reduce
+    of its fp32 gradients predicted from the newest bench of these hosts (None: no bench)."""
+    if not plans or spec.trainer is None:
+        return None
+    m = plans[0].plan
+    tokens = m.micro_batch * m.accumulation * load_config(dict(spec.trainer)).model.seq_len
+    nbytes = 4 * m.params
+    out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
+                           "gradient_bytes": nbytes, "allreduce": None}
+    found = latest_for([p.host for p in plans])
+    if found is not None:
+        path, doc = found
+        info = doc["allreduce_info"]
+        out["allreduce"] = {"bench": str(path), "bench_ranks": info["ranks"],
+                            "fit": info["fit"],
+                            "predicted_us": predict_us(info, nbytes, m.world_size)}
+    return out

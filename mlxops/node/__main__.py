@@ -6,10 +6,11 @@ people: docs/node-protocol.md).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-from mlxops.node import protocol
+from mlxops.node import benchproto, protocol
 from mlxops.node.logs import read_logs
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
@@ -29,6 +30,8 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
     if args.cmd == protocol.REACH:
         return reach(args.name, args.ip, args.ports, protocol.parse_peers(args.peers),
                      args.seconds)
+    if args.cmd in benchproto.COMMANDS:
+        return bench_answer(args)
     run_dir = Path(args.run_dir)
     if args.cmd == protocol.PREFLIGHT:
         return preflight(run_dir, ip=args.ip, ports=args.ports, mpi=args.mpi)
@@ -44,6 +47,26 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
         return read_logs(run_dir, rank=args.rank, offsets=protocol.parse_offsets(args.offsets),
                          tail=args.tail, max_bytes=args.max_bytes)
     return protocol.KeepCheckpointsAnswer(keep_checkpoints_up_to(run_dir, args.step))
+
+
+def bench_answer(args: argparse.Namespace) -> protocol.Answer:
+    """The bench's commands (``mlxops.node.benchproto``)."""
+    from mlxops.node import netclient, netserver  # only the bench needs them
+
+    try:
+        if args.cmd == benchproto.BENCH_SERVE:
+            return netserver.serve(Path(args.run_dir), ip=args.ip, port=args.port,
+                                   deadline=args.deadline, iperf3_port=args.iperf3_port)
+        if args.cmd == benchproto.BENCH_STOP:
+            return netserver.stop_server(Path(args.run_dir))
+        return netclient.client(peer=args.peer, port=args.port, latency=args.latency,
+                                modes=args.modes, streams=args.streams,
+                                seconds=args.seconds, omit=args.omit,
+                                iperf3_port=args.iperf3_port)
+    except (OSError, ValueError) as exc:
+        # A measurement that could not be made (a peer gone, a port taken): one line on
+        # stderr, exit 1; the controller reports it as the host's failure.
+        raise SystemExit(f"mlxops.node {args.cmd}: {type(exc).__name__}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

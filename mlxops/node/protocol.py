@@ -296,6 +296,9 @@ def parser() -> argparse.ArgumentParser:
     reach.add_argument("--ports", type=int, nargs="*", default=[])
     reach.add_argument("--peers", nargs="*", default=[], help="name=ip:port,port ...")
     reach.add_argument("--seconds", type=float, default=10.0)
+    from mlxops.node import benchproto  # the bench's commands (it imports this module)
+
+    benchproto.add_parsers(sub)
     return p
 
 
@@ -528,8 +531,10 @@ def parse_answer(command: str, line: str) -> Any:
         doc = json.loads(line)
     except ValueError as exc:
         raise ProtocolError(f"{command}: not JSON: {line[-200:]!r}") from exc
+    from mlxops.node import benchproto  # the bench's answers (it imports this module)
+
     try:
-        return ANSWERS[command].from_dict(doc)
+        return {**ANSWERS, **benchproto.ANSWERS}[command].from_dict(doc)
     except ProtocolError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

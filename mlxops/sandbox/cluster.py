@@ -17,7 +17,7 @@ import stat
 from mlxops.errors import UserError
 from mlxops.sandbox import clientfiles, netns, nodes
 from mlxops.sandbox.faults import Faults
-from mlxops.sandbox.layout import NodeLayout, parse_rate
+from mlxops.sandbox.layout import NodeLayout, node_rates, parse_rate
 from mlxops.sandbox.python import node_python
 from mlxops.sandbox.state import STATE_VERSION, SandboxInfo
 
@@ -40,11 +40,15 @@ class Sandbox(Faults):
 
     # -- up / down -----------------------------------------------------------------------
 
-    def up(self, nodes: int, rate: str | None = None, python: str | None = None) -> SandboxInfo:
-        """Create ``nodes`` nodes. Refuses when a sandbox already runs in this dir."""
+    def up(self, nodes: int, rate: str | None = None, python: str | None = None,
+           rates: tuple[str, ...] = ()) -> SandboxInfo:
+        """Create ``nodes`` nodes. Refuses when a sandbox already runs in this dir.
+
+        ``rate`` shapes every node's link; ``rates`` are ``--rate`` values, ``RATE`` or
+        ``NODE=RATE`` (that node's own, winning over ``rate``)."""
         require_root()
-        rate_bits = parse_rate(rate) if rate else None
         plan = self.layout.nodes(nodes)
+        shaped = node_rates([*([rate] if rate else []), *rates], [n.name for n in plan])
         if self._state and self.is_running():
             raise UserError(
                 f"{self.dir}: a sandbox is already running here; "
@@ -59,20 +63,22 @@ class Sandbox(Faults):
         self._state = {
             "version": STATE_VERSION, "prefix": self.layout.prefix,
             "subnet": str(self.layout.subnet), "bridge": self.layout.bridge,
-            "user": self.user, "rate": rate, "python": node_py,
+            "user": self.user, "python": node_py,
+            "rate": rate or next((r for r in rates if "=" not in r), None),
             "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
-                       "sshd_pid": None} for n in plan],
+                       "sshd_pid": None, "rate": shaped[n.name]} for n in plan],
         }
         self._save()
         try:
-            self._create(plan, rate_bits)
+            self._create(plan, {name: parse_rate(r) if r else None
+                                for name, r in shaped.items()})
         except BaseException:
             # Also on KeyboardInterrupt: never leave half a sandbox behind.
             self.down()
             raise
         return self.info
 
-    def _create(self, plan: list[NodeLayout], rate_bits: int | None) -> None:
+    def _create(self, plan: list[NodeLayout], rate_bits: dict[str, int | None]) -> None:
         account = nodes.ensure_user(self.user)
         keygens = [nodes.keygen(self.key_path, "mlxops-sandbox")]
         for node in plan:
@@ -82,7 +88,7 @@ class Sandbox(Faults):
         self._log(f"creating bridge {self.layout.bridge} ({self.controller_ip})")
         netns.create_bridge(self.layout)
         for node in plan:
-            netns.create_node_net(self.layout, node, rate_bits)
+            netns.create_node_net(self.layout, node, rate_bits[node.name])
         nodes.wait_all(keygens, "ssh-keygen")
         self.key_path.chmod(0o600)
         known = self._nodes_known_hosts(plan)

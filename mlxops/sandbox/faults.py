@@ -1,8 +1,9 @@
 """Breaking sandbox nodes on purpose, and mending them: what tests of failures need.
 
 A Mac asleep (its sshd gone: connections refused), a cable pulled (its link down: packets
-vanish, connections time out), a host key unknown or changed. :meth:`Faults.restore`
-undoes all of them, so a test that breaks nodes leaves the sandbox as it found it.
+vanish, connections time out), a host key unknown or changed, a slow link (its rate
+changed). :meth:`Faults.restore` undoes all of them, so a test that breaks nodes leaves the
+sandbox as it found it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pwd
 
 from mlxops.sandbox import clientfiles, netns, nodes
+from mlxops.sandbox.layout import parse_rate
 from mlxops.sandbox.state import SandboxState
 
 
@@ -39,6 +41,23 @@ class Faults(SandboxState):
     def reconnect_node(self, name: str) -> None:
         netns.set_link(self.node_layout(name), up=True)
 
+    def set_rate(self, name: str, rate: str | None) -> None:
+        """Shape the node's link to ``rate`` (``100mbit``; None: unshaped) both ways, now;
+        :meth:`restore` puts back the rate it was made with."""
+        entry = self._entry(name)
+        netns.shape_link(self.node_layout(name), parse_rate(rate) if rate else None)
+        entry["shaped"] = rate
+        self._save()
+
+    def rate(self, name: str) -> str | None:
+        """The node's link rate now (None: unshaped)."""
+        entry = self._entry(name)
+        return entry.get("shaped", self._made_rate(entry))
+
+    def _made_rate(self, entry: dict) -> str | None:
+        # Sandboxes made before rates per node kept one rate for all.
+        return entry.get("rate", self._state.get("rate"))
+
     def forget_host_key(self, name: str) -> None:
         """Drop the node from known_hosts: its key becomes unknown to strict clients."""
         ip = self.ip(name)
@@ -62,10 +81,16 @@ class Faults(SandboxState):
             self.start_node(name)
 
     def restore(self) -> None:
-        """Undo what the per-node controls did: every link up, every sshd running, every
-        current host key trusted (tests that break nodes call this when done)."""
+        """Undo what the per-node controls did: every link up at the rate it was made with,
+        every sshd running, every current host key trusted (tests that break nodes call this
+        when done)."""
         for name in self.nodes:
             self.reconnect_node(name)
+            entry = self._entry(name)
+            if "shaped" in entry:
+                self.set_rate(name, self._made_rate(entry))
+                del entry["shaped"]
+                self._save()
             if not self.sshd_alive(name):
                 self._entry(name)["sshd_pid"] = None
                 self.start_node(name)

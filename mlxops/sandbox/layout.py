@@ -93,6 +93,27 @@ def parse_rate(rate: str) -> int:
     return bits
 
 
+def node_rates(specs: list[str] | tuple[str, ...], names: list[str]
+               ) -> dict[str, str | None]:
+    """``--rate`` values, each ``RATE`` (every node) or ``NODE=RATE`` (that node, winning),
+    as each node's rate (None: not shaped). Checked before anything is made."""
+    default: str | None = None
+    own: dict[str, str] = {}
+    for spec in specs:
+        name, sep, rate = spec.partition("=")
+        if not sep:
+            name, rate = "", spec
+        parse_rate(rate)
+        if not name:
+            default = rate
+        elif name not in names:
+            raise UserError(f"--rate: {spec!r}: no node {name!r} (the nodes are "
+                            f"{names[0]}..{names[-1]})")
+        else:
+            own[name] = rate
+    return {name: own.get(name, default) for name in names}
+
+
 def tbf_burst_bytes(bits_per_sec: int) -> int:
     """A bucket big enough for the rate at a 100 Hz timer tick (tbf drops otherwise),
     and never below 64 KiB so one GSO super-packet fits."""

@@ -77,11 +77,21 @@ def create_node_net(layout: Layout, node: NodeLayout, rate_bits: int | None) -> 
     run([*ns, "addr", "add", f"{node.ip}/{layout.subnet.prefixlen}", "dev", "eth0"])
     run([*ns, "link", "set", "eth0", "up"])
     if rate_bits:
-        # Egress of both ends: the host end shapes traffic to the node, eth0 from it.
-        shape = ["root", "tbf", "rate", f"{rate_bits}bit",
-                 "burst", str(tbf_burst_bytes(rate_bits)), "latency", "50ms"]
-        run(["tc", "qdisc", "replace", "dev", node.veth, *shape])
-        run(["tc", "-n", node.netns, "qdisc", "replace", "dev", "eth0", *shape])
+        shape_link(node, rate_bits)
+
+
+def shape_link(node: NodeLayout, rate_bits: int | None) -> None:
+    """Shape the node's link to ``rate_bits`` both ways (None: unshaped). Egress of both
+    ends: the host end shapes traffic to the node, eth0 traffic from it; so a link between
+    two nodes runs at the slower of their rates."""
+    if rate_bits is None:
+        run(["tc", "qdisc", "del", "dev", node.veth, "root"], check=False)
+        run(["tc", "-n", node.netns, "qdisc", "del", "dev", "eth0", "root"], check=False)
+        return
+    shape = ["root", "tbf", "rate", f"{rate_bits}bit",
+             "burst", str(tbf_burst_bytes(rate_bits)), "latency", "50ms"]
+    run(["tc", "qdisc", "replace", "dev", node.veth, *shape])
+    run(["tc", "-n", node.netns, "qdisc", "replace", "dev", "eth0", *shape])
 
 
 def set_link(node: NodeLayout, up: bool) -> None:

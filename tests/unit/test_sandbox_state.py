@@ -64,3 +64,29 @@ def test_a_state_of_another_version_is_refused(tmp_path):
     write_state(tmp_path, version=STATE_VERSION + 1)
     with pytest.raises(MlxopsError, match="unknown state version"):
         Sandbox(tmp_path)
+
+
+def test_rates_per_node_are_checked_before_anything_is_made():
+    from mlxops.sandbox.layout import node_rates
+
+    names = ["node1", "node2", "node3"]
+    assert node_rates(["400mbit", "node3=100mbit"], names) == {
+        "node1": "400mbit", "node2": "400mbit", "node3": "100mbit"}
+    assert node_rates(["node2=1gbit"], names) == {"node1": None, "node2": "1gbit",
+                                                  "node3": None}
+    assert node_rates([], names) == dict.fromkeys(names)
+    with pytest.raises(UserError, match="no node 'node9'"):
+        node_rates(["node9=100mbit"], names)
+    with pytest.raises(UserError, match="--rate"):
+        node_rates(["node2=fast"], names)
+
+
+def test_a_nodes_rate_is_read_back_and_older_states_have_one_for_all(tmp_path):
+    write_state(tmp_path, rate="200mbit")
+    box = Sandbox(tmp_path)
+    assert box.rate("node1") == "200mbit"  # no per-node entry: the sandbox's rate
+    state = json.loads((tmp_path / "state.json").read_text())
+    state["nodes"][1]["rate"] = "100mbit"
+    state["nodes"][1]["shaped"] = "50mbit"
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    assert Sandbox(tmp_path).rate("node2") == "50mbit"

@@ -1,0 +1,167 @@
+"""The all-reduce sweep: ``python -m mlxops.node.allreduce`` on every rank, started as jobs
+start ranks, followed to its end, its results read, then removed.
+
+It runs as an internal job named ``mlxops-bench`` (:data:`BENCH_JOB`) through the job
+machinery itself: pre-flight, run files, the ranks' environment for the inventory's backend
+(``mlxops_backend``, else ring), detached start, status, stop. So the all-reduce is the one
+training would see: same backend, same placement, same ports rule. Its ring ports start two
+above the bench's port (the server and iperf3 have the first two). While it runs,
+``mlxops status mlxops-bench`` shows it and ``mlxops stop mlxops-bench`` stops it; a bench
+that finds the record of an earlier one (its controller killed) stops that first. Whatever
+happens (a failure, Ctrl-C), its ranks are stopped before the bench returns, and the run
+directory and the record are removed once nothing of it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from mlxops import shell
+from mlxops.bench.results import AllreduceRow, allreduce_rows
+from mlxops.errors import MlxopsError, UserError
+from mlxops.jobs.launch import launch
+from mlxops.jobs.logs import fetch
+from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
+from mlxops.jobs.spec import JobSpec, RestartPolicy
+from mlxops.jobs.status import gather
+from mlxops.jobs.stop import stop_job
+from mlxops.node.benchproto import BENCH_JOB, allreduce_result
+from mlxops.node.protocol import FINISHED, RUNNING
+from mlxops.transport import Connector, run_parallel
+
+OnEvent = Callable[[str], None]
+PROGRAM = "mlxops.node.allreduce"
+STALL_TIMEOUT = 180.0     # a rank beats after every warm-up, size and 5 s of timed calls
+POLL = 0.5
+
+
+class LeftRunning(MlxopsError):
+    """The sweep's ranks could not all be stopped: its run directories and record stay, so
+    that ``mlxops stop mlxops-bench`` can finish the job."""
+
+
+def job_spec(inventory: Path, hosts: str, backend: str, port: int,
+             sizes: Sequence[int]) -> JobSpec:
+    """The sweep as a job: ``command:`` the rank program, no restarts."""
+    return JobSpec(
+        path=inventory.resolve(), name=BENCH_JOB, inventory=inventory.resolve(), hosts=hosts,
+        backend=backend,
+        command=["python", "-m", PROGRAM, "--sizes", *map(str, sizes)],
+        restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT),
+        port=port, stop_grace=2.0)
+
+
+def clear_earlier(connector: Connector, on_event: OnEvent) -> None:
+    """Stop and forget the sweep of an earlier bench whose controller did not finish."""
+    try:
+        record = load_record(BENCH_JOB)
+    except UserError:
+        return
+    if PROGRAM not in " ".join((record.job or {}).get("command") or []):
+        raise MlxopsError(f"a job named {BENCH_JOB!r} exists and is not a bench's: the name is "
+                          "mlxops bench's own; stop and rename that job")
+    on_event("an earlier bench's all-reduce was left behind: stopping it")
+    results = stop_job(record, connector, grace=1.0, mark_stopped=False)
+    results.raise_on_failure(f"stopping the earlier {BENCH_JOB} job")
+    _forget(record, connector)
+
+
+def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
+          on_event: OnEvent = lambda _: None) -> tuple[list[AllreduceRow], int]:
+    """Run the sweep; ``(rows, ranks)``. Raises MlxopsError when it could not be run (the
+    ranks are stopped and everything removed first)."""
+    clear_earlier(connector, on_event)
+    on_event(f"all-reduce: starting {BENCH_JOB} ({spec.backend})")
+    record = launch(spec, connector, exclude=exclude, fresh=True)
+    try:
+        _follow(record, connector, on_event)
+        per_rank = _read(record, connector)
+    finally:
+        stopped = stop_job(record, connector, grace=1.0, mark_stopped=False)
+        if stopped.exit_code:
+            raise LeftRunning(f"{BENCH_JOB}: ranks may still run ({_why(stopped)}); "
+                              f"run 'mlxops stop {BENCH_JOB}'")
+        _forget(record, connector)
+    return allreduce_rows(per_rank, record.world_size), record.world_size
+
+
+def _follow(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
+    last = -1
+    while True:
+        status = gather(record, connector)
+        if status.state == FINISHED:
+            return
+        if status.state != RUNNING or status.unreachable:
+            why = status.problem or status.message or ", ".join(
+                f"{h}: {r}" for h, r in status.unreachable.items()) or status.state
+            raise MlxopsError(f"all-reduce {status.state}: {why}{_last_error(record, connector)}")
+        if status.step is not None and status.step != last:
+            last = status.step
+            on_event(f"all-reduce: {last} size(s) done")
+        time.sleep(POLL)
+
+
+def _last_error(record: JobRecord, connector: Connector) -> str:
+    """``: <the last line of the first rank log that ends in an error>`` (the logs go with
+    the run directory, so the reason is kept here)."""
+    try:
+        chunks = fetch(record, connector, {}, tail=4096)
+    except MlxopsError:
+        return ""
+    for rank, host, text in chunks:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines and ("Error" in lines[-1] or "error" in lines[-1]):
+            return f" (rank {rank} on {host}: {lines[-1][-300:]})"
+    return ""
+
+
+def _read(record: JobRecord, connector: Connector) -> list[list[dict]]:
+    """Every rank's ``allreduce-rank-<r>.json``, by rank."""
+    hosts = {h.name: h for h in record.hosts}
+    inv = inventory_hosts(record)
+
+    def work(host) -> dict[int, dict]:
+        h = hosts[host.name]
+        files = [h.paths(record.name).run_file(allreduce_result(r.rank))
+                 for r in record.ranks_on(host.name)]
+        result = connector.connect(host).run(shell.join(["cat", *files]), timeout=60)
+        if not result.ok:
+            raise MlxopsError(f"reading the all-reduce results: {result.error_line()}")
+        try:
+            docs = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+            return {int(d["rank"]): d for d in docs}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MlxopsError(f"unreadable all-reduce results: {exc}") from None
+
+    results = run_parallel([inv[name] for name in hosts], work)
+    results.raise_on_failure("reading the all-reduce results")
+    by_rank = {r: d for found in results.succeeded_values().values() for r, d in found.items()}
+    missing = [r.rank for r in record.ranks if r.rank not in by_rank]
+    if missing:
+        raise MlxopsError(f"no all-reduce results from ranks {missing}")
+    return [by_rank[r.rank]["results"] for r in record.ranks]
+
+
+def _forget(record: JobRecord, connector: Connector) -> None:
+    """Remove the run directory on every host, then the record (once nothing runs)."""
+    inv = inventory_hosts(record)
+
+    def work(host) -> None:
+        run_dir = record.host(host.name).paths(record.name).run_dir
+        result = connector.connect(host).run(shell.join(["rm", "-rf", run_dir]), timeout=60)
+        if not result.ok:
+            raise MlxopsError(f"rm -rf {run_dir}: {result.error_line()}")
+
+    results = run_parallel([inv[h.name] for h in record.hosts], work)
+    shutil.rmtree(job_dir(record.name), ignore_errors=True)
+    if results.exit_code:
+        raise MlxopsError(f"removing {BENCH_JOB}'s run directories: {_why(results)}")
+
+
+def _why(results) -> str:
+    return "; ".join(f"{h}: {results[h].message or results[h].status}"
+                     for h in results.unreachable + results.failed)

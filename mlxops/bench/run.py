@@ -1,0 +1,259 @@
+"""One ``mlxops bench``, start to end: pre-flight, servers, loopback, pairs, ring search,
+the ring's links both ways, servers down, the all-reduce sweep, findings.
+
+Hosts that cannot be reached are reported and left out; everything else is still
+measured. Nothing is left running on any node: the servers are stopped (and have a
+deadline of their own), the all-reduce ranks are stopped, then the bench's run directory
+is removed, on success, failure and Ctrl-C alike.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mlxops import render, shell
+from mlxops.bench import allreduce
+from mlxops.bench.findings import findings
+from mlxops.bench.measure import Network, Node, Settings, server_deadline
+from mlxops.bench.results import BenchResult, RingResult, average_busbw, bench_dir, fit
+from mlxops.bench.ring import best_ring, ring_bottleneck
+from mlxops.bench.schedule import disjoint_rounds, ring_edges, round_robin
+from mlxops.errors import MlxopsError, bad_input
+from mlxops.inventory import load_inventory
+from mlxops.jobs.placement import place_ranks
+from mlxops.jobs.preflight import preflight
+from mlxops.jobs.spec import JobSpec
+from mlxops.node.benchproto import BENCH_JOB
+from mlxops.node.protocol import DEFAULT_BACKEND
+from mlxops.transport import Connector, GroupError, run_parallel
+
+OnEvent = Callable[[str], None]
+ALL, RING = "all", "ring"
+#: The all-reduce's ring ports start this far above the bench's port (server, iperf3).
+RING_PORT_OFFSET = 2
+
+
+def default_port() -> int:
+    """Derived from the internal job's name by the job files' rule, as any job's port."""
+    return JobSpec(path=Path("."), name=BENCH_JOB, inventory=Path(".")).base_port
+
+
+@dataclass(frozen=True)
+class Request:
+    inventory: Path
+    limit: str | None = None
+    pairs: str = ALL
+    settings: Settings = field(default_factory=Settings)
+    sizes: tuple[int, ...] = ()       # the all-reduce sweep; empty: no sweep
+
+
+_SIZE = re.compile(r"^(\d+)([KMG]?)(?:I?B)?$", re.IGNORECASE)
+_UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(word: str, option: str = "--sizes") -> int:
+    match = _SIZE.match(word.strip())
+    if not match:
+        raise bad_input(option, None, f"{word!r}: want a size such as 4K, 1M, 256M")
+    size = int(match.group(1)) * _UNIT[match.group(2).upper()]
+    if size < 4 or size % 4:
+        raise bad_input(option, None, f"{word!r}: want a multiple of 4 bytes (float32)")
+    return size
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``4K..256M`` (powers of two from one to the other), ``4K,1M,64M``, or ``none``."""
+    text = text.strip()
+    if text.lower() in ("none", "0", ""):
+        return ()
+    if ".." in text:
+        lo_word, hi_word = text.split("..", 1)
+        lo, hi = parse_size(lo_word), parse_size(hi_word)
+        if lo & (lo - 1) or hi & (hi - 1) or lo > hi:
+            raise bad_input("--sizes", None, f"{text!r}: want powers of two, low..high")
+        sizes = []
+        while lo <= hi:
+            sizes.append(lo)
+            lo *= 2
+        return tuple(sizes)
+    return tuple(sorted({parse_size(w) for w in text.split(",")}))
+
+
+def inventory_backend(hosts: Sequence, source: object) -> str:
+    """The backend the hosts name (``mlxops_backend``), ring when none does."""
+    named = {h.vars.get("mlxops_backend") for h in hosts} - {None}
+    if len(named) > 1:
+        raise bad_input(source, "mlxops_backend", "the selected hosts name different backends "
+                                                  f"({', '.join(sorted(named))}): --limit to "
+                                                  "hosts of one")
+    return named.pop() if named else DEFAULT_BACKEND
+
+
+@contextmanager
+def one_at_a_time() -> Iterator[None]:
+    """One bench per controller at a time: two would share the internal job's name (the
+    second would stop the first's all-reduce as left behind) and the ports."""
+    path = bench_dir() / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MlxopsError(f"another mlxops bench runs from this controller ({path} is "
+                              "locked)") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_bench(req: Request, connector: Connector, on_event: OnEvent = lambda _: None
+              ) -> BenchResult:
+    inv = load_inventory(req.inventory)
+    hosts = inv.select(req.limit)
+    backend = inventory_backend(hosts, inv.path)
+    with one_at_a_time():
+        return _run(req, inv, hosts, backend, connector, on_event)
+
+
+def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
+         on_event: OnEvent) -> BenchResult:
+    start = time.monotonic()
+    s = req.settings
+    result = BenchResult(inventory=str(inv.path), hosts=[h.name for h in hosts], options={
+        "limit": req.limit, "pairs": req.pairs, **asdict(s), "sizes": list(req.sizes),
+        "backend": backend})
+    spec = allreduce.job_spec(inv.path, req.limit or "all", backend,
+                              s.port + RING_PORT_OFFSET, req.sizes or (4,))
+    ranks = place_ranks(hosts, spec.base_port) if req.sizes else []
+    on_event(f"pre-flight on {len(hosts)} host(s)")
+    checked, preps = preflight(spec, hosts, ranks, connector, None)
+    for name in checked.unreachable:
+        result.unreachable[name] = checked[name].message
+    for name in checked.failed:
+        result.failures.append(f"{name}: {checked[name].message}")
+    nodes = [Node(p.host, p.root, p.python, render.cluster_ip(p.host)) for p in preps.values()]
+    result.seconds["preflight"] = time.monotonic() - start
+    keep_run_dirs = False
+    try:
+        _network(req, result, Network(nodes, connector, s, on_event))
+        left_out = [h.name for h in hosts
+                    if h.name not in preps or h.name in result.unreachable]
+        ranks_left = sum(h.slots for h in hosts if h.name not in left_out)
+        keep_run_dirs = _sweep(req, result, spec, left_out, ranks_left, connector, on_event)
+    finally:
+        if not keep_run_dirs:
+            _remove_run_dirs(nodes, connector, result)
+    result.findings = findings(result)
+    result.seconds["total"] = time.monotonic() - start
+    return result
+
+
+def _network(req: Request, result: BenchResult, net: Network) -> None:
+    mark = time.monotonic()
+    names = list(net.nodes)
+    try:
+        up = net.start_servers(server_deadline(req.settings, len(names)))
+        result.seconds["servers"] = time.monotonic() - mark
+        mark = time.monotonic()
+        result.loopback = net.loopback(up)
+        result.seconds["loopback"] = time.monotonic() - mark
+        mark = time.monotonic()
+        if req.pairs == RING:
+            rounds = disjoint_rounds(ring_edges(up))
+        else:
+            rounds = round_robin(up)
+        order = {name: i for i, name in enumerate(names)}
+        result.pairs = sorted(net.pairs(rounds), key=lambda p: (order[p.src], order[p.dst]))
+        result.seconds["pairs"] = time.monotonic() - mark
+        mark = time.monotonic()
+        result.ring = _ring(req, result, up)
+        if result.ring and len(result.ring.order) > 1:
+            both = net.bidir(disjoint_rounds(ring_edges(result.ring.order)))
+            for (src, dst), gbps in both.items():
+                pair = result.pair(src, dst)
+                if pair is not None:
+                    pair.bidir_gbps = gbps
+            sums = [both[(a, b)] + both[(b, a)] for a, b in ring_edges(result.ring.order)
+                    if (a, b) in both and (b, a) in both]
+            if sums and len(sums) == len(ring_edges(result.ring.order)):
+                result.ring.bidir_bottleneck_gbps = min(sums)
+        result.seconds["ring"] = time.monotonic() - mark
+    finally:
+        net.stop_servers()
+        for name, why in net.unreachable.items():
+            result.unreachable.setdefault(name, why)
+        result.failures += net.failures
+
+
+def _ring(req: Request, result: BenchResult, names: list[str]) -> RingResult | None:
+    """The best ring of the measured hosts (``--pairs all``), or the inventory order's
+    figures (``--pairs ring``)."""
+    if len(names) < 2:
+        return None
+    def speed(a: str, b: str) -> float:
+        there, back = result.pair(a, b), result.pair(b, a)
+        got = [p.bandwidth_gbps for p in (there, back) if p and p.bandwidth_gbps is not None]
+        return min(got) if len(got) == 2 else 0.0  # a link not measured is not usable
+
+    w = [[0.0 if a == b else speed(a, b) for b in names] for a in names]
+    inventory = ring_bottleneck(list(range(len(names))), w)
+    if req.pairs == RING:
+        return RingResult(order=names, bottleneck_gbps=inventory, exact=False,
+                          bound_gbps=None, inventory_bottleneck_gbps=inventory,
+                          measured=RING)
+    ring = best_ring(w)
+    return RingResult(order=[names[i] for i in ring.order], bottleneck_gbps=ring.bottleneck,
+                      exact=ring.exact, bound_gbps=ring.bound,
+                      inventory_bottleneck_gbps=inventory)
+
+
+def _sweep(req: Request, result: BenchResult, spec: JobSpec, left_out: list[str],
+           ranks: int, connector: Connector, on_event: OnEvent) -> bool:
+    """The all-reduce sweep, when asked for and there are two ranks; True when its ranks
+    could not be stopped (its run directories must then stay for 'mlxops stop')."""
+    if not req.sizes:
+        return False
+    info = result.allreduce_info
+    info.update({"backend": spec.backend, "ranks": ranks, "avg_busbw_gbps": None,
+                 "fit": None, "error": None})
+    if ranks < 2:
+        info["error"] = "one rank: nothing to all-reduce"
+        return False
+    mark = time.monotonic()
+    try:
+        rows, ranks = allreduce.sweep(spec, connector, exclude=left_out, on_event=on_event)
+    except MlxopsError as exc:
+        if isinstance(exc, GroupError):
+            for name in exc.results.unreachable:
+                result.unreachable.setdefault(name, exc.results[name].message)
+        info["error"] = str(exc)
+        result.failures.append(f"all-reduce: {exc}")
+        return isinstance(exc, allreduce.LeftRunning)
+    finally:
+        result.seconds["allreduce"] = time.monotonic() - mark
+    result.allreduce = rows
+    info.update({"ranks": ranks, "avg_busbw_gbps": average_busbw(rows), "fit": fit(rows)})
+    wrong = sum(r.wrong for r in rows)
+    if wrong:
+        result.failures.append(f"all-reduce: {wrong} wrong element(s)")
+    return False
+
+
+def _remove_run_dirs(nodes: list[Node], connector: Connector, result: BenchResult) -> None:
+    """The bench's run directory on every host (server pid file and log, sweep files)."""
+    def work(node: Node) -> None:
+        run_dir = node.paths.run_dir
+        done = connector.connect(node.host).run(shell.join(["rm", "-rf", run_dir]), timeout=60)
+        if not done.ok:
+            raise MlxopsError(f"rm -rf {run_dir}: {done.error_line()}")
+
+    removed = run_parallel(nodes, work, name=lambda n: n.name)
+    for name in removed.failed:
+        result.failures.append(f"{name}: {removed[name].message}")

@@ -1,0 +1,124 @@
+"""``python -m mlxops.node.allreduce --sizes BYTES...``: one rank of ``mlxops bench``'s
+all-reduce sweep, started the way jobs start ranks (an internal job, docs/cli.md,
+``mlxops bench``).
+
+Imports mlx (and the standard library): unlike the rest of ``mlxops/node`` it runs only as
+a rank. For each size, float32 filled with ``rank + 1``: warm-ups, then as many timed
+``mx.distributed.all_sum`` calls as fill about ``--target`` seconds (every rank runs the
+same count: the slowest rank's warm-up decides, agreed with ``all_max``), each one waited
+for (``mx.eval``). A rank's time is its own average per call; the controller takes the
+maximum over ranks, as nccl-tests does. Correctness: every element of the sum must be
+n(n+1)/2; ``wrong`` counts those that are not. Writes ``allreduce-rank-<r>.json`` in the
+run directory, and a heartbeat (``progress/rank-<r>.json``) after each warm-up and size and
+every 5 s of timed calls, so that the job's status sees it alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from mlxops.node import protocol
+from mlxops.node.benchproto import allreduce_result
+
+SECOND_WARMUP_BELOW = 1.0   # seconds: a size whose first call took less gets a second one
+BEAT_EVERY = 5.0            # seconds between heartbeats during a size's timed calls
+
+
+def _write(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc) + "\n")
+    os.replace(tmp, path)
+
+
+def _agree_max(value: float, group: mx.distributed.Group) -> float:
+    """The largest ``value`` over all ranks (the same on every rank)."""
+    if group.size() == 1:
+        return value
+    out = mx.distributed.all_max(mx.array([value], dtype=mx.float32), group=group,
+                                 stream=mx.cpu)
+    return float(out.item())
+
+
+def _call(x: mx.array, group: mx.distributed.Group) -> tuple[mx.array, float]:
+    start = time.perf_counter()
+    y = mx.distributed.all_sum(x, group=group)
+    mx.eval(y)
+    return y, time.perf_counter() - start
+
+
+def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_iters: int,
+          max_iters: int, beat) -> list[dict]:
+    rank, n = group.rank(), group.size()
+    expected = n * (n + 1) / 2
+    rows = []
+    for i, size in enumerate(sizes):
+        x = mx.full((size // 4,), float(rank + 1), dtype=mx.float32)
+        mx.eval(x)
+        _, first = _call(x, group)
+        beat(i)
+        slowest = _agree_max(first, group)
+        if slowest < SECOND_WARMUP_BELOW:
+            _, again = _call(x, group)
+            slowest = _agree_max(again, group)
+            beat(i)
+        iters = max(min_iters, min(max_iters, math.ceil(target / max(slowest, 1e-6))))
+        _agree_max(0.0, group)  # a barrier: every rank starts the timed calls together
+        start = last = time.perf_counter()
+        for _ in range(iters):
+            y, _ = _call(x, group)
+            if time.perf_counter() - last > BEAT_EVERY:  # slow links, big sizes
+                beat(i)
+                last = time.perf_counter()
+        elapsed = time.perf_counter() - start
+        wrong = int((y != expected).astype(mx.int32).sum().item())
+        rows.append({"bytes": size, "iterations": iters, "time_us": elapsed / iters * 1e6,
+                     "wrong": wrong})
+        del x, y
+        beat(i + 1)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mlxops.node.allreduce")
+    p.add_argument("--sizes", type=int, nargs="+", required=True, help="bytes, multiples of 4")
+    p.add_argument("--target", type=float, default=0.3,
+                   help="seconds of timed calls per size (about)")
+    p.add_argument("--min-iters", type=int, default=3)
+    p.add_argument("--max-iters", type=int, default=200)
+    args = p.parse_args(argv)
+    world = int(os.environ.get("MLXOPS_WORLD_SIZE") or 1)
+    backend = os.environ.get("MLXOPS_BACKEND") or "any"
+    run_dir = Path(os.environ.get("MLXOPS_RUN_DIR") or ".")
+    group = mx.distributed.init(strict=world > 1, backend=backend)
+    if group.size() != world:
+        sys.exit(f"expected {world} ranks, the {backend} group has {group.size()}")
+    rank = group.rank()
+
+    def beat(step: int) -> None:
+        _write(run_dir / protocol.progress_file(rank), protocol.Progress(
+            rank=rank, step=step, time=time.time(), pid=os.getpid(), world_size=world,
+            state=protocol.RUNNING).to_dict())
+
+    beat(0)
+    rows = sweep(args.sizes, group, target=args.target, min_iters=args.min_iters,
+                 max_iters=args.max_iters, beat=beat)
+    _write(run_dir / allreduce_result(rank), {"rank": rank, "world_size": world,
+                                              "backend": backend, "results": rows})
+    _write(run_dir / protocol.progress_file(rank), protocol.Progress(
+        rank=rank, step=len(rows), time=time.time(), pid=os.getpid(), world_size=world,
+        state=protocol.FINISHED).to_dict())
+    print(f"rank {rank}: {len(rows)} sizes, {sum(r['wrong'] for r in rows)} wrong", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
