@@ -1,5 +1,6 @@
 """Across the hosts: the same mlx, Python and macOS build; every pair reaching the other on
-the ring ports; mpirun at the same path when the backend is mpi. Each is asserted per host,
+the ring ports; mpirun at the same path when the backend is mpi; one real ``all_sum``
+across every rank. Each is asserted per host,
 so the table and JUnit name the host that differs."""
 
 from __future__ import annotations
@@ -66,6 +67,23 @@ def check_ring_reach(node, ring_reach):
     if problems:
         raise node.fail("; ".join(problems), "let the nodes connect to each other's "
                                              "mlxops_ip on the ring ports (a firewall?)")
+
+
+@when(lambda cluster, node: sum(h.slots for h in cluster.target.hosts) > 1
+      and cluster.target.backend not in protocol.JACCL_BACKENDS)
+def check_all_sum(node, all_sum):
+    """One real ``all_sum`` of float32 across every rank of the checked hosts, started as a
+    job starts its ranks (the inventory's or the job's backend and ring ports): every rank
+    gets n(n+1)/2. It runs once the code is current, the ports free and every host
+    answered; until then the check that names the problem fails and this one is skipped.
+    (jaccl needs RDMA over Thunderbolt: not run by this check.)"""
+    cluster = all_sum
+    if cluster.all_sum_skipped:
+        pytest.skip(f"all_sum not run: {cluster.all_sum_skipped}")
+    if cluster.all_sum:
+        raise node.fail(f"all_sum across the checked hosts' ranks failed: {cluster.all_sum}",
+                        "run mlxops bench for the links and the all-reduce, "
+                        "mlxops logs mlxops-bench while it runs")
 
 
 @when(lambda cluster, node: cluster.target.backend == protocol.MPI)

@@ -4,15 +4,22 @@
 mlxops's executor, so N hosts cost the time of the slowest, not N times the checks. The
 network test between hosts (:meth:`Cluster.gather_reach`) runs after it, on every host
 that answered at once: each node listens on its ring ports while it connects to every
-other's (the ``reach`` node command).
+other's (the ``reach`` node command). Last, :meth:`Cluster.run_all_sum` runs one real
+``all_sum`` across every rank, started as jobs start ranks (``mlxops bench``'s all-reduce
+program at one size), once nothing else stands in its way.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from mlxops.bench import allreduce
 from mlxops.checks.state import READ_ONLY, NodeState, inspect
 from mlxops.checks.target import Target
+from mlxops.errors import MlxopsError
 from mlxops.jobs.nodecmd import run_node
 from mlxops.node import protocol
+from mlxops.sync import SyncReport
 from mlxops.tasks.facts import load_cached_facts
 from mlxops.transport import Connector, run_parallel
 from mlxops.transport.results import OK
@@ -20,6 +27,8 @@ from mlxops.transport.results import OK
 #: How long a node listens for its peers (and tries theirs). A healthy cluster answers in
 #: about a second; a pair that cannot connect costs this long.
 REACH_SECONDS = 8.0
+#: The all_sum check's one size: 4 KiB of float32, one message per rank pair.
+ALL_SUM_BYTES = 4096
 
 
 class Cluster:
@@ -31,6 +40,10 @@ class Cluster:
         self.connector = connector
         self.states: dict[str, NodeState] = {}
         self.reached = False
+        # The all_sum across every rank: None until run; then "" (0 wrong), or why not.
+        self.all_sum: str | None = None
+        self.all_sum_skipped = ""
+        self.all_sum_ranks = 0
 
     def gather(self) -> None:
         results = run_parallel(list(self.target.hosts),
@@ -75,3 +88,49 @@ class Cluster:
         for state in hosts:
             result = results[state.name]
             state.reach = result.value if result.succeeded else result.message
+
+    def all_sum_blocker(self) -> str:
+        """Why the all_sum cannot run without changing a host, or "" when it can.
+
+        Its ranks start as a job's do, and a job's pre-flight syncs the code: so the
+        check runs it only where the code is already current (reading stays reading), the
+        ring ports are free and every checked host answered; otherwise the other checks
+        name the problem, and this one waits for them.
+        """
+        for state in self.states.values():
+            if state.status != OK:
+                return f"{state.name} was not read ({state.reason or state.status})"
+            if not isinstance(state.code, SyncReport) or state.code.has_changes:
+                return f"the code on {state.name} is not current (check_synced_code)"
+            if not isinstance(state.ready, protocol.ReadyAnswer):
+                return f"the node helpers on {state.name} did not answer"
+            if state.ready.ports_busy:
+                return f"ring ports are busy on {state.name} (check_ring_ports)"
+            reach = state.reach
+            if self.reached and self.target.ports.get(state.name) and len(self.states) > 1 \
+                    and not (isinstance(reach, protocol.ReachAnswer) and not reach.unreached):
+                # A pair that cannot connect would only hang the ranks until the stall timeout.
+                return f"{state.name} does not reach every peer (check_ring_reach)"
+        return ""
+
+    def run_all_sum(self) -> None:
+        """One ``all_sum`` of float32 across every rank of the checked hosts, with the
+        target's backend and ring ports; records ``""`` or the failure in ``all_sum``."""
+        blocker = self.all_sum_blocker()
+        if blocker:
+            self.all_sum_skipped = blocker
+            return
+        target = self.target
+        spec = allreduce.job_spec(target.inventory.path, ",".join(target.names),
+                                  target.backend, target.base_port, [ALL_SUM_BYTES])
+        # No bytecode on the nodes: the check leaves their files as it found them.
+        spec = replace(spec, env={**spec.env, "PYTHONDONTWRITEBYTECODE": "1"})
+        try:
+            rows, ranks = allreduce.sweep(spec, self.connector)
+        except MlxopsError as exc:
+            self.all_sum = str(exc)
+            return
+        wrong = sum(row.wrong for row in rows)
+        self.all_sum = (f"{wrong} of {ranks} ranks x {ALL_SUM_BYTES // 4} values wrong"
+                        if wrong else "")
+        self.all_sum_ranks = ranks

@@ -42,6 +42,15 @@ def ring_reach(cluster: Cluster) -> Cluster:
     return cluster
 
 
+@pytest.fixture(scope="session")
+def all_sum(ring_reach: Cluster) -> Cluster:
+    """``cluster`` once one real ``all_sum`` ran across every rank (after the reach test:
+    a pair that cannot connect would only hang it until its stall timeout)."""
+    if ring_reach.all_sum is None and not ring_reach.all_sum_skipped:
+        ring_reach.run_all_sum()
+    return ring_reach
+
+
 @pytest.fixture(autouse=True)
 def _mlxops_host_reachable(request: pytest.FixtureRequest) -> None:
     """A test of a host that could not be read errors (or skips, host key untrusted)."""

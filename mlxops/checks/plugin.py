@@ -13,6 +13,7 @@ One :class:`MlxopsPlugin` object per session holds what is checked (a
   once, and ``cluster``: every host's (:class:`~mlxops.checks.cluster.Cluster`). The states
   are gathered when collection ends, in parallel, and only when a test asks for them;
 * ``ring_reach``: ``cluster`` after the network test between the hosts.
+* ``all_sum``: ``cluster`` after one real ``all_sum`` across every rank.
 
 A check declares where it applies with :func:`when`; elsewhere it is deselected (the macOS
 settings on a Linux node are not a test case). A host that could not be reached makes each
@@ -51,7 +52,7 @@ WHEN, UNTRUSTED_OK = "mlxops_when", "mlxops_untrusted_ok"
 #: testinfra's parametrised argument behind its ``host`` fixture.
 HOST_PARAM = "_testinfra_host"
 #: Fixtures that need the hosts' states gathered first.
-STATE_FIXTURES = frozenset({"node", "cluster", "ring_reach"})
+STATE_FIXTURES = frozenset({"node", "cluster", "ring_reach", "all_sum"})
 F = TypeVar("F", bound=Callable[..., Any])
 
 

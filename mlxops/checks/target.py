@@ -41,6 +41,7 @@ class Target:
     job: JobSpec | None = None
     backend: str = protocol.DEFAULT_BACKEND
     ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # ring ports per host
+    base_port: int = render.DEFAULT_BASE_PORT  # the first rank's ring port
     world: int = 0                       # ranks of the job (or of the checked hosts)
     options: ConnectOptions = field(default_factory=ConnectOptions)
     forks: int | None = None
@@ -124,7 +125,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
             if rank.host in ports:
                 ports[rank.host].append(rank.port)
     return Target(inventory=inventory, hosts=tuple(hosts), planned=tuple(planned), job=job,
-                  backend=backend,
+                  backend=backend, base_port=base_port,
                   ports={n: tuple(p) for n, p in ports.items()},
                   world=sum(h.slots for h in planned),
                   options=options or ConnectOptions(), forks=forks)
@@ -133,7 +134,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
 def _inventory_backend(inventory: Inventory, hosts: list[Host]) -> str:
     """Without a job, the backend the hosts' ``mlxops_backend`` names (ring by default);
     hosts that disagree are bad input."""
-    named = {h.name: h.vars.get("mlxops_backend") or protocol.DEFAULT_BACKEND for h in hosts}
+    named = {h.name: h.var("mlxops_backend") or protocol.DEFAULT_BACKEND for h in hosts}
     if len(set(named.values())) > 1:
         listing = ", ".join(f"{n} {b}" for n, b in named.items())
         raise bad_input(inventory.path, "mlxops_backend",

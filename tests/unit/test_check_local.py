@@ -26,7 +26,7 @@ from click.testing import CliRunner
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_CHECKS = {"check_interpreter", "check_mlx", "check_env_file", "check_hostfiles",
                 "check_synced_code", "check_ring_ports", "check_leftover_ranks",
-                "check_clock", "check_versions_agree", "check_ring_reach"}
+                "check_clock", "check_versions_agree", "check_ring_reach", "check_all_sum"}
 
 
 def mlxops(*args: str, home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -73,7 +73,7 @@ def test_a_provisioned_cluster_passes_one_testcase_per_host_per_check(cluster, t
     assert set(cases) == {f"{c}[{h}]" for c in LOCAL_CHECKS for h in "ab"}
     assert all(children == [] for children in cases.values()), cases
     assert proc.stdout.splitlines()[0].split() == ["check", "a", "b"]
-    assert "2 hosts, 10 checks: 20 passed, 0 failed" in proc.stdout
+    assert "2 hosts, 11 checks: 22 passed, 0 failed" in proc.stdout
     assert proc.stderr == ""
 
 
@@ -92,8 +92,12 @@ def test_each_breakage_fails_that_check_on_that_host_only(cluster, tmp_path):
         env_b.chmod(0o600)
         trainer_a.write_bytes(saved_code)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    failed = {name for name, children in junit_cases(xml).items() if children}
+    cases = junit_cases(xml)
+    failed = {name for name, children in cases.items() if "failure" in children}
     assert failed == {"check_env_file[b]", "check_synced_code[a]"}
+    # The all_sum would sync the code (a job's pre-flight does): it waits for a clean run.
+    skipped = {name for name, children in cases.items() if children == ["skipped"]}
+    assert skipped == {"check_all_sum[a]", "check_all_sum[b]"}
     [case] = [tc for tc in ET.parse(xml).getroot().iter("testcase")
               if tc.get("name") == "check_env_file[b]"]
     assert case.find("failure").get("message") == \
@@ -111,7 +115,7 @@ def test_json_with_a_job_checks_its_disk_memory_and_ports(cluster):
     doc = json.loads(proc.stdout)
     assert doc["ok"] is True and doc["exit_code"] == 0 and doc["hosts"] == ["a", "b"]
     assert set(doc["checks"]) == LOCAL_CHECKS | {"check_disk", "check_memory"}
-    assert doc["counts"]["passed"] == 24 and doc["counts"]["failed"] == 0
+    assert doc["counts"]["passed"] == 26 and doc["counts"]["failed"] == 0
     assert {r["outcome"] for r in doc["results"]} == {"passed"}
     assert doc["results"][0] == {"check": "check_interpreter", "host": "a",
                                  "outcome": "passed", "message": ""}

@@ -362,3 +362,31 @@ def test_states_are_copied_not_shared_between_hosts(tmp_path):
     a["python"]["mlx"] = "x"
     assert b["python"]["mlx"] == PIN
     assert copy.deepcopy(a) == a
+
+
+def test_all_sum_fails_every_host_with_the_reason_or_waits_for_the_other_checks(tmp_path):
+    cluster = cluster_of(tmp_path)
+    cluster.reached = True
+    for name in ("mac1", "mac2", "mac3"):
+        others = {n: [32323 + int(n[-1]) - 1] for n in ("mac1", "mac2", "mac3") if n != name}
+        cluster.state(name).reach = protocol.ReachAnswer([32323 + int(name[-1]) - 1], others, {})
+    assert cluster.all_sum_blocker() == ""
+    cluster.all_sum = ""                                      # ran, 0 wrong
+    check_cluster.check_all_sum(cluster.state("mac2"), cluster)
+    cluster.all_sum = "all-reduce failed: rank 2 on mac3 exited with code 1"
+    assert finding(check_cluster.check_all_sum, cluster.state("mac1"), cluster) == (
+        "mac1: all_sum across the checked hosts' ranks failed: all-reduce failed: rank 2 on "
+        "mac3 exited with code 1: run mlxops bench for the links and the all-reduce, "
+        "mlxops logs mlxops-bench while it runs")
+    # Anything that would make it change a host, or hang, waits for the check that says so.
+    cluster.state("mac3").reach = protocol.ReachAnswer([32325], {"mac1": [32323]},
+                                                       {"mac2": "timed out"})
+    assert cluster.all_sum_blocker() == "mac3 does not reach every peer (check_ring_reach)"
+    cluster.state("mac2").code = SyncReport(changed=["mlxops/trainer/train.py"])
+    assert cluster.all_sum_blocker() == \
+        "the code on mac2 is not current (check_synced_code)"
+    cluster.state("mac1").ready = ready(ports_busy=[32323])
+    assert cluster.all_sum_blocker() == "ring ports are busy on mac1 (check_ring_ports)"
+    cluster.all_sum, cluster.all_sum_skipped = None, cluster.all_sum_blocker()
+    with pytest.raises(pytest.skip.Exception, match="all_sum not run: ring ports are busy"):
+        check_cluster.check_all_sum(cluster.state("mac2"), cluster)
