@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mlxops.bench import allreduce
-from mlxops.checks.state import READ_ONLY, NodeState, inspect
+from mlxops.checks.state import NodeState, inspect
 from mlxops.checks.target import Target
 from mlxops.errors import MlxopsError
 from mlxops.jobs.nodecmd import run_node
@@ -81,8 +81,7 @@ class Cluster:
                                        ports=where[state.name][1], peers=peers,
                                        seconds=REACH_SECONDS)
             return run_node(self.connector.connect(state.host), state.interpreter["path"],
-                            f"{root}/{protocol.CODE_DIR}", args, timeout=REACH_SECONDS + 60,
-                            prefix=READ_ONLY)
+                            f"{root}/{protocol.CODE_DIR}", args, timeout=REACH_SECONDS + 60)
 
         results = run_parallel(hosts, work, forks=len(hosts))
         for state in hosts:

@@ -32,8 +32,6 @@ from mlxops.transport.results import FAILED, OK
 #: The host answered, but with a host key mlxops does not trust (unknown or changed).
 UNTRUSTED = "untrusted"
 READY_TIMEOUT = 60.0
-#: Before each node command: a check leaves no file behind, not even Python's bytecode.
-READ_ONLY = "export PYTHONDONTWRITEBYTECODE=1"
 
 FileRead = tuple[bytes | None, int | None]   # (content, mode); (None, None): absent
 
@@ -121,7 +119,7 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     start = time.time()
     try:
         answer = run_node(conn, python, f"{root}/{protocol.CODE_DIR}", args,
-                          timeout=READY_TIMEOUT, prefix=READ_ONLY)
+                          timeout=READY_TIMEOUT)
     except NodeCommandError as exc:
         state.ready = str(exc)
         return state

@@ -20,6 +20,9 @@ class NodeCommandError(MlxopsError):
 
 
 SECTION = "@@mlxops-section@@"
+#: The node helpers write no bytecode beside the synced code: they are short-lived, and a
+#: node's ``code/`` then stays exactly what was synced (``mlxops check`` reads it as such).
+HELPER_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def preflight_command(root: str, python: str, manifest_args: str,
@@ -40,7 +43,8 @@ def preflight_command(root: str, python: str, manifest_args: str,
     )
     ask = shell.join(["-m", "mlxops.node", *preflight_args])
     return (f"{resolve} && echo {SECTION} && \"$P\" {manifest_args} && echo && echo {SECTION}"
-            f" && {{ PYTHONPATH=code \"$P\" {ask} 2>/dev/null || true; }}")
+            f" && {{ PYTHONPATH=code {shell.env_assignments(HELPER_ENV)} \"$P\" {ask} 2>/dev/null"
+            " || true; }")
 
 
 def parse_preflight(host: str, result: CommandResult, python: str
@@ -62,8 +66,9 @@ def parse_preflight(host: str, result: CommandResult, python: str
 
 
 def node_command(python: str, code_dir: str, args: Sequence[object]) -> str:
-    """``PYTHONPATH=<code> <python> -m mlxops.node ARGS``."""
-    return shell.with_env([python, "-m", "mlxops.node", *args], {"PYTHONPATH": code_dir})
+    """``PYTHONPATH=<code> PYTHONDONTWRITEBYTECODE=1 <python> -m mlxops.node ARGS``."""
+    return shell.with_env([python, "-m", "mlxops.node", *args],
+                          {"PYTHONPATH": code_dir, **HELPER_ENV})
 
 
 def run_node(conn: Connection, python: str, code_dir: str, args: Sequence[str], *,
