@@ -27,7 +27,8 @@ ROOT = "~/.chk"
 PORT = 31000
 CHECKS = {"check_ssh", "check_interpreter", "check_mlx", "check_env_file", "check_hostfiles",
           "check_synced_code", "check_disk", "check_memory", "check_ring_ports",
-          "check_leftover_ranks", "check_clock", "check_versions_agree", "check_ring_reach"}
+          "check_leftover_ranks", "check_clock", "check_versions_agree", "check_ring_reach",
+          "check_all_sum"}
 
 
 def mlxops(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -159,8 +160,10 @@ def test_each_breakage_fails_its_check_on_its_node_only(sandbox_mut, cluster):
     assert {n for n, o in cases.items() if o == "failure"} == broken, proc.stdout
     assert not [n for n, o in cases.items() if o == "error"]
     # node6 answered with a key nobody trusts: nothing else is asked of it.
+    # The all_sum waits for the others (it would sync node4's code, hang on node3's port).
     assert {n for n, o in cases.items() if o == "skipped"} == {
-        f"{c}[node6]" for c in CHECKS - {"check_ssh"}}
+        f"{c}[node6]" for c in CHECKS - {"check_ssh"}} | {
+        f"check_all_sum[{n}]" for n in sandbox.nodes}
     lines = proc.stdout.splitlines()
     assert "node1: ~/.chk/env.sh missing: run mlxops provision" in lines
     assert f"node2: mlx 0.31.0, controller {version('mlx')}: run mlxops provision" in lines
@@ -182,13 +185,16 @@ def test_a_node_down_errors_as_unreachable_and_the_others_run(sandbox_mut, clust
     assert proc.returncode == 3, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["exit_code"] == 3 and doc["ok"] is False
+    # The others' all_sum waits for every host (it needs all their ranks).
+    others = {f"check_all_sum[{n}]" for n in sandbox_mut.nodes if n != "node7"}
     assert {n for n, o in cases.items() if o != "passed"} == {
-        f"{c}[node7]" for c in CHECKS}
+        f"{c}[node7]" for c in CHECKS} | others
     assert {cases[f"{c}[node7]"] for c in CHECKS} == {"error"}
+    assert {cases[n] for n in others} == {"skipped"}
     down = [r for r in doc["results"] if r["host"] == "node7"]
     assert {r["outcome"] for r in down} == {"unreachable"}
     assert all(r["message"].startswith("node7: unreachable: ") for r in down)
-    assert doc["counts"]["passed"] == 7 * len(CHECKS)
+    assert doc["counts"]["passed"] == 7 * (len(CHECKS) - 1)
 
 
 def test_an_mpi_job_needs_mpirun_at_the_same_path(sandbox, cluster):
