@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 from mlxops.errors import UserError
+from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import JobRecord, load_record
-from mlxops.jobs.status import JobStatus
+from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.watch import supervise
+from mlxops.node.protocol import RUNNING, STALLED
 
 
 def run_dir(sandbox, node: str, name: str) -> Path:
@@ -25,6 +27,20 @@ def losses(sandbox, name: str) -> dict[int, float]:
         rec = json.loads(line)
         out[rec["step"]] = rec["loss"]
     return out
+
+
+def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
+    """Until every rank reached ``step``; a job that ended first fails with its logs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = gather(record, connector)
+        if status.state not in (RUNNING, STALLED):
+            logs = "\n".join(prefixed(fetch(record, connector, {})))
+            raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
+        if (status.step or 0) >= step:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {record.name} did not reach step {step}")
 
 
 def wait_for_record(name: str, timeout: float = 60) -> JobRecord:

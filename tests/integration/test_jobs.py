@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record
+from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record, wait_for_step
 
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
-from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.preflight import PreflightError
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
@@ -57,17 +56,6 @@ def job_processes(name: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "pgrep" not in line]
 
 
-def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = gather(record, connector)
-        if status.state not in ("running", "stalled"):
-            logs = "\n".join(prefixed(fetch(record, connector, {})))
-            raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
-        if (status.step or 0) >= step:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"job {record.name} did not reach step {step}")
 
 
 def wait_until_answers(connector, sandbox, node: str, timeout: float = 30) -> None:

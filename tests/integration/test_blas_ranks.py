@@ -13,17 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import run_dir
+from job_helpers import run_dir, wait_for_step
 
 from mlxops.jobs.launch import launch
-from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
 from mlxops.node.blas import find_openblas, usable_cpus
 
@@ -78,17 +75,6 @@ def mapped(pid: int) -> set[str]:
     return {line.split(None, 5)[5] for line in lines if len(line.split(None, 5)) == 6}
 
 
-def run_until_step(record, connector, step: int = 2, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = gather(record, connector)
-        if status.state not in ("running", "stalled"):
-            logs = "\n".join(prefixed(fetch(record, connector, {})))
-            raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
-        if (status.step or 0) >= step:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"job {record.name} did not reach step {step}")
 
 
 def ranks_of(sandbox, name: str) -> dict[int, int]:
@@ -106,7 +92,7 @@ def test_every_rank_preloads_the_nodes_openblas_with_its_share_of_the_cores(
     spec = load_job(write_job(tmp_path, inventory, name, backend=backend))
     record = launch(spec, connector, fresh=True)
     try:
-        run_until_step(record, connector)
+        wait_for_step(record, connector, 2, timeout=120)
         library = os.path.realpath(OPENBLAS)
         cpus = usable_cpus()  # the nodes' CPUs are this machine's
         for rank, pid in ranks_of(sandbox, name).items():
@@ -124,7 +110,7 @@ def test_blas_off_and_the_users_own_value_win(sandbox, inventory, tmp_path, conn
     spec = load_job(write_job(tmp_path, inventory, name, blas="off"))
     record = launch(spec, connector, fresh=True)
     try:
-        run_until_step(record, connector)
+        wait_for_step(record, connector, 2, timeout=120)
         for rank, pid in ranks_of(sandbox, name).items():
             env = environ(pid)
             assert "LD_PRELOAD" not in env and "OPENBLAS_NUM_THREADS" not in env, rank
@@ -135,7 +121,7 @@ def test_blas_off_and_the_users_own_value_win(sandbox, inventory, tmp_path, conn
     spec = load_job(write_job(tmp_path, inventory, name, env={"OPENBLAS_NUM_THREADS": 7}))
     record = launch(spec, connector, fresh=True)
     try:
-        run_until_step(record, connector, step=1)
+        wait_for_step(record, connector, 1, timeout=120)
         for rank, pid in ranks_of(sandbox, name).items():
             env = environ(pid)
             assert (env["LD_PRELOAD"], env["OPENBLAS_NUM_THREADS"]) == (OPENBLAS, "7"), rank
