@@ -37,6 +37,7 @@ COMMAND_MODULES = [
     "jobs",
     "plan",
     "check",
+    "monitor",
 ]
 
 
