@@ -90,13 +90,14 @@ def dashboard(port, bind, interval, offline, accept_new_host_keys, connect_timeo
                             ) from None
         raise MlxopsError(f"cannot listen on {bind}:{port}: {exc}") from None
     shown = f"[{bind}]" if ":" in bind else bind
-    console.err.print(f"mlxops dashboard: http://{shown}:{port}/  (Ctrl-C stops)")
+    say = console.err.print
+    say(f"mlxops dashboard: http://{shown}:{port}/  (Ctrl-C stops)", soft_wrap=True)
     if dashboard_server.is_loopback(bind):
-        console.err.print(f"  from another machine: ssh -L {port}:127.0.0.1:{port} "
-                          f"THIS_HOST, then open http://127.0.0.1:{port}/ there")
+        say(f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST", soft_wrap=True)
+        say(f"  then open http://127.0.0.1:{port}/ there", soft_wrap=True)
     else:
-        console.err.print(f"[yellow]  listening on {bind}: anyone who reaches port {port} "
-                          "here sees your jobs (no authentication)[/]")
+        say(f"[yellow]  listening on {bind}: anyone who reaches port {port} here sees your "
+            "jobs (no authentication)[/]", soft_wrap=True)
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
         feeds = None if offline else dashboard_server.JobFeeds(
             connector, interval, log=lambda m: console.err.print(f"feed: {m}",

@@ -53,8 +53,9 @@ def report_document(mirror: Mirror, *, points: int | None = None) -> dict[str, A
 
 
 def _script_data(doc: dict[str, Any]) -> str:
-    # Inside <script>, only "</" can end the element early: JSON allows "<\/" for it.
-    return json.dumps(doc).replace("</", "<\\/")
+    # Inside <script>, "</script" ends the element and "<!--" changes how it is parsed: no
+    # "<" at all then (JSON has it only inside strings, where "\u003c" reads the same).
+    return json.dumps(doc).replace("<", "\\u003c").replace(">", "\\u003e")
 
 
 def _inline(name: str) -> str:
