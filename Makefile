@@ -5,9 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # System packages the integration tests need (real sshd nodes in network namespaces, a
 # world-readable Python for the node user, OpenMPI for the mpi backend, OpenBLAS for the
-# ranks to preload in place of the reference BLAS in MLX's Linux wheel).
+# ranks to preload in place of the reference BLAS in MLX's Linux wheel, headless Chromium
+# for the dashboard and report pages, tmux for the terminal monitor in a real terminal).
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
-	libopenblas0-pthread
+	libopenblas0-pthread chromium tmux
 
 .PHONY: demo test test-unit lint venv system-deps clean
 

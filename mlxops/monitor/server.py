@@ -39,7 +39,7 @@ from mlxops.transport import Connector
 
 STATIC = Path(__file__).resolve().parent / "static"
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-         ".css": "text/css; charset=utf-8"}
+         ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 CSP = "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
