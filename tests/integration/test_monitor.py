@@ -165,17 +165,21 @@ def test_the_dashboard_page_requests_nothing_outside_its_origin(recorded, tmp_pa
     assert all(u.startswith(origin + "/") for u in page), page
 
 
+def three_node_job(tmp_path: Path, sandbox, name: str, steps: int):
+    """A small trainer job on node1..node3 (3 ranks: a light load on 2 cores)."""
+    spec = load_job(write_job(tmp_path, sandbox, name, steps=steps, global_batch=6))
+    return replace(spec, hosts=HOSTS)
+
+
 def look(dashboard: Dashboard, *flags: str) -> str:
     return chromium(dashboard.url + "#job=t-dash", "--virtual-time-budget=5000", *flags,
                     "--dump-dom")
 
 
+@needs_chromium
 def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp_path,
                                                                     connector):
-    if CHROMIUM is None:
-        pytest.skip(needs_chromium.kwargs["reason"])
-    spec = replace(load_job(write_job(tmp_path, sandbox, "t-dash", steps=400, global_batch=6)), hosts=HOSTS)
-    record = launch(spec, connector)
+    record = launch(three_node_job(tmp_path, sandbox, "t-dash", steps=400), connector)
     watchdog = BackgroundWatchdog(record, connector)   # restarts, and feeds the mirror
     dashboard = Dashboard("--interval", "1")           # feeds it between the watchdog's looks
     try:
@@ -220,8 +224,7 @@ def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp
 
 @needs_tmux
 def test_the_monitor_follows_a_running_job_in_a_real_terminal(sandbox, tmp_path, connector):
-    spec = replace(load_job(write_job(tmp_path, sandbox, "t-mon", steps=300, global_batch=6)), hosts=HOSTS)
-    record = launch(spec, connector)
+    record = launch(three_node_job(tmp_path, sandbox, "t-mon", steps=300), connector)
     socket_name = f"mlxops-test-{os.getpid()}"
     tmux = ["tmux", "-L", socket_name]
     command = shlex.join(["env", f"MLXOPS_HOME={os.environ['MLXOPS_HOME']}",
