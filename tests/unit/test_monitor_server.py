@@ -8,14 +8,18 @@ import http.client
 import json
 import re
 import shutil
+import socket
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_monitor_mirror import Cluster
 
 from mlxops.cli import cli
-from mlxops.monitor import report, server
+from mlxops.monitor import files, report, server
+from mlxops.transport import Connector
 
 DATA = Path(__file__).parent / "data" / "monitor"
 STATIC = Path(server.__file__).parent / "static"
@@ -159,3 +163,52 @@ def test_the_report_plans_from_cached_facts(home, tmp_path):
     [row] = json.loads(result.stdout)["plan"]
     assert (row["host"], row["ranks"], row["memory_bytes"], row["fits"]) == \
         ("localhost", 3, 16 * 1024**3, True)
+
+
+def test_a_port_in_use_fails_and_an_address_not_here_is_bad_input(home):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = CliRunner().invoke(cli, ["dashboard", "--port", str(port), "--offline"])
+    assert busy.exit_code == 1 and f"port {port} on 127.0.0.1 is in use" in busy.output
+    bad = CliRunner().invoke(cli, ["dashboard", "--host", "192.0.2.77", "--offline"])
+    assert bad.exit_code == 2 and "--host: cannot listen on '192.0.2.77'" in bad.output
+
+
+def test_the_dashboard_looks_at_running_jobs_nobody_fed_lately(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    cluster = Cluster(tmp_path, ["a"])
+    cluster.record({0: "a"}, name="live")
+    ended = cluster.record({0: "a"}, name="done")
+    ended.state = "finished"
+    ended.save()
+    (cluster.run_dir("a", "live") / "metrics.jsonl").write_text('{"step": 1}\n')
+    # Rank 0 of "live" runs: a process leading its own group, as spawn starts ranks.
+    rank = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    (cluster.run_dir("a", "live") / "rank-0.pid").write_text(f"{rank.pid}\n")
+    try:
+        with Connector() as connector:
+            feeds = server.JobFeeds(connector, interval=30)
+            assert feeds.due("live") and not feeds.due("done")
+            feeds.once()
+            assert files.read_state("live").updated is not None
+            assert not files.path("done", files.STATE).exists()   # an ended job: no look
+            assert not feeds.due("live")          # just fed: the next look waits its interval
+            state = files.read_state("live")
+            state.updated -= 60
+            files.write_state("live", state)
+            assert feeds.due("live")
+            rank.kill()
+            rank.wait()
+            feeds.once()                          # it looks, and sees the job ended...
+            assert files.parse_lines(files.path("live", files.SAMPLES).read_text())[-1][
+                "state"] == "failed"
+            state = files.read_state("live")
+            state.updated -= 60
+            files.write_state("live", state)
+            assert not feeds.due("live")   # ...so no more, though the record says running
+    finally:
+        rank.kill()
+        rank.wait()
+    assert feeds.errors == {}
