@@ -93,7 +93,7 @@ def dashboard(port, bind, interval, offline, accept_new_host_keys, connect_timeo
     say = console.err.print
     say(f"mlxops dashboard: http://{shown}:{port}/  (Ctrl-C stops)", soft_wrap=True)
     if dashboard_server.is_loopback(bind):
-        say(f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST", soft_wrap=True)
+        say(f"  from another machine: ssh -L {port}:{shown}:{port} THIS_HOST", soft_wrap=True)
         say(f"  then open http://127.0.0.1:{port}/ there", soft_wrap=True)
     else:
         say(f"[yellow]  listening on {bind}: anyone who reaches port {port} here sees your "
@@ -134,14 +134,14 @@ def report_command(name, output, refresh, as_json, accept_new_host_keys, connect
     mirror = MirrorReader(name).read()
     if not mirror.samples:
         console.err.print(f"the mirror of {name!r} is empty (nothing looked at the cluster "
-                          "while it ran): --refresh looks now")
+                          "while it ran): --refresh looks now", soft_wrap=True)
     if as_json:
         console.print_json(report.report_document(mirror))
     if output is not None or not as_json:
         target = report.write(report.report_document(mirror, points=report.POINTS),
                               output or Path(f"{name}-report.html"))
         console.err.print(f"wrote {target} ({len(mirror.metrics)} metrics lines, "
-                          f"{len(mirror.samples)} looks at the cluster)")
+                          f"{len(mirror.samples)} looks at the cluster)", soft_wrap=True)
     sys.exit(code)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir
+from mlxops.jobs.record import JobRecord, inventory_hosts
 from mlxops.jobs.status import JobStatus, classify
 from mlxops.monitor import files
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
@@ -194,7 +193,3 @@ class Feeder:
         self._last = now
         feed(record, self.connector, status=status, hosts=hosts)
 
-
-def exists(name: str) -> bool:
-    """Whether the job has a mirror (it was fed at least once)."""
-    return os.path.exists(files.path(name, files.STATE)) or (job_dir(name) / SAMPLES).exists()
