@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from mlxops.monitor import files, report, server
 from mlxops.transport import Connector
 
 DATA = Path(__file__).parent / "data" / "monitor"
+ROOT = Path(__file__).resolve().parents[2]
 STATIC = Path(server.__file__).parent / "static"
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"   # a name in createElementNS, never fetched
 
@@ -212,3 +217,34 @@ def test_the_dashboard_looks_at_running_jobs_nobody_fed_lately(tmp_path, monkeyp
         rank.kill()
         rank.wait()
     assert feeds.errors == {}
+
+
+def listening(port: int) -> set[str]:
+    """The local addresses of TCP sockets listening on ``port`` here (/proc/net/tcp, tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hexport = local.rpartition(":")
+            if state == "0A" and int(hexport, 16) == port:   # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def test_by_default_the_dashboard_listens_on_loopback_only(home):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mlxops", "dashboard", "--port", str(port),
+                             "--offline"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(port):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        assert listening(port) == {"0100007F"}   # 127.0.0.1, nothing else
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    assert "ssh -L" in proc.stderr.read()
