@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 # System packages the integration tests need (real sshd nodes in network namespaces, a
 # world-readable Python for the node user, OpenMPI for the mpi backend, OpenBLAS for the
 # ranks to preload in place of the reference BLAS in MLX's Linux wheel, iperf3 for the
-# bench's cross-check).
+# bench's cross-check, headless Chromium for the dashboard and report pages, tmux for the
+# terminal monitor in a real terminal).
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
-	libopenblas0-pthread iperf3
+	libopenblas0-pthread iperf3 chromium tmux
 
 .PHONY: demo test test-unit lint venv system-deps clean
 

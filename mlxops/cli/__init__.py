@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "plan",
     "check",
     "bench",
+    "monitor",
 ]
 
 

@@ -25,11 +25,17 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas"}
+            "restart", "port", "stop_grace", "blas", "alerts"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
 RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable"}
+#: ``alerts:``: the thresholds ``mlxops monitor``, the dashboard and the report flag
+#: (docs/job-file.md); 0 turns one off. Upper bound of each, and whether it is included.
+ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0}
+_ALERT_LIMITS = {"memory_share": (1.0, True, "a share of the node's memory from 0 to 1"),
+                 "tokens_per_sec_drop": (1.0, False, "a fraction from 0 to below 1"),
+                 "heartbeat_age": (float("inf"), False, "a number of seconds")}
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class JobSpec:
     port: int = 0                              # first ring port; 0 = derived from the name
     stop_grace: float = 5.0                    # seconds between SIGTERM and SIGKILL
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
+    alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
 
     @property
     def base_port(self) -> int:
@@ -150,7 +157,27 @@ def load_job(path: str | Path) -> JobSpec:
         port=_port(path, data.get("port", 0)),
         stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
+        alerts=_alerts(path, data.get("alerts")),
     )
+
+
+def _alerts(path: Path, data: Any) -> dict[str, float]:
+    if data is None:
+        return dict(ALERT_DEFAULTS)
+    if not isinstance(data, dict):
+        raise bad_input(path, "alerts", "must be a mapping (memory_share, "
+                                        "tokens_per_sec_drop, heartbeat_age)")
+    out = dict(ALERT_DEFAULTS)
+    for key, value in data.items():
+        if key not in ALERT_DEFAULTS:
+            raise bad_input(path, f"alerts.{key}", "unknown key (known: "
+                                                   f"{', '.join(sorted(ALERT_DEFAULTS))})")
+        top, inclusive, what = _ALERT_LIMITS[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not value >= 0 or value > top or (value == top and not inclusive):
+            raise bad_input(path, f"alerts.{key}", f"must be {what} (0: off), got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def _blas(path: Path, value: Any) -> str:

@@ -22,6 +22,7 @@ from mlxops.jobs.record import JobRecord, JobStopped, inventory_hosts, load_reco
 from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
+from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
 
@@ -106,6 +107,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
               on_event: OnEvent = lambda _: None, poll: float | None = None) -> JobStatus:
     """Watch until the job finishes, fails for good, or is stopped; restart on problems."""
     hosts = inventory_hosts(record)
+    mirror = Feeder(record.name, connector)
     unreachable_since: dict[str, float] = {}
     next_reap = 0.0
     while True:
@@ -116,6 +118,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             next_reap = time.monotonic() + STRAY_RETRY
         status = gather(record, connector, hosts=hosts)
         on_status(status)
+        mirror.tick(record, status, hosts)  # for monitor, dashboard and report
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
             return status

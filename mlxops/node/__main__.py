@@ -17,6 +17,7 @@ from mlxops.node.preflight import preflight
 from mlxops.node.reach import reach
 from mlxops.node.ready import ready
 from mlxops.node.rundir import keep_checkpoints_up_to
+from mlxops.node.sample import sample
 from mlxops.node.spawn import spawn_job
 from mlxops.node.status import status
 from mlxops.node.stop import stop
@@ -32,6 +33,10 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
                      args.seconds)
     if args.cmd in benchproto.COMMANDS:
         return bench_answer(args)
+    if args.cmd == protocol.SAMPLE:
+        return sample(Path(args.run_dir) if args.run_dir else None, with_status=args.status,
+                      metrics_from=args.metrics_from, metrics_inode=args.metrics_inode,
+                      max_bytes=args.max_bytes)
     run_dir = Path(args.run_dir)
     if args.cmd == protocol.PREFLIGHT:
         return preflight(run_dir, ip=args.ip, ports=args.ports, mpi=args.mpi)

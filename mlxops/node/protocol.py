@@ -240,6 +240,39 @@ def reach_args(name: str, *, ip: str, ports: Sequence[int],
             "--ports", *map(str, ports), "--peers", *words]
 
 
+# Monitoring (``mlxops monitor``, ``dashboard``, ``report``): one ``sample`` per host feeds
+# the controller's metrics mirror (docs/formats.md, "The metrics mirror"). Reads only.
+SAMPLE = "sample"
+MONITOR_COMMANDS = (SAMPLE,)
+#: A metrics chunk ends at a line end: a line the trainer is writing waits for the next ask.
+SAMPLE_MAX_BYTES = 1 << 20
+
+
+def sample_args(run_dir: str = "", *, metrics_from: int | None = None,
+                metrics_inode: int | None = None, status: bool = False) -> list[str]:
+    """The node's memory, load and GPU now; with ``run_dir``: with ``status``, the job's
+    ``status`` answer too, and with ``metrics_from``, rank 0's ``metrics.jsonl`` from that
+    byte (read from 0 when its inode is not ``metrics_inode`` or it is shorter: rewritten)."""
+    args = [SAMPLE]
+    if run_dir:
+        args += ["--run-dir", run_dir, *(["--status"] if status else [])]
+        if metrics_from is not None:
+            args += ["--metrics-from", str(metrics_from)]
+            if metrics_inode is not None:
+                args += ["--metrics-inode", str(metrics_inode)]
+    return args
+
+
+def _add_monitor_parsers(sub: Any) -> None:
+    sample = sub.add_parser(SAMPLE)
+    sample.add_argument("--run-dir", default="")
+    sample.add_argument("--status", action="store_true", help="also the job's status answer")
+    sample.add_argument("--metrics-from", type=int, default=None,
+                        help="byte offset in metrics.jsonl the controller has read up to")
+    sample.add_argument("--metrics-inode", type=int, default=None)
+    sample.add_argument("--max-bytes", type=int, default=SAMPLE_MAX_BYTES)
+
+
 def parse_peers(words: Sequence[str]) -> dict[str, tuple[str, list[int]]]:
     """``["mac2=10.0.0.2:32324,32325"]`` -> ``{"mac2": ("10.0.0.2", [32324, 32325])}``
     (the last ``=`` ends the name, the last ``:`` the address, so IPv6 addresses work)."""
@@ -299,6 +332,7 @@ def parser() -> argparse.ArgumentParser:
     from mlxops.node import benchproto  # the bench's commands (it imports this module)
 
     benchproto.add_parsers(sub)
+    _add_monitor_parsers(sub)
     return p
 
 
@@ -511,12 +545,54 @@ class ReachAnswer(_Answer):
     unreached: dict[str, str]            # peer -> why a port of it was not reached
 
 
+@dataclass
+class GpuSample(_Answer):
+    """macOS: the GPU's ``PerformanceStatistics`` as ``ioreg`` shows them without sudo."""
+
+    utilization: float | None = None     # "Device Utilization %"
+    renderer: float | None = None        # "Renderer Utilization %"
+    memory_in_use: int | None = None     # "In use system memory", bytes
+
+
+@dataclass
+class MetricsChunk(_Answer):
+    """New complete lines of rank 0's ``metrics.jsonl``."""
+
+    text: str
+    offset: int                          # where the next read starts
+    inode: int                           # the file's, to notice it was rewritten
+    reset: bool = False                  # read from 0: the file was rewritten or replaced
+
+
+@dataclass
+class SampleAnswer(_Answer):
+    now: float                           # the node's clock
+    system: str                          # platform.system()
+    cpus: int | None = None
+    load: list[float] | None = None      # 1, 5 and 15 minute load averages
+    memory_total: int | None = None      # bytes
+    memory_used: int | None = None       # bytes in use (macOS: app + wired + compressed)
+    gpu: GpuSample | None = None
+    metrics: MetricsChunk | None = None  # asked with --metrics-from, and the file exists
+    status: StatusAnswer | None = None   # asked with --status
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> SampleAnswer:
+        got = cls._fields(doc)
+        for key, kind in (("gpu", GpuSample), ("metrics", MetricsChunk),
+                          ("status", StatusAnswer)):
+            if got.get(key) is not None:
+                got[key] = kind.from_dict(got[key])
+        return cls(**got)
+
+
 Answer = (PreflightAnswer | SpawnAnswer | StatusAnswer | StopAnswer | LogsAnswer
-          | KeepCheckpointsAnswer | ReadyAnswer | ReachAnswer)
+          | KeepCheckpointsAnswer | ReadyAnswer | ReachAnswer | SampleAnswer)
 ANSWERS: dict[str, type[_Answer]] = {
     PREFLIGHT: PreflightAnswer, SPAWN: SpawnAnswer, STATUS: StatusAnswer, STOP: StopAnswer,
     LOGS: LogsAnswer, KEEP_CHECKPOINTS: KeepCheckpointsAnswer,
     READY: ReadyAnswer, REACH: ReachAnswer,
+    SAMPLE: SampleAnswer,
 }
 
 

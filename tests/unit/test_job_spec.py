@@ -92,7 +92,25 @@ BAD = [
     (with_(restart={"poll_interval": -1}), "restart.poll_interval: must be a non-negative"),
     (with_(blas="fast"), "blas: must be auto or off, got 'fast'"),
     (with_(blas=True), "blas: must be auto or off, got True"),
+    (with_(alerts=[0.9]), "alerts: must be a mapping (memory_share, tokens_per_sec_drop"),
+    (with_(alerts={"memory": 0.9}), "alerts.memory: unknown key (known: heartbeat_age, "
+                                    "memory_share, tokens_per_sec_drop)"),
+    (with_(alerts={"memory_share": 1.5}), "alerts.memory_share: must be a share of the node's "
+                                          "memory from 0 to 1 (0: off), got 1.5"),
+    (with_(alerts={"tokens_per_sec_drop": 1}), "alerts.tokens_per_sec_drop: must be a fraction"),
+    (with_(alerts={"heartbeat_age": "30s"}), "alerts.heartbeat_age: must be a number of "
+                                             "seconds (0: off), got '30s'"),
+    (with_(alerts={"heartbeat_age": -1}), "alerts.heartbeat_age: must be a number of seconds"),
+    (with_(alerts={"memory_share": True}), "alerts.memory_share: must be a share"),
 ]
+
+
+def test_alerts_take_defaults_for_what_is_not_set_and_zero_turns_one_off(tmp_path):
+    assert load_job(write(tmp_path, GOOD)).alerts == {
+        "memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0}
+    spec = load_job(write(tmp_path, with_(alerts={"memory_share": 0, "heartbeat_age": 12})))
+    assert spec.alerts == {"memory_share": 0.0, "tokens_per_sec_drop": 0.5,
+                           "heartbeat_age": 12.0}
 
 
 @pytest.mark.parametrize("job,message", BAD, ids=[m for _, m in BAD])

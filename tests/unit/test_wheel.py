@@ -21,3 +21,6 @@ def test_the_wheel_carries_templates_playbooks_and_the_node_code(tmp_path):
         assert f"mlxops/_data/templates/{template.name}" in names
     assert "mlxops/_data/playbooks/provision.yml" in names
     assert {"mlxops/trainer/__main__.py", "mlxops/node/__main__.py"} <= names
+    # The dashboard and the report: everything their pages need, nothing from a CDN.
+    static = ROOT / "mlxops" / "monitor" / "static"
+    assert {f"mlxops/monitor/static/{p.name}" for p in static.iterdir()} <= names

@@ -1,0 +1,195 @@
+"""Feeding the metrics mirror: one ``sample`` round trip per host of a job, in parallel.
+
+Fed while a job is followed or watched (the watchdog's loop, :class:`Feeder`), and on
+demand (``mlxops monitor``, the dashboard, ``mlxops report --refresh``). ``monitor``,
+``dashboard`` and ``report`` read only the mirror, so they keep working once the cluster is
+gone. Its files: :mod:`mlxops.monitor.files`.
+
+Rank 0's ``metrics.jsonl`` is tailed by byte offset. The trainer rewrites it when it
+resumes (dropping the steps it will redo), and a restart without a host may move rank 0
+to another node whose file starts at the resumed step: either way the node's file is read
+again from 0 and the mirror keeps its own lines before the first step of the new file
+(:func:`merge_reset`). A new launch of the same name (``launch --fresh``) starts the
+mirror over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlxops.jobs import nodecmd
+from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.jobs.status import JobStatus, classify
+from mlxops.monitor import files
+from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
+from mlxops.node import protocol
+from mlxops.node.protocol import ENDED_STATES
+from mlxops.transport import Connector, Results, run_parallel
+
+INTERVAL = 5.0                 # seconds between the watchdog's feeds (a problem feeds at once)
+SAMPLES_MAX_BYTES = 16 << 20   # then the older samples are thinned (:func:`thin`)
+
+
+@contextmanager
+def _feeding(name: str) -> Iterator[bool]:
+    """One feeder per job at a time; yields False when another one is at it now."""
+    lock = files.path(name, files.LOCK)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def merge_reset(kept: str, fresh: str) -> str:
+    """The mirror's metrics after the node's file was read again from 0: the mirror's own
+    lines before the first step of ``fresh`` (none when ``fresh`` starts at the first
+    step), then ``fresh``."""
+    new = files.parse_lines(fresh)
+    if not new or not isinstance(new[0].get("step"), int):
+        return kept if not fresh.strip() else fresh
+    first = new[0]["step"]
+    before = [line for line in kept.splitlines(keepends=True)
+              if _step(line) is not None and _step(line) < first]
+    return "".join(before) + fresh
+
+
+def _step(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def thin(target: Path, max_bytes: int = SAMPLES_MAX_BYTES) -> bool:
+    """Keep a long run's samples bounded: past ``max_bytes``, every second line of the
+    older three quarters goes (the recent quarter stays whole). True when it thinned."""
+    try:
+        if target.stat().st_size <= max_bytes:
+            return False
+        lines = target.read_text().splitlines(keepends=True)
+    except OSError:
+        return False
+    cut = len(lines) * 3 // 4
+    files.write_atomic(target, "".join(lines[:cut:2] + lines[cut:]))
+    return True
+
+
+def _rank0_host(record: JobRecord) -> str | None:
+    zero = next((r for r in record.ranks if r.rank == 0), None)
+    return zero.host if zero else None
+
+
+def _node_figures(answer: protocol.SampleAnswer) -> dict[str, Any]:
+    gpu = answer.gpu.to_dict() if answer.gpu else None
+    return {"memory_used": answer.memory_used, "memory_total": answer.memory_total,
+            "load": answer.load, "cpus": answer.cpus, "gpu": gpu}
+
+
+def sample_line(status: JobStatus, nodes: dict[str, dict[str, Any]], now: float
+                ) -> dict[str, Any]:
+    """One line of ``samples.jsonl``."""
+    ranks = [{"rank": r.rank, "host": r.host, "state": r.state, "step": r.step,
+              "loss": r.loss, "tokens_per_sec": r.tokens_per_sec,
+              "heartbeat_age": None if r.heartbeat_age is None else round(r.heartbeat_age, 2)}
+             for r in status.ranks]
+    return {"time": round(now, 3), "state": status.state, "attempt": status.attempt,
+            "step": status.step, "ranks": ranks, "nodes": nodes}
+
+
+def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = None,
+         hosts: dict[str, Any] | None = None) -> Results | None:
+    """Look at the job's hosts once and add what they say to the mirror. ``status``: the
+    job's status just gathered (the watchdog's), else the nodes' answers give it.
+
+    Returns each host's result (a host that does not answer is recorded as such in the
+    mirror too); None when another process was feeding this mirror at that moment (nothing
+    done). Only a bug raises.
+    """
+    with _feeding(record.name) as mine:
+        if not mine:
+            return None
+        return _feed(record, connector, status, hosts or inventory_hosts(record))
+
+
+def _feed(record: JobRecord, connector: Connector, status: JobStatus | None,
+          hosts: dict[str, Any]) -> Results:
+    name = record.name
+    state = files.read_state(name)
+    if state.created != record.created:
+        # Another launch of this name (or the first feed): start the mirror over.
+        for file in (METRICS, SAMPLES):
+            files.path(name, file).unlink(missing_ok=True)
+        state = MirrorState(created=record.created, generation=state.generation + 1)
+    tail_host = _rank0_host(record)
+    moved = tail_host != state.host
+
+    def work(host) -> protocol.SampleAnswer:
+        h = record.host(host.name)
+        paths = h.paths(name)
+        mine = host.name == tail_host
+        args = protocol.sample_args(
+            paths.run_dir, status=status is None,
+            metrics_from=(0 if moved else state.offset) if mine else None,
+            metrics_inode=None if moved or not mine else state.inode)
+        return nodecmd.run_node(connector.connect(host), h.python, paths.code, args, timeout=30)
+
+    results = run_parallel([hosts[h.name] for h in record.hosts if h.name in hosts], work)
+    answers = results.succeeded_values()
+    failed = {host: r.message for host, r in results.items() if not r.succeeded}
+    if status is None:
+        status = classify(record, {h: a.status for h, a in answers.items() if a.status},
+                          failed)
+    chunk = answers[tail_host].metrics if tail_host in answers else None
+    metrics = files.path(name, METRICS)
+    if chunk is not None:
+        if chunk.reset or moved:
+            old = metrics.read_text() if metrics.exists() else ""
+            files.write_atomic(metrics, merge_reset(old, chunk.text))
+            state.generation += 1
+        else:
+            files.append_lines(metrics, chunk.text)
+        state.host, state.offset, state.inode = tail_host, chunk.offset, chunk.inode
+    nodes: dict[str, dict[str, Any]] = {h: _node_figures(a) for h, a in answers.items()}
+    nodes.update({h: {"error": why} for h, why in failed.items()})
+    now = time.time()
+    samples = files.path(name, SAMPLES)
+    files.append_lines(samples, json.dumps(sample_line(status, nodes, now)) + "\n")
+    thin(samples)
+    state.updated = now
+    files.write_state(name, state)
+    return results
+
+
+class Feeder:
+    """The watchdog's feeds: at most every ``interval`` seconds, and at once when the job
+    ended or has a problem (the last lines before a restart or the end are kept)."""
+
+    def __init__(self, name: str, connector: Connector, interval: float = INTERVAL) -> None:
+        self.name = name
+        self.connector = connector
+        self.interval = interval
+        self._last = 0.0
+
+    def tick(self, record: JobRecord, status: JobStatus, hosts: dict[str, Any] | None = None
+             ) -> None:
+        now = time.monotonic()
+        urgent = status.state in ENDED_STATES or status.problem is not None
+        if not urgent and now - self._last < self.interval:
+            return
+        self._last = now
+        feed(record, self.connector, status=status, hosts=hosts)
+

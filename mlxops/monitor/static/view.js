@@ -1,0 +1,208 @@
+// A job document (mlxops report --json, docs/formats.md) drawn into the page: facts,
+// alerts, curves, ranks, nodes, restarts; and the last bench. Shared by the dashboard
+// (app.js) and the offline report (report.js). Builds DOM nodes only: no HTML strings, no
+// inline styles (the dashboard's Content-Security-Policy is default-src 'self').
+"use strict";
+
+const MlxopsView = (() => {
+  const GB = 1024 ** 3;
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "text") node.textContent = v;
+      else if (k === "class") node.className = v;
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat(Infinity)) {
+      if (c !== null && c !== undefined) node.append(c);
+    }
+    return node;
+  }
+
+  const fmt = {
+    num: (v, digits) => (v === null || v === undefined ? "-"
+      : Number(v).toLocaleString("en-US", { maximumFractionDigits: digits ?? 0 })),
+    loss: (v) => (v === null || v === undefined ? "-" : Number(v).toFixed(4)),
+    pct: (v) => (v === null || v === undefined ? "-" : `${Math.round(v * 100)}%`),
+    gb: (v) => (v === null || v === undefined ? "-" : (v / GB).toFixed(1)),
+    bytes: (v) => {
+      if (v === null || v === undefined) return "-";
+      for (const [u, s] of [["GB", GB], ["MB", 1024 ** 2], ["KB", 1024]]) {
+        if (v >= s) return `${(v / s).toFixed(1)} ${u}`;
+      }
+      return `${v} B`;
+    },
+    dur: (s) => {
+      if (s === null || s === undefined) return "-";
+      s = Math.max(0, Math.floor(s));
+      if (s < 60) return `${s}s`;
+      if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s`;
+      return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+    },
+    minutes: (s) => (s < 120 ? `${Math.round(s)}s` : `${(s / 60).toFixed(s < 600 ? 1 : 0)}m`),
+    time: (t) => (t ? new Date(t * 1000).toLocaleString() : "-"),
+  };
+
+  function state(s) {
+    return el("span", { class: `state state-${s || "unknown"}`, text: s || "-" });
+  }
+
+  function table(headers, rows, cls) {
+    return el("table", { class: cls || "grid-table" },
+      el("thead", {}, el("tr", {}, headers.map((h) => el("th", { text: h })))),
+      el("tbody", {}, rows.map((r) => el("tr", {}, r.map((c) =>
+        c instanceof Node ? el("td", {}, c) : el("td", { text: c === null ? "-" : c }))))));
+  }
+
+  function facts(doc) {
+    const s = doc.summary, j = doc.job;
+    const items = [
+      ["state", state(doc.state)],
+      ["step", `${s.step ?? "-"} / ${s.steps ?? "?"}`],
+      ["loss", `${fmt.loss(s.loss_last)} (first ${fmt.loss(s.loss_first)})`],
+      ["tokens/s", `${fmt.num(s.tokens_per_sec)} (median ${fmt.num(s.tokens_per_sec_median)})`],
+      ["compute / all-reduce", s.compute_share === null ? "-"
+        : `${fmt.pct(s.compute_share)} / ${fmt.pct(1 - s.compute_share)}`],
+      ["ranks", `${j.world_size} on ${j.hosts.length} host(s), ${j.backend}`],
+      ["attempt", `${j.attempt} (${s.restarts} restart${s.restarts === 1 ? "" : "s"})`],
+      ["running for", fmt.dur(s.elapsed)],
+      ["peak memory", fmt.bytes(s.peak_memory)],
+    ];
+    return el("dl", { class: "facts" }, items.map(([k, v]) => [el("dt", { text: k }),
+      el("dd", {}, v)]));
+  }
+
+  function alerts(doc) {
+    if (!doc.alerts.length) return null;
+    return el("ul", { class: "alerts" }, doc.alerts.map((a) =>
+      el("li", { class: `alert alert-${a.kind}`, text: a.message })));
+  }
+
+  function figure(title, key) {
+    const box = el("div", { class: "chart-box", id: `chart-${key}` });
+    return [el("figure", {}, el("figcaption", { text: title }), box), box];
+  }
+
+  function stepMarkers(doc) {
+    return doc.restarts.filter((r) => r.step !== null).map((r, i) => ({
+      x: r.step, label: `restart ${i + 1}`, title: `attempt ${r.attempt}: ${r.reason}` }));
+  }
+
+  function timeMarkers(doc) {
+    return doc.restarts.map((r, i) => ({
+      x: r.time - doc.job.created, label: `restart ${i + 1}`,
+      title: `attempt ${r.attempt}: ${r.reason}` }));
+  }
+
+  // The curves. Returns the charts drawn (each an <svg>).
+  function charts(root, doc) {
+    const m = doc.metrics, since = (t) => t.map((v) => v - doc.job.created);
+    const grid = el("div", { class: "charts" });
+    root.append(grid);
+    const drawn = [];
+    const add = (title, key, spec) => {
+      const [fig, box] = figure(title, key);
+      grid.append(fig);
+      drawn.push(MlxopsChart.line(box, { key, ...spec }));
+    };
+    add("loss", "loss", { series: [{ name: "loss", x: m.step, y: m.loss }],
+      markers: stepMarkers(doc), xLabel: "step", xName: "step",
+      yFormat: (v) => MlxopsChart.number(v) });
+    add("tokens/s (all ranks)", "tokens", {
+      series: [{ name: "tokens/s", x: m.step, y: m.tokens_per_sec, index: 1 }],
+      markers: stepMarkers(doc), xLabel: "step", xName: "step", yZero: true });
+    add("compute vs all-reduce (ms per step)", "split", {
+      series: [
+        { name: "compute", x: m.step, y: m.compute_time.map((v) => (v === null ? null : v * 1e3)), index: 2 },
+        { name: "all-reduce + update", x: m.step, y: m.comm_time.map((v) => (v === null ? null : v * 1e3)), index: 3 }],
+      markers: stepMarkers(doc), xLabel: "step", xName: "step", yZero: true });
+    const ranks = doc.ranks.filter((r) => r.history && r.history.time && r.history.time.length);
+    add("tokens/s per rank (heartbeats)", "rank-tokens", {
+      series: ranks.map((r) => ({ name: `r${r.rank} ${r.host}`, x: since(r.history.time),
+        y: r.history.tokens_per_sec, index: r.rank })),
+      markers: timeMarkers(doc), xLabel: "time since launch", xName: "t",
+      xFormat: fmt.minutes, yZero: true });
+    const nodes = doc.nodes.filter((n) => n.history && n.history.time && n.history.time.length);
+    add("memory in use per node (GB)", "memory", {
+      series: nodes.map((n, i) => ({ name: n.host, x: since(n.history.time),
+        y: n.history.memory_used.map((v) => (v === null ? null : v / GB)), index: i })),
+      markers: timeMarkers(doc), xLabel: "time since launch", xName: "t",
+      xFormat: fmt.minutes, yZero: true });
+    return drawn;
+  }
+
+  function ranks(doc) {
+    const limit = doc.job.alerts.heartbeat_age || Infinity;
+    return table(["rank", "host", "state", "step", "loss", "tokens/s", "heartbeat"],
+      doc.ranks.map((r) => [String(r.rank), r.host, state(r.state), r.step ?? "-",
+        fmt.loss(r.loss), fmt.num(r.tokens_per_sec),
+        el("span", { class: r.state === "stalled" || r.heartbeat_age > limit ? "bad" : "",
+                     text: r.heartbeat_age === null ? "-" : `${r.heartbeat_age.toFixed(1)}s` })]));
+  }
+
+  function nodes(doc) {
+    const share = doc.job.alerts.memory_share || Infinity;
+    return table(["host", "memory GB", "in use", "peak", "load", "GPU", "looked"],
+      doc.nodes.map((n) => {
+        if (n.error) return [n.host, el("span", { class: "bad", text: n.error }), "", "", "", "", ""];
+        const used = n.memory_total ? n.memory_used / n.memory_total : null;
+        const meter = el("meter", { min: 0, max: 1, value: used ?? 0, high: share === Infinity ? 1 : share,
+                                    optimum: 0, title: fmt.pct(used) });
+        return [n.host, `${fmt.gb(n.memory_used)} / ${fmt.gb(n.memory_total)}`,
+          el("span", { class: used > share ? "bad" : "" }, meter, ` ${fmt.pct(used)}`),
+          fmt.pct(n.memory_peak_share), n.load ? n.load.map((x) => x.toFixed(2)).join(" ") : "-",
+          n.gpu && n.gpu.utilization !== null ? `${n.gpu.utilization}%` : "-",
+          fmt.dur(doc.generated - n.time) + " ago"];
+      }));
+  }
+
+  function restarts(doc) {
+    if (!doc.restarts.length) return el("p", { class: "quiet", text: "none" });
+    return el("ol", { class: "restarts" }, doc.restarts.map((r) => el("li", {
+      text: `attempt ${r.attempt} ended${r.step === null ? "" : ` after step ${r.step}`} ` +
+            `(${fmt.dur(r.time - doc.job.created)} after launch): ${r.reason}` })));
+  }
+
+  // The whole job: returns the charts drawn.
+  function job(root, doc) {
+    root.textContent = "";
+    root.append(el("h2", { text: doc.name }), facts(doc));
+    if (doc.job.message) root.append(el("p", { class: "quiet", text: doc.job.message }));
+    const a = alerts(doc);
+    if (a) root.append(a);
+    const drawn = charts(root, doc);
+    root.append(el("h3", { text: "Ranks" }), ranks(doc),
+                el("h3", { text: "Nodes" }), nodes(doc),
+                el("h3", { text: "Restarts" }), restarts(doc));
+    return drawn;
+  }
+
+  function bench(root, b) {
+    root.textContent = "";
+    if (!b) {
+      root.append(el("p", { class: "quiet",
+        text: "No bench yet: mlxops bench INVENTORY measures links, all-reduce and the best ring." }));
+      return;
+    }
+    const bw = b.bandwidth_gbps;
+    root.append(el("p", {}, `${fmt.time(b.time)}, ${b.hosts.length} hosts (${b.hosts.join(", ")}); `
+      + `links ${b.pairs ? `${fmt.num(bw.min, 2)}-${fmt.num(bw.max, 2)} Gbit/s, median ${fmt.num(bw.median, 2)}` : "not measured"}`
+      + (b.slowest ? `; slowest ${b.slowest.src} -> ${b.slowest.dst} ${fmt.num(b.slowest.gbps, 2)} Gbit/s` : "")));
+    if (b.ring) {
+      root.append(el("p", {}, `best ring: ${b.ring.order.join(" -> ")} (slowest link `
+        + `${fmt.num(b.ring.bottleneck_gbps, 2)} Gbit/s)`));
+    }
+    if (b.allreduce.length) {
+      root.append(el("p", { text: `all-reduce: average bus bandwidth ${fmt.num(b.avg_busbw_gbps, 2)} Gbit/s (sizes from 1 MiB)` }),
+        table(["size", "time us", "busbw Gbit/s", "wrong"], b.allreduce.map((a) => [
+          fmt.bytes(a.bytes), fmt.num(a.time_us, 1), fmt.num(a.busbw_gbps, 2), a.wrong ?? "-"])));
+    }
+    if (b.findings.length) {
+      root.append(el("ul", { class: "findings" }, b.findings.map((f) => el("li", { text: f }))));
+    }
+  }
+
+  return { el, fmt, state, table, job, bench };
+})();
