@@ -160,8 +160,14 @@ def test_an_unreachable_host_is_recorded_in_the_look(tmp_path, connector):
     cluster = Cluster(tmp_path, ["a", "b"])
     record = cluster.record({0: "a", 1: "b"})
     (cluster.run_dir("a") / protocol.METRICS).write_text(lines([1]))
-    # b's helpers are gone: its command fails, the look says so and a's data still comes.
-    (cluster.roots["b"] / "code" / "mlxops").unlink()
+    # b's helpers are broken: its command fails, the look says so and a's data still comes.
+    # (Not just removed: the controller's own mlxops would then answer for them.)
+    code = cluster.roots["b"] / "code" / "mlxops"
+    code.unlink()
+    (code / "node").mkdir(parents=True)
+    (code / "__init__.py").write_text("")
+    (code / "node" / "__init__.py").write_text("")
+    (code / "node" / "__main__.py").write_text("raise SystemExit('helpers broken')\n")
     results = feed(record, connector)
     assert results.exit_code == 1 and results.succeeded == ["a"]
     look = samples()[-1]
