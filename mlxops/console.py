@@ -24,7 +24,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 from rich.text import Text
 
+from mlxops.node import protocol
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, Results
+
+#: How a rank's or a job's state is coloured wherever it is shown (status, follow, monitor).
+STATE_STYLE = {protocol.RUNNING: "green", protocol.FINISHED: "bold green",
+               protocol.FAILED: "bold red", protocol.STALLED: "yellow",
+               protocol.STOPPED: "cyan", protocol.UNREACHABLE: "magenta"}
+
+
+def state_markup(state: str | None) -> str:
+    """``[green]running[/]``: a state in its colour, as rich markup (``-`` for none)."""
+    return f"[{STATE_STYLE.get(state or '', '')}]{state or '-'}[/]"
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)

@@ -18,22 +18,16 @@ from mlxops.jobs.record import JobRecord, supervisor_lock
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.watch import supervise
 from mlxops.node.protocol import (
-    FAILED,
     FINISHED,
     RUNNING,
     STALLED,
-    STOPPED,
-    UNREACHABLE,
 )
 from mlxops.transport import Connector
-
-STATE_STYLE = {RUNNING: "green", FINISHED: "bold green", FAILED: "bold red",
-               STALLED: "yellow", STOPPED: "cyan", UNREACHABLE: "magenta"}
 
 
 def _describe(status: JobStatus) -> str:
     lead = next((r for r in status.ranks if r.rank == 0), None)
-    parts = [f"[bold]{status.name}[/]", f"[{STATE_STYLE.get(status.state, '')}]{status.state}[/]"]
+    parts = [f"[bold]{status.name}[/]", console.state_markup(status.state)]
     if lead and lead.loss is not None:
         parts.append(f"loss {lead.loss:.4f}")
     if lead and lead.tokens_per_sec:
@@ -97,7 +91,7 @@ def status_table(status: JobStatus) -> Table:
     for r in status.ranks:
         table.add_row(
             str(r.rank), r.host, str(r.pid or ""),
-            f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]"
+            console.state_markup(r.state)
             + (f" ({r.exit})" if r.exit not in (None, 0) else ""),
             "" if r.step is None else str(r.step),
             "" if r.loss is None else f"{r.loss:.4f}",
@@ -107,7 +101,7 @@ def status_table(status: JobStatus) -> Table:
 
 
 def print_status(status: JobStatus) -> None:
-    head = (f"[bold]{status.name}[/]: [{STATE_STYLE.get(status.state, '')}]{status.state}[/]"
+    head = (f"[bold]{status.name}[/]: {console.state_markup(status.state)}"
             f" | step {status.step if status.step is not None else '-'}"
             f"/{status.steps or '?'} | attempt {status.attempt}")
     console.out.print(head)

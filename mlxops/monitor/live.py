@@ -16,7 +16,6 @@ from rich.live import Live
 from rich.text import Text
 
 from mlxops import console
-from mlxops.cli.follow import STATE_STYLE
 from mlxops.monitor.data import MirrorReader, decimate, document
 from mlxops.node.protocol import ENDED_STATES, STALLED
 
@@ -57,18 +56,14 @@ def _bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-def _state(state: str | None) -> str:
-    return f"[{STATE_STYLE.get(state or '', '')}]{state or '-'}[/]"
-
-
 def header(doc: dict[str, Any], now: float) -> Text:
     s = doc["summary"]
     step = "-" if s["step"] is None else s["step"]
     looked = "never looked" if doc["updated"] is None else \
         f"looked {duration(now - doc['updated'])} ago"
     return Text.from_markup(
-        f"[bold]{doc['name']}[/]  {_state(doc['state'])}  step {step}/{s['steps'] or '?'}  "
-        f"attempt {doc['job']['attempt']}  up {duration(s['elapsed'])}  {looked}")
+        f"[bold]{doc['name']}[/]  {console.state_markup(doc['state'])}  "
+        f"step {step}/{s['steps'] or '?'}  attempt {doc['job']['attempt']}  up {duration(s['elapsed'])}  {looked}")
 
 
 def totals(doc: dict[str, Any], width: int) -> Text:
@@ -122,7 +117,7 @@ def rank_table(doc: dict[str, Any]):
         beat = "-" if age is None else f"{age:.1f}s"
         if r.get("state") == STALLED or (age is not None and age > limit):
             beat = f"[bold red]{beat}[/]"
-        row = [str(r["rank"]), r["host"], _state(r.get("state")),
+        row = [str(r["rank"]), r["host"], console.state_markup(r.get("state")),
                "-" if r.get("step") is None else str(r["step"]),
                "-" if r.get("loss") is None else f"{r['loss']:.4f}",
                "-" if not r.get("tokens_per_sec") else f"{r['tokens_per_sec']:,.0f}",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxops.cli.follow import STATE_STYLE
+from mlxops.console import STATE_STYLE
 from mlxops.node.protocol import JOB_STATES, RANK_STATES
 
 
