@@ -63,7 +63,8 @@ def header(doc: dict[str, Any], now: float) -> Text:
         f"looked {duration(now - doc['updated'])} ago"
     return Text.from_markup(
         f"[bold]{doc['name']}[/]  {console.state_markup(doc['state'])}  "
-        f"step {step}/{s['steps'] or '?'}  attempt {doc['job']['attempt']}  up {duration(s['elapsed'])}  {looked}")
+        f"step {step}/{s['steps'] or '?'}  attempt {doc['job']['attempt']}  "
+        f"up {duration(s['elapsed'])}  {looked}")
 
 
 def totals(doc: dict[str, Any], width: int) -> Text:
