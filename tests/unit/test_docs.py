@@ -78,3 +78,13 @@ def test_links_between_pages_resolve():
             if anchor:
                 assert anchor in anchors[target], f"{page.name}: no #{anchor} in {target}"
     assert links > 20
+
+
+def test_the_readme_layout_names_every_part_of_the_package():
+    readme = (DOCS.parent / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    named = {line.split()[0].rstrip("/") for line in layout.splitlines()
+             if line.startswith("  ") and not line.startswith("   ")}
+    parts = {p.name for p in (DOCS.parent / "mlxops").iterdir()
+             if not p.name.startswith("_") and (p.is_dir() or p.suffix == ".py")}
+    assert parts - named == set()
