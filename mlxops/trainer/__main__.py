@@ -24,7 +24,8 @@ environment:
   MLXOPS_LOCAL_RANK   rank index within its host; local rank 0 writes that node's checkpoints
                       (absent: hostnames are all-gathered, the lowest rank per host writes)
   test hooks:         MLXOPS_TRAINER_CKPT_DELAY=SECONDS sleeps mid checkpoint write;
-                      MLXOPS_TRAINER_FAKE_OOM=STEP simulates one allocation failure there
+                      MLXOPS_TRAINER_FAKE_OOM=STEP (or RANK:STEP) simulates one
+                      allocation failure there (on every rank, or on that one)
 
 exit codes: 0 all steps done; 2 bad config or arguments; 1 any other failure.
 """

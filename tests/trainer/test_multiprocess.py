@@ -175,6 +175,25 @@ def test_oom_halves_micro_batch_and_redoes_the_step(runs, tmp_path):
     assert recs[0]["micro_batch"] == 4 and recs[-1]["micro_batch"] == 2
 
 
+def test_oom_on_one_rank_of_a_fused_step_is_undone_on_every_rank(runs, tmp_path):
+    """Accumulation 1 (one compiled step): rank 1 fails, rank 0 is already in the
+    all-reduce; rank 1 joins it with nothing, both undo the step and back off."""
+    tmp, _ = runs
+    ref = losses(tmp / "straight")
+    out = tmp_path / "oom-fused"
+    cfg = write_config(tmp_path, out, train={"micro_batch": 4, "checkpoint_every": 0,
+                                             "steps": 40, "stop_at": 8})
+    proc = ok(run_trainer(cfg, ranks=2, env={"MLXOPS_TRAINER_FAKE_OOM": "1:3"}, timeout=90))
+    assert "out of memory at step 3" in proc.stdout and "micro 2 x accum 2" in proc.stdout
+    got = losses(out)
+    assert sorted(got) == list(range(1, 9))
+    for s in range(1, 9):
+        assert math.isclose(got[s], ref[s], rel_tol=1e-4), (s, got[s], ref[s])
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert (recs[0]["micro_batch"], recs[0]["accumulation"]) == (4, 1)
+    assert (recs[-1]["micro_batch"], recs[-1]["accumulation"]) == (2, 2)
+
+
 def test_expected_world_size_is_enforced(tmp_path):
     cfg = write_config(tmp_path, tmp_path / "alone")
     proc = run_trainer(cfg, env={"MLXOPS_WORLD_SIZE": "2"}, timeout=60)
