@@ -1,8 +1,9 @@
 """Breaking sandbox nodes on purpose, and mending them: what tests of failures need.
 
 A Mac asleep (its sshd gone: connections refused), a cable pulled (its link down: packets
-vanish, connections time out), a host key unknown or changed. :meth:`Faults.restore`
-undoes all of them, so a test that breaks nodes leaves the sandbox as it found it.
+vanish, connections time out), a host key unknown or changed, a slower link (shaped to a
+rate). :meth:`Faults.restore` undoes all of them, so a test that breaks nodes leaves the
+sandbox as it found it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pwd
 
 from mlxops.sandbox import clientfiles, netns, nodes
+from mlxops.sandbox.layout import parse_rate
 from mlxops.sandbox.state import SandboxState
 
 
@@ -39,6 +41,18 @@ class Faults(SandboxState):
     def reconnect_node(self, name: str) -> None:
         netns.set_link(self.node_layout(name), up=True)
 
+    def set_rate(self, name: str, rate: str | None) -> None:
+        """Shape the node's link to ``rate`` both ways (``"200mbit"``, tc's units); None
+        puts back what ``up`` made (its ``--rate``, or no shaping)."""
+        entry, made = self._entry(name), self._state.get("rate")
+        rate = made if rate is None else rate
+        netns.shape_link(self.node_layout(name), parse_rate(rate) if rate else None)
+        if rate == made:
+            entry.pop("rate", None)
+        else:
+            entry["rate"] = rate
+        self._save()
+
     def forget_host_key(self, name: str) -> None:
         """Drop the node from known_hosts: its key becomes unknown to strict clients."""
         ip = self.ip(name)
@@ -62,10 +76,13 @@ class Faults(SandboxState):
             self.start_node(name)
 
     def restore(self) -> None:
-        """Undo what the per-node controls did: every link up, every sshd running, every
-        current host key trusted (tests that break nodes call this when done)."""
+        """Undo what the per-node controls did: every link up at the rate ``up`` gave it,
+        every sshd running, every current host key trusted (tests that break nodes call
+        this when done)."""
         for name in self.nodes:
             self.reconnect_node(name)
+            if "rate" in self._entry(name):
+                self.set_rate(name, None)
             if not self.sshd_alive(name):
                 self._entry(name)["sshd_pid"] = None
                 self.start_node(name)

@@ -77,11 +77,22 @@ def create_node_net(layout: Layout, node: NodeLayout, rate_bits: int | None) -> 
     run([*ns, "addr", "add", f"{node.ip}/{layout.subnet.prefixlen}", "dev", "eth0"])
     run([*ns, "link", "set", "eth0", "up"])
     if rate_bits:
-        # Egress of both ends: the host end shapes traffic to the node, eth0 from it.
-        shape = ["root", "tbf", "rate", f"{rate_bits}bit",
-                 "burst", str(tbf_burst_bytes(rate_bits)), "latency", "50ms"]
-        run(["tc", "qdisc", "replace", "dev", node.veth, *shape])
-        run(["tc", "-n", node.netns, "qdisc", "replace", "dev", "eth0", *shape])
+        shape_link(node, rate_bits)
+
+
+def shape_link(node: NodeLayout, rate_bits: int | None) -> None:
+    """Shape the node's link to ``rate_bits`` both ways (tbf), or unshape it (None).
+
+    Egress of both ends: the host end shapes traffic to the node, eth0 traffic from it.
+    """
+    ends = [["tc", "qdisc"], ["tc", "-n", node.netns, "qdisc"]]
+    devs = [node.veth, "eth0"]
+    for tc, dev in zip(ends, devs, strict=True):
+        if rate_bits:
+            run([*tc, "replace", "dev", dev, "root", "tbf", "rate", f"{rate_bits}bit",
+                 "burst", str(tbf_burst_bytes(rate_bits)), "latency", "50ms"])
+        else:  # back to the default qdisc; none to delete is fine
+            run([*tc, "del", "dev", dev, "root"], check=False)
 
 
 def set_link(node: NodeLayout, up: bool) -> None:

@@ -20,7 +20,7 @@ from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_batch
 from .distributed import all_gather_cpu, expected_world_size, init_group, is_node_writer
 from .model import Transformer, count_params
-from .step import Steps
+from .step import WIRE_DTYPES, Steps
 
 GB = 1024**3
 
@@ -72,7 +72,8 @@ class Trainer:
         self._last_loss: float | None = None
         self._last_tps = 0.0
         self._start(resume)
-        self.steps = Steps(self.model, self.optimizer, self.group, self.dtype, t.grad_clip)
+        self.steps = Steps(self.model, self.optimizer, self.group, self.dtype, t.grad_clip,
+                           WIRE_DTYPES[t.grad_reduce_dtype])
 
     # -- start / resume ------------------------------------------------------------------
 
