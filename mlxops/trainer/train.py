@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
 
-from . import checkpoint
+from . import checkpoint, consistency
 from .checkpoint import write_atomic
 from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_batch
@@ -68,6 +68,7 @@ class Trainer:
         self.key = mx.random.key(t.seed)
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = 0
+        self.repairs = 0  # consistency repairs in this run (resume carries them on)
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
         self._last_tps = 0.0
@@ -109,6 +110,7 @@ class Trainer:
         self.optimizer.init(self.model.trainable_parameters())
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
+        self.repairs = state.get("consistency_repairs", 0)
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
                                f"step {self.step}")
@@ -223,9 +225,11 @@ class Trainer:
                 continue
             del before
             self.step = step
-            # comm_time is the all-reduce, the wait for slower peers and the update.
             window.append((t3 - t0, compute))
             self._progress(loss, tokens_per_step / (t3 - t0), "running")
+            self._fake_diverge(step)
+            if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
+                self._check_consistency(step)
             if logged:
                 self._metrics(loss, window, tokens_per_step)
                 window = []
@@ -233,6 +237,30 @@ class Trainer:
                 self._checkpoint()
         self._progress(self._last_loss, self._last_tps, "finished")
         self._log(f"done: {self.step} steps")
+
+    def _check_consistency(self, step: int) -> None:
+        """Compare every rank's state; on a mismatch take rank 0's (before a checkpoint of
+        the same step is written, so that every node saves the same weights)."""
+        mismatch = consistency.compare(
+            consistency.state_items(self.model, self.optimizer), self.group)
+        if mismatch is None:
+            return
+        consistency.repair(self.model, self.optimizer, self.group)
+        self.repairs += 1
+        self._log(f"consistency: step {step}: {mismatch.describe()}; rank 0's parameters and "
+                  f"optimizer state sent to every rank (repair {self.repairs} of this run)")
+
+    def _fake_diverge(self, step: int) -> None:
+        """Test hook ``MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP``: after that step, that rank's
+        first parameter array drifts (as a bit flip or a bug would make it)."""
+        hook = os.environ.get("MLXOPS_TRAINER_FAKE_DIVERGE", "")
+        if not hook:
+            return
+        rank, _, at = hook.partition(":")
+        if int(rank) == self.rank and int(at) == step:
+            name, value = tree_flatten(self.model.parameters())[0]
+            self.model.update(tree_unflatten([(name, value + 0.01)]))
+            mx.eval(self.model.parameters())
 
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
@@ -259,6 +287,7 @@ class Trainer:
             "comm_time": comm, "world_size": self.world, "micro_batch": self.micro,
             "accumulation": self.accum, "lr": self.optimizer.learning_rate.item(),
             "active_memory": mx.get_active_memory(), "peak_memory": mx.get_peak_memory(),
+            "consistency_repairs": self.repairs,
         }
         with open(self.out / protocol.METRICS, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -273,6 +302,7 @@ class Trainer:
             "step": self.step, "data_cursor": self.batches.cursor(self.step),
             "rng_key": self.key.tolist(), "world_size": self.world,
             "micro_batch": self.micro, "accumulation": self.accum,
+            "consistency_repairs": self.repairs,
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(
