@@ -20,11 +20,21 @@ fp32 config at each of ``--blas-ranks`` world sizes runs again with this machine
 OpenBLAS preloaded as mlxops preloads it into ranks (``LD_PRELOAD``,
 ``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks), printed side by side with the ratio, and
 a 1024x1024x1024 float32 matmul is timed both ways (median of ``--matmul-repeat``).
+
+Against a plain loop: at each ``--compare-ranks`` world size, the bundled trainer with
+accumulation 1 (its fused step) and a plain mlx-lm-style loop (:func:`plain_loop`: the
+same model code and data, AdamW with the same schedule, one ``mx.compile`` over model and
+optimizer state with ``nn.average_gradients`` inside, one ``mx.eval`` per step, the loss
+all-reduced at report steps) run the same config in turn, ``--compare-repeat`` times each,
+alternating, with OpenBLAS preloaded where there is one (as ranks run on Linux nodes).
+Both are timed the same way: global tokens over the wall time from the end of step
+``--compare-from`` to the end of the last step, on rank 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -33,6 +43,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +83,123 @@ def matmul_seconds(n: int, repeat: int, blas: dict[str, str] | None) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def plain_loop(config: Path, times: Path) -> None:
+    """One rank of a plain mlx-lm-style training loop over the bundled trainer's model.
+
+    What ``mlx_lm.tuner.trainer.train`` does per step, without mlx_lm: the batch, one
+    compiled step (loss and gradients, ``nn.average_gradients``, the AdamW update) over
+    model and optimizer state, one ``mx.eval`` of the state and the loss; every
+    ``train.log_every`` steps the summed losses go through a CPU all-reduce and ``.item()``.
+    Rank 0 writes the wall time at the end of each step to ``times``.
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    from mlxops.trainer.config import load_config
+    from mlxops.trainer.data import Batches, make_source
+    from mlxops.trainer.model import Transformer, loss_fn
+
+    cfg = load_config(config)
+    t = cfg.train
+    group = mx.distributed.init()
+    rank, world = group.rank(), group.size()
+    mx.random.seed(t.seed)
+    model = Transformer(cfg.model)
+    lr = optim.cosine_decay(t.lr, max(1, t.steps - t.warmup), end=t.min_lr)
+    if t.warmup:
+        lr = optim.join_schedules([optim.linear_schedule(0.0, t.lr, t.warmup), lr], [t.warmup])
+    optimizer = optim.AdamW(learning_rate=lr, weight_decay=t.weight_decay)
+    batches = Batches(make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len),
+                      t.global_batch, rank, world)
+    loss_value_and_grad = nn.value_and_grad(model, loss_fn)
+    state = [model.state, optimizer.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step(x: mx.array, y: mx.array) -> mx.array:
+        loss, grad = loss_value_and_grad(model, x, y)
+        grad = nn.average_gradients(grad)
+        optimizer.update(model, grad)
+        return loss
+
+    losses, ends = mx.array(0.0), []
+    for it in range(1, t.steps + 1):
+        (x, y), = batches.micro_batches(it, t.global_batch // world)
+        losses += step(mx.array(x), mx.array(y))
+        mx.eval(state, losses)
+        if it % t.log_every == 0:
+            mean = mx.distributed.all_sum(losses, stream=mx.cpu).item() / (world * t.log_every)
+            losses = mx.array(0.0)
+            if rank == 0:
+                print(f"step {it} | loss {mean:.4f}", flush=True)
+        ends.append(time.time())
+    if rank == 0:
+        times.write_text(json.dumps(ends))
+
+
+def launch_cmd(ranks: int, cmd: list[str]) -> list[str]:
+    """``cmd`` as one process, or as ``ranks`` mlx.launch ring ranks on this machine."""
+    if ranks == 1:
+        return cmd
+    launch = str(Path(sys.executable).parent / "mlx.launch")
+    return [launch, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
+            "--starting-port", str(random.randint(20000, 50000)), "--", *cmd]
+
+
+def execute(name: str, cmd: list[str], env: dict[str, str], timeout: float) -> None:
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=env)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+        proc.wait()
+        sys.exit(f"{name}: no result within {timeout}s (is the machine busy?)")
+    if proc.returncode:
+        sys.exit(f"{name}: failed:\n{err[-2000:]}")
+
+
+def compare(args: argparse.Namespace, tmp: Path, ranks: int, library: str | None
+            ) -> dict:
+    """The trainer's fused step against :func:`plain_loop`, same config, alternating."""
+    per_rank = args.global_batch // ranks
+    cfg = {
+        "model": {"dims": args.dims, "layers": args.layers, "heads": args.heads,
+                  "vocab_size": 256, "seq_len": args.seq_len},
+        "data": {"source": "synthetic", "seed": 0},
+        "train": {"steps": args.compare_steps, "global_batch": args.global_batch,
+                  "micro_batch": per_rank, "lr": 1e-3, "warmup": 5, "checkpoint_every": 0,
+                  "log_every": args.compare_log_every},
+    }
+    env = environment(openblas_env(library, ranks) if library else None)
+    env["PYTHONPATH"] = str(ROOT)
+    tokens = args.global_batch * args.seq_len
+    first = args.compare_from
+    got: dict[str, list[float]] = {"trainer": [], "plain": []}
+    for i, who in enumerate(itertools.islice(itertools.cycle(["trainer", "plain"]),
+                                             2 * args.compare_repeat)):
+        out = tmp / f"compare-{ranks}-{i}"
+        path = tmp / f"compare-{ranks}-{i}.json"
+        path.write_text(json.dumps({**cfg, "out": str(out)}))
+        if who == "trainer":
+            cmd = [sys.executable, "-m", "mlxops.trainer", "--config", str(path)]
+        else:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--plain-loop", str(path),
+                   "--times", str(out.with_suffix(".times"))]
+        execute(f"{who} ranks={ranks}", launch_cmd(ranks, cmd), env, args.timeout)
+        if who == "trainer":
+            recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+            at = {r["step"]: r["time"] for r in recs}
+        else:
+            at = dict(enumerate(json.loads(out.with_suffix(".times").read_text()), 1))
+        last = args.compare_steps
+        got[who].append(tokens * (last - first) / (at[last] - at[first]))
+    trainer, plain = (statistics.median(got[k]) for k in ("trainer", "plain"))
+    return {"name": f"ranks={ranks}", "ranks": ranks, "trainer": trainer, "plain": plain,
+            "ratio": trainer / plain, "runs": got,
+            "blas": "openblas" if library else "wheel"}
+
+
 def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str,
         blas: dict[str, str] | None = None, **train: object) -> dict:
     out = tmp / name
@@ -86,20 +215,7 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str,
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "mlxops.trainer", "--config", str(path)]
-    if ranks > 1:
-        launch = str(Path(sys.executable).parent / "mlx.launch")
-        cmd = [launch, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
-               "--starting-port", str(random.randint(20000, 50000)), "--", *cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=environment(blas))
-    try:
-        _, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
-        proc.wait()
-        sys.exit(f"{name}: no result within {args.timeout}s (is the machine busy?)")
-    if proc.returncode:
-        sys.exit(f"{name}: trainer failed:\n{err[-2000:]}")
+    execute(name, launch_cmd(ranks, cmd), environment(blas), args.timeout)
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     recs = recs[args.skip:]
 
@@ -115,6 +231,9 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="table,blas,compare",
+                   help="what to run: table (world sizes and variants), blas (wheel against "
+                        "OpenBLAS), compare (against a plain loop); comma separated")
     p.add_argument("--ranks", default="1,2,4", help="world sizes to run, comma separated")
     p.add_argument("--variant-ranks", type=int, default=1,
                    help="world size of the grad-checkpointing and bf16 runs")
@@ -131,47 +250,89 @@ def main() -> None:
                    help="world sizes to run again with OpenBLAS preloaded ('' for none)")
     p.add_argument("--matmul", type=int, default=1024, help="n of the n^3 matmul timed")
     p.add_argument("--matmul-repeat", type=int, default=5)
+    p.add_argument("--compare-ranks", default="1,2",
+                   help="world sizes of the comparison with a plain loop")
+    p.add_argument("--compare-steps", type=int, default=60)
+    p.add_argument("--compare-from", type=int, default=10,
+                   help="the comparison times the steps after this one")
+    p.add_argument("--compare-log-every", type=int, default=10)
+    p.add_argument("--compare-repeat", type=int, default=3,
+                   help="runs of each side (alternating); the median counts")
     p.add_argument("--json", action="store_true", help="print the rows as JSON only")
+    p.add_argument("--plain-loop", type=Path, metavar="CONFIG", help=argparse.SUPPRESS)
+    p.add_argument("--times", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.plain_loop:  # one rank of the plain loop, started by compare()
+        plain_loop(args.plain_loop, args.times)
+        return
+    if (args.compare_steps - args.compare_from) % args.compare_log_every or \
+            args.compare_from % args.compare_log_every:
+        p.error("--compare-from and --compare-steps must be multiples of --compare-log-every")
+    parts = {x.strip() for x in args.parts.split(",") if x.strip()}
 
     library = find_openblas() if sys.platform.startswith("linux") else None
     blas_ranks = [int(x) for x in args.blas_ranks.split(",") if x.strip()] if library else []
-    rows, blas_rows, matmul = [], [], []
+    rows, blas_rows, matmul, compared = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="mlxops-bench-") as d:
         tmp = Path(d)
-        for n in (int(x) for x in args.ranks.split(",")):
-            rows.append(run(args, tmp, n, f"fp32 ranks={n}"))
-        v = args.variant_ranks
-        rows.append(run(args, tmp, v, f"grad-ckpt ranks={v}", grad_checkpoint=True))
-        rows.append(run(args, tmp, v, f"bf16 ranks={v}", dtype="bfloat16"))
-        rows.append(run(args, tmp, v, f"bf16+ckpt ranks={v}", dtype="bfloat16",
-                        grad_checkpoint=True))
-        for n in blas_ranks:
+        if "table" in parts:
+            for n in (int(x) for x in args.ranks.split(",")):
+                rows.append(run(args, tmp, n, f"fp32 ranks={n}"))
+            v = args.variant_ranks
+            rows.append(run(args, tmp, v, f"grad-ckpt ranks={v}", grad_checkpoint=True))
+            rows.append(run(args, tmp, v, f"bf16 ranks={v}", dtype="bfloat16"))
+            rows.append(run(args, tmp, v, f"bf16+ckpt ranks={v}", dtype="bfloat16",
+                            grad_checkpoint=True))
+        for n in blas_ranks if "blas" in parts else []:
             wheel = next((r for r in rows if r["name"] == f"fp32 ranks={n}"), None) or \
                 run(args, tmp, n, f"fp32 ranks={n}")
             fast = run(args, tmp, n, f"fp32 ranks={n} openblas", openblas_env(library, n))
             blas_rows.append((wheel, fast))
-    if library:
+        if "compare" in parts:
+            for n in (int(x) for x in args.compare_ranks.split(",") if x.strip()):
+                compared.append(compare(args, tmp, n, library))
+    if library and "blas" in parts:
         for blas in (None, openblas_env(library, 1)):
             seconds = matmul_seconds(args.matmul, args.matmul_repeat, blas)
             matmul.append({"name": f"matmul {args.matmul}^3", "seconds": seconds,
                            "blas": "openblas" if blas else "wheel"})
     if args.json:
-        print(json.dumps(rows + [fast for _, fast in blas_rows] + matmul, indent=1))
+        print(json.dumps(rows + [fast for _, fast in blas_rows] + matmul + compared, indent=1))
         return
-    print(f"model dims={args.dims} layers={args.layers} heads={args.heads} "
-          f"seq_len={args.seq_len}, global batch {args.global_batch} "
-          f"({args.global_batch * args.seq_len} tokens/step), median of steps "
-          f"{args.skip + 1}..{args.steps}")
-    head = (f"{'run':<20} {'micro x acc':>11} {'tok/s':>9} {'step ms':>9} {'compute ms':>11} "
-            f"{'all-reduce ms':>14} {'comm %':>7}")
+    if rows:
+        print(f"model dims={args.dims} layers={args.layers} heads={args.heads} "
+              f"seq_len={args.seq_len}, global batch {args.global_batch} "
+              f"({args.global_batch * args.seq_len} tokens/step), median of steps "
+              f"{args.skip + 1}..{args.steps}")
+        head = (f"{'run':<20} {'micro x acc':>11} {'tok/s':>9} {'step ms':>9} "
+                f"{'compute ms':>11} {'all-reduce ms':>14} {'comm %':>7}")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            print(f"{r['name']:<20} {r['micro']:>5} x {r['accum']:<3} "
+                  f"{r['tokens_per_sec']:>9.0f} {r['step_ms']:>9.1f} {r['compute_ms']:>11.1f} "
+                  f"{r['comm_ms']:>14.1f} {100 * r['comm_ms'] / r['step_ms']:>6.1f}%")
+    if "blas" in parts:
+        print_blas(library, blas_rows, matmul)
+    if compared:
+        print_compare(args, compared, library)
+
+
+def print_compare(args: argparse.Namespace, compared: list[dict], library: str | None
+                  ) -> None:
+    print()
+    print(f"against a plain mlx-lm-style loop: dims={args.dims} layers={args.layers} "
+          f"seq_len={args.seq_len}, global batch {args.global_batch}, accumulation 1, "
+          f"{'OpenBLAS' if library else 'the wheel BLAS'}; tokens/s over steps "
+          f"{args.compare_from + 1}..{args.compare_steps}, median of {args.compare_repeat}")
+    head = f"{'ranks':<8} {'trainer':>12} {'plain loop':>12} {'ratio':>7}   runs (trainer / plain)"
     print(head)
     print("-" * len(head))
-    for r in rows:
-        print(f"{r['name']:<20} {r['micro']:>5} x {r['accum']:<3} {r['tokens_per_sec']:>9.0f} "
-              f"{r['step_ms']:>9.1f} {r['compute_ms']:>11.1f} {r['comm_ms']:>14.1f} "
-              f"{100 * r['comm_ms'] / r['step_ms']:>6.1f}%")
-    print_blas(library, blas_rows, matmul)
+    for c in compared:
+        runs = " ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(c["runs"]["trainer"],
+                                                           c["runs"]["plain"], strict=True))
+        print(f"{c['ranks']:<8} {c['trainer']:>8.0f} t/s {c['plain']:>8.0f} t/s "
+              f"{c['ratio']:>6.2f}x   {runs}")
 
 
 def print_blas(library: str | None, runs: list[tuple[dict, dict]], matmul: list[dict]) -> None:

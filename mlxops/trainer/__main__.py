@@ -13,7 +13,8 @@ config keys (section.key, default, meaning); the file is JSON, or YAML if PyYAML
 
 files under out:
   metrics.jsonl            rank 0: one JSON object per logged step (step, loss, tokens_per_sec,
-                           time, step_time, compute_time, comm_time, memory, world_size, ...)
+                           time, step_time, compute_time, comm_time, memory, world_size,
+                           consistency_repairs, ...)
   progress/rank-<r>.json   every rank, after every step (state running|finished)
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
 
@@ -24,7 +25,10 @@ environment:
   MLXOPS_LOCAL_RANK   rank index within its host; local rank 0 writes that node's checkpoints
                       (absent: hostnames are all-gathered, the lowest rank per host writes)
   test hooks:         MLXOPS_TRAINER_CKPT_DELAY=SECONDS sleeps mid checkpoint write;
-                      MLXOPS_TRAINER_FAKE_OOM=STEP simulates one allocation failure there
+                      MLXOPS_TRAINER_FAKE_OOM=STEP (or RANK:STEP) simulates one
+                      allocation failure there (on every rank, or on that one);
+                      MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP makes that rank's weights drift
+                      after that step (train.consistency_every repairs it)
 
 exit codes: 0 all steps done; 2 bad config or arguments; 1 any other failure.
 """

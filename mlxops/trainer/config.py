@@ -82,6 +82,12 @@ class TrainConfig:
     log_every: int = _f(10, "print and write metrics every N steps")
     grad_checkpoint: bool = _f(False, "recompute each layer in backward (mx.checkpoint)")
     dtype: str = _f("float32", "compute dtype: float32 | bfloat16 (master weights stay fp32)")
+    grad_reduce_dtype: str = _f("float32", "gradients on the network in the all-reduce: "
+                                "float32 | bfloat16 (half the bytes; summed across ranks in "
+                                "bfloat16, everything else float32)")
+    consistency_every: int = _f(100, "every N steps the ranks compare a checksum of their "
+                                "parameters and optimizer state; on a mismatch rank 0's copy "
+                                "is sent to all; 0 = off")
 
 
 @dataclass
@@ -102,7 +108,8 @@ SYNTHETIC_SUCCESSORS = 4
 
 # Keys that must be equal between a checkpoint and the config that resumes it: they change
 # the model, the data stream or the optimisation trajectory. Everything else (steps,
-# micro_batch, logging, checkpointing, dtype, grad_checkpoint, out) may change on resume.
+# micro_batch, logging, checkpointing, dtype, grad_reduce_dtype, consistency_every,
+# grad_checkpoint, out) may change on resume.
 RESUME_KEYS = (
     [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
     + [f"data.{f.name}" for f in dataclasses.fields(DataConfig)]
@@ -317,10 +324,15 @@ def validate(cfg: TrainerConfig, where: str) -> None:
         raise ConfigError(f"{where}: train.stop_at: must be between 0 and train.steps")
     if t.checkpoint_every < 0:
         raise ConfigError(f"{where}: train.checkpoint_every: must be >= 0")
+    if t.consistency_every < 0:
+        raise ConfigError(f"{where}: train.consistency_every: must be >= 0 (0 = off), got "
+                          f"{t.consistency_every}")
     if t.lr <= 0:
         raise ConfigError(f"{where}: train.lr: must be positive")
-    if t.dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"{where}: train.dtype: must be float32 or bfloat16")
+    for key, value in {"train.dtype": t.dtype,
+                       "train.grad_reduce_dtype": t.grad_reduce_dtype}.items():
+        if value not in ("float32", "bfloat16"):
+            raise ConfigError(f"{where}: {key}: must be float32 or bfloat16, got {value!r}")
     if d.source not in ("synthetic", "text", "jsonl"):
         raise ConfigError(f"{where}: data.source: must be synthetic, text or jsonl")
     if d.source != "synthetic" and not d.path:

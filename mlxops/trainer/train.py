@@ -5,29 +5,22 @@ from __future__ import annotations
 import json
 import os
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
 
-from . import checkpoint
+from . import checkpoint, consistency
 from .checkpoint import write_atomic
 from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_batch
-from .distributed import (
-    all_gather_cpu,
-    all_sum_cpu,
-    expected_world_size,
-    init_group,
-    is_node_writer,
-)
-from .model import Transformer, count_params, loss_fn
+from .distributed import all_gather_cpu, expected_world_size, init_group, is_node_writer
+from .model import Transformer, count_params
+from .step import WIRE_DTYPES, Steps
 
 GB = 1024**3
 
@@ -75,11 +68,13 @@ class Trainer:
         self.key = mx.random.key(t.seed)
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = 0
+        self.repairs = 0  # consistency repairs in this run (resume carries them on)
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
         self._last_tps = 0.0
         self._start(resume)
-        self._compile()
+        self.steps = Steps(self.model, self.optimizer, self.group, self.dtype, t.grad_clip,
+                           WIRE_DTYPES[t.grad_reduce_dtype])
 
     # -- start / resume ------------------------------------------------------------------
 
@@ -115,6 +110,7 @@ class Trainer:
         self.optimizer.init(self.model.trainable_parameters())
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
+        self.repairs = state.get("consistency_repairs", 0)
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
                                f"step {self.step}")
@@ -137,69 +133,62 @@ class Trainer:
                 if line.strip() and json.loads(line).get("step", 0) <= step]
         write_atomic(path, "".join(line + "\n" for line in kept))
 
-    # -- compiled steps ------------------------------------------------------------------
+    # -- one step ------------------------------------------------------------------------
 
-    def _compile(self) -> None:
-        model, optimizer, dtype = self.model, self.optimizer, self.dtype
-        state = [model.state, optimizer.state]
-        clip = self.cfg.train.grad_clip
-
-        def loss_of(params: dict, x: mx.array, y: mx.array) -> mx.array:
-            if dtype != mx.float32:
-                # bf16 compute: cast a copy of the fp32 master weights; the cast is
-                # differentiated, so the gradients come back in fp32.
-                params = tree_map(lambda p: p.astype(dtype), params)
-            model.update(params)
-            return loss_fn(model, x, y)
-
-        value_and_grad = mx.value_and_grad(loss_of)
-
-        def grads(x: mx.array, y: mx.array) -> tuple[mx.array, dict]:
-            params = model.trainable_parameters()
-            loss, g = value_and_grad(params, x, y)
-            model.update(params)  # the fp32 master weights, not the bf16 copy
-            return loss, g
-
-        @partial(mx.compile, inputs=state, outputs=state)
-        def first_micro(x: mx.array, y: mx.array) -> tuple[mx.array, dict]:
-            return grads(x, y)
-
-        @partial(mx.compile, inputs=state, outputs=state)
-        def next_micro(x: mx.array, y: mx.array, acc: dict) -> tuple[mx.array, dict]:
-            loss, g = grads(x, y)
-            return loss, tree_map(mx.add, acc, g)
-
-        @partial(mx.compile, inputs=state, outputs=state)
-        def apply(acc: dict, accum: mx.array) -> None:
-            # The one all-reduce of the step: nn.average_gradients batches the small arrays
-            # into few collectives; a no-op on one rank.
-            g = nn.average_gradients(acc, group=self.group)
-            g = tree_map(lambda a: a / accum, g)
-            if clip > 0:
-                g, _ = optim.clip_grad_norm(g, clip)
-            optimizer.update(model, g)
-
-        self._first, self._next, self._apply = first_micro, next_micro, apply
-
-    def _compute(self, step: int) -> tuple[float, dict | None, bool]:
-        """Forward/backward over this rank's micro-batches: (loss sum, grads, oom)."""
+    def _fake_oom_now(self, step: int) -> bool:
+        """Test hook ``MLXOPS_TRAINER_FAKE_OOM=STEP`` (every rank) or ``RANK:STEP``."""
         hook = os.environ.get("MLXOPS_TRAINER_FAKE_OOM", "")
-        acc, losses = None, []
+        if not hook or getattr(self, "_faked", False):
+            return False
+        rank, _, at = hook.rpartition(":")
+        if int(at) != step or (rank and int(rank) != self.rank):
+            return False
+        self._faked = True  # one simulated allocation failure
+        return True
+
+    def _run_step(self, step: int, timed: bool) -> tuple[mx.array, float | None]:
+        """Compute, all-reduce and update: (stats, seconds at which compute ended or None).
+
+        One host wait per step (the final ``mx.eval``), plus one per micro-batch when
+        accumulating; ``timed`` (a logged step) waits once more between the gradients
+        and the all-reduce of a fused step to measure the split.
+        """
+        steps, t0 = self.steps, time.perf_counter()
         try:
-            if hook and int(hook) == step and not getattr(self, "_faked", False):
-                self._faked = True  # test hook: one simulated allocation failure
+            if self._fake_oom_now(step):
                 raise MemoryError("[malloc] simulated allocation failure (test hook)")
-            for x, y in self.batches.micro_batches(step, self.micro):
-                x, y = mx.array(x), mx.array(y)
-                loss, acc = self._first(x, y) if acc is None else self._next(x, y, acc)
-                losses.append(loss)
-                mx.eval(losses[-1], acc)
-            return sum(v.item() for v in losses), acc, False
+            batches = self.batches.micro_batches(step, self.micro)
+            if self.accum == 1:
+                (x, y), = batches
+                stats, local = steps.fused(mx.array(x), mx.array(y))
+                compute = None
+                if timed:
+                    mx.eval(local)
+                    compute = time.perf_counter() - t0
+                del local
+            else:
+                loss_sum, acc = None, None
+                for x, y in batches:
+                    x, y = mx.array(x), mx.array(y)
+                    if acc is None:
+                        loss_sum, acc = steps.first(x, y)
+                    else:
+                        loss_sum, acc = steps.next(x, y, loss_sum, acc)
+                    mx.eval(loss_sum, acc)
+                compute = time.perf_counter() - t0
+                stats = steps.apply(loss_sum, acc, mx.array(float(self.accum)))
+                del acc
+            mx.eval(stats, steps.state)
+            return stats, compute
         except (RuntimeError, MemoryError) as e:
             if not _is_oom(e):
                 raise
             self._oom_error = str(e).splitlines()[0]
-            return 0.0, None, True
+        # Out of memory before this rank's collectives: join them with nothing, so that
+        # its peers do not wait forever and all of them see the flag and undo the step.
+        stats = steps.abstain()
+        mx.eval(stats)
+        return stats, None
 
     def _backoff(self, step: int) -> None:
         if self.micro == 1:
@@ -219,32 +208,29 @@ class Trainer:
         t, cfg = self.cfg.train, self.cfg
         tokens_per_step = t.global_batch * cfg.model.seq_len
         stop = t.stop_at or t.steps
-        window: list[tuple[float, float, float]] = []
+        window: list[tuple[float, float | None]] = []
         self.out.mkdir(parents=True, exist_ok=True)
         while self.step < stop:
             step = self.step + 1
-            params_before = self.model.parameters()
+            logged = step % t.log_every == 0 or step == stop
+            before = self.steps.snapshot()
             t0 = time.perf_counter()
-            loss_sum, acc, oom = self._compute(step)
-            t1 = time.perf_counter()
-            # One small CPU-stream reduction carries the loss and every rank's OOM flag, so
-            # all ranks agree whether to back off before anyone enters the big all-reduce.
-            red = all_sum_cpu(mx.array([loss_sum, float(oom)], dtype=mx.float32), self.group)
-            total, any_oom = red.tolist()
-            if any_oom:
-                self.model.update(params_before)
+            stats, compute = self._run_step(step, logged)
+            t3 = time.perf_counter()
+            # Evaluated already: reading it waits for nothing.
+            loss, flag = stats.tolist()
+            if flag < 1.0:  # some rank ran out of memory: every rank undoes the step
+                self.steps.restore(before)
                 self._backoff(step)
                 continue
-            self._apply(acc, mx.array(float(self.accum)))
-            mx.eval(self.model.state, self.optimizer.state)
-            t3 = time.perf_counter()
+            del before
             self.step = step
-            loss = total / (self.accum * self.world)
-            # comm_time counts the small reduction too: waiting there for slower peers is
-            # time lost to synchronisation, not compute.
-            window.append((t3 - t0, t1 - t0, t3 - t1))
+            window.append((t3 - t0, compute))
             self._progress(loss, tokens_per_step / (t3 - t0), "running")
-            if step % t.log_every == 0 or step == stop:
+            self._fake_diverge(step)
+            if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
+                self._check_consistency(step)
+            if logged:
                 self._metrics(loss, window, tokens_per_step)
                 window = []
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == stop):
@@ -252,27 +238,56 @@ class Trainer:
         self._progress(self._last_loss, self._last_tps, "finished")
         self._log(f"done: {self.step} steps")
 
+    def _check_consistency(self, step: int) -> None:
+        """Compare every rank's state; on a mismatch take rank 0's (before a checkpoint of
+        the same step is written, so that every node saves the same weights)."""
+        mismatch = consistency.compare(
+            consistency.state_items(self.model, self.optimizer), self.group)
+        if mismatch is None:
+            return
+        consistency.repair(self.model, self.optimizer, self.group)
+        self.repairs += 1
+        self._log(f"consistency: step {step}: {mismatch.describe()}; rank 0's parameters and "
+                  f"optimizer state sent to every rank (repair {self.repairs} of this run)")
+
+    def _fake_diverge(self, step: int) -> None:
+        """Test hook ``MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP``: after that step, that rank's
+        first parameter array drifts (as a bit flip or a bug would make it)."""
+        hook = os.environ.get("MLXOPS_TRAINER_FAKE_DIVERGE", "")
+        if not hook:
+            return
+        rank, _, at = hook.partition(":")
+        if int(rank) == self.rank and int(at) == step:
+            name, value = tree_flatten(self.model.parameters())[0]
+            self.model.update(tree_unflatten([(name, value + 0.01)]))
+            mx.eval(self.model.parameters())
+
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
         path = self.out / protocol.progress_file(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(protocol.Progress(
             rank=self.rank, step=self.step, loss=loss, time=time.time(), pid=os.getpid(),
-            world_size=self.world, tokens_per_sec=tps, state=state).to_dict()) + "\n")
+            world_size=self.world, tokens_per_sec=tps, state=state).to_dict()) + "\n",
+            durable=False)
 
     def _metrics(self, loss: float, window: list, tokens_per_step: int) -> None:
         if self.rank != 0:
             return
-        n = len(window)
-        step_time = sum(w[0] for w in window) / n
-        compute = sum(w[1] for w in window) / n
-        comm = sum(w[2] for w in window) / n
+        step_time = sum(w[0] for w in window) / len(window)
+        # A fused step is timed in two parts only where it is logged: the share of compute
+        # measured on the steps that were split applies to the window's mean step time
+        # (when every step is split, as when accumulating, that is the plain mean).
+        split = [w for w in window if w[1] is not None]
+        share = sum(w[1] for w in split) / sum(w[0] for w in split)
+        compute, comm = step_time * share, step_time * (1 - share)
         rec = {
             "step": self.step, "loss": loss, "tokens_per_sec": tokens_per_step / step_time,
             "time": time.time(), "step_time": step_time, "compute_time": compute,
             "comm_time": comm, "world_size": self.world, "micro_batch": self.micro,
             "accumulation": self.accum, "lr": self.optimizer.learning_rate.item(),
             "active_memory": mx.get_active_memory(), "peak_memory": mx.get_peak_memory(),
+            "consistency_repairs": self.repairs,
         }
         with open(self.out / protocol.METRICS, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -287,6 +302,7 @@ class Trainer:
             "step": self.step, "data_cursor": self.batches.cursor(self.step),
             "rng_key": self.key.tolist(), "world_size": self.world,
             "micro_batch": self.micro, "accumulation": self.accum,
+            "consistency_repairs": self.repairs,
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(

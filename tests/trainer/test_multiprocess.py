@@ -56,6 +56,19 @@ def openblas_runs(tmp_path_factory):
     return tmp, straight
 
 
+@pytest.fixture(scope="module")
+def fused_runs(tmp_path_factory):
+    """``runs`` with micro_batch 4: accumulation 1 at 2 ranks, one compiled step."""
+    tmp = tmp_path_factory.mktemp("fused-runs")
+    straight = ok(run_trainer(write_config(tmp, tmp / "straight", train={"micro_batch": 4}),
+                              ranks=2))
+    ok(run_trainer(write_config(tmp, tmp / "half", train={"micro_batch": 4, "stop_at": 20}),
+                   ranks=2))
+    rec = json.loads((tmp / "straight" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["accumulation"] == 1
+    return tmp, straight
+
+
 def test_straight_run_learns_and_writes_contracts(runs):
     tmp, proc = runs
     out = tmp / "straight"
@@ -78,15 +91,17 @@ def test_straight_run_learns_and_writes_contracts(runs):
     assert state["data_cursor"] == 40 * 8 and state["config"]["model"]["dims"] == 32
 
 
-@pytest.mark.parametrize("blas", ["wheel", "openblas"])
+@pytest.mark.parametrize("blas", ["wheel", "openblas", "fused"])
 def test_resume_same_world_size_is_bitwise_identical(request, blas):
-    tmp, _ = request.getfixturevalue("runs" if blas == "wheel" else "openblas_runs")
+    tmp, _ = request.getfixturevalue({"wheel": "runs", "openblas": "openblas_runs",
+                                      "fused": "fused_runs"}[blas])
     env = openblas_env(2) if blas == "openblas" else None
+    train = {"micro_batch": 4} if blas == "fused" else {}
     ref = losses(tmp / "straight")
     out = tmp / "resumed2"
     shutil.copytree(tmp / "half", out)
     assert max(losses(out)) == 20
-    ok(run_trainer(write_config(tmp, out), "--resume", ranks=2, env=env))
+    ok(run_trainer(write_config(tmp, out, train=train), "--resume", ranks=2, env=env))
     got = losses(out)
     assert sorted(got) == list(range(1, 41))
     for s in range(21, 41):
@@ -173,6 +188,25 @@ def test_oom_halves_micro_batch_and_redoes_the_step(runs, tmp_path):
         assert math.isclose(got[s], ref[s], rel_tol=1e-4)
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert recs[0]["micro_batch"] == 4 and recs[-1]["micro_batch"] == 2
+
+
+def test_oom_on_one_rank_of_a_fused_step_is_undone_on_every_rank(runs, tmp_path):
+    """Accumulation 1 (one compiled step): rank 1 fails, rank 0 is already in the
+    all-reduce; rank 1 joins it with nothing, both undo the step and back off."""
+    tmp, _ = runs
+    ref = losses(tmp / "straight")
+    out = tmp_path / "oom-fused"
+    cfg = write_config(tmp_path, out, train={"micro_batch": 4, "checkpoint_every": 0,
+                                             "steps": 40, "stop_at": 8})
+    proc = ok(run_trainer(cfg, ranks=2, env={"MLXOPS_TRAINER_FAKE_OOM": "1:3"}, timeout=90))
+    assert "out of memory at step 3" in proc.stdout and "micro 2 x accum 2" in proc.stdout
+    got = losses(out)
+    assert sorted(got) == list(range(1, 9))
+    for s in range(1, 9):
+        assert math.isclose(got[s], ref[s], rel_tol=1e-4), (s, got[s], ref[s])
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert (recs[0]["micro_batch"], recs[0]["accumulation"]) == (4, 1)
+    assert (recs[-1]["micro_batch"], recs[-1]["accumulation"]) == (2, 2)
 
 
 def test_expected_world_size_is_enforced(tmp_path):

@@ -1,0 +1,186 @@
+"""The compiled training step: gradients, the all-reduce, clipping and the AdamW update.
+
+With accumulation 1 (the common case when the per-rank batch fits) the whole step is one
+``mx.compile`` over explicit state (the model's and the optimizer's arrays; training draws
+no random numbers, so no RNG key is part of it): forward/backward, the mean over ranks,
+clipping and the update run as one graph and the host waits once per step, as a plain
+mlx-lm loop does. With accumulation above 1 each micro-batch's forward/backward is a
+compiled function evaluated on its own (one micro-batch's activations at a time), and a
+compiled ``apply`` reduces and updates.
+
+Either way a step makes one chain of collectives (:func:`mean_over_ranks`): the gradients
+and a small float32 vector of step statistics (the loss, and a flag saying this rank
+computed its gradients). A rank that runs out of memory before its collectives
+:meth:`Steps.abstain`\\ s: it joins the same chain with zeros and flag 0, so no rank hangs
+in an all-reduce its peer never enters, and every rank learns from the flag, with no extra
+round trip, that the step must be undone and redone with a smaller micro-batch.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+
+from .model import loss_fn
+
+#: Gradients are concatenated into buffers of about this size, one all-reduce each, as
+#: ``nn.average_gradients`` does (its ``all_reduce_size``).
+GROUP_BYTES = 32 * 1024**2
+
+WIRE_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+
+
+def mean_over_ranks(
+    grads: Any, stats: mx.array, group: mx.distributed.Group, wire: mx.Dtype = mx.float32,
+) -> tuple[Any, mx.array]:
+    """The mean over ranks of a float32 gradient tree and of a float32 ``stats`` vector.
+
+    ``nn.average_gradients``' concatenate-reduce-split, with three differences:
+
+    - each all-reduce depends on the previous one (``mx.depends``), so every rank runs its
+      collectives in the same order whatever graph produced the inputs (a rank that
+      abstains builds a different graph than its peers' compiled step);
+    - ``wire`` is the dtype on the network: with bfloat16 the gradients travel (and are
+      summed across ranks) in bfloat16 and come back as float32, halving the bytes sent;
+    - ``stats`` rides in the last float32 buffer (its own tiny all-reduce with a bfloat16
+      wire, since a loss in bfloat16 keeps 3 digits).
+    """
+    n = group.size()
+    if n == 1:
+        return grads, stats
+    flat = tree_flatten(grads)
+    pieces = [a.reshape(-1).astype(wire) for _, a in flat]
+    if wire == mx.float32:
+        pieces.append(stats)
+    reduced: list[mx.array] = []
+    prev: mx.array | None = None
+    for chunk in _by_size(pieces, wire.size):
+        buf = mx.concatenate(chunk) if len(chunk) > 1 else chunk[0]
+        if prev is not None:
+            buf = mx.depends(buf, prev)
+        prev = mx.distributed.all_sum(buf, group=group)
+        if len(chunk) > 1:
+            offsets, at = [], 0
+            for a in chunk[:-1]:
+                at += a.size
+                offsets.append(at)
+            reduced.extend(mx.split(prev, offsets))
+        else:
+            reduced.append(prev)
+    if wire == mx.float32:
+        stats = reduced.pop()
+    else:
+        stats = mx.distributed.all_sum(mx.depends(stats, prev), group=group)
+    out = [(k, (r.astype(mx.float32) / n).reshape(a.shape))
+           for (k, a), r in zip(flat, reduced, strict=True)]
+    return tree_unflatten(out), stats / n
+
+
+def _by_size(pieces: list[mx.array], itemsize: int) -> list[list[mx.array]]:
+    """Consecutive pieces grouped until a group reaches :data:`GROUP_BYTES`."""
+    groups: list[list[mx.array]] = [[]]
+    size = 0
+    for p in pieces:
+        if groups[-1] and size >= GROUP_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(p)
+        size += p.size * itemsize
+    return groups
+
+
+class Steps:
+    """The compiled functions of one trainer, over its model's and optimizer's state."""
+
+    def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
+                 group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
+                 wire: mx.Dtype = mx.float32):
+        self.model, self.optimizer, self.group = model, optimizer, group
+        self.compute_dtype, self.grad_clip, self.wire = compute_dtype, grad_clip, wire
+        #: What the compiled functions read and write besides their arguments; the
+        #: containers are updated in place (see :func:`assign`), never replaced.
+        self.state = [model.state, optimizer.state]
+        self._value_and_grad = mx.value_and_grad(self._loss)
+        compiled = partial(mx.compile, inputs=self.state, outputs=self.state)
+        self.fused = compiled(self._fused)
+        self.first = compiled(self._grads)
+        self.next = compiled(self._next)
+        self.apply = compiled(self._apply)
+
+    def _loss(self, params: dict, x: mx.array, y: mx.array) -> mx.array:
+        if self.compute_dtype != mx.float32:
+            # bf16 compute: cast a copy of the fp32 master weights; the cast is
+            # differentiated, so the gradients come back in fp32.
+            params = tree_map(lambda p: p.astype(self.compute_dtype), params)
+        self.model.update(params)
+        return loss_fn(self.model, x, y)
+
+    def _grads(self, x: mx.array, y: mx.array) -> tuple[mx.array, dict]:
+        params = self.model.trainable_parameters()
+        loss, g = self._value_and_grad(params, x, y)
+        self.model.update(params)  # the fp32 master weights, not the bf16 copy
+        return loss, g
+
+    def _update(self, grads: dict, loss: mx.array) -> mx.array:
+        """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag]``."""
+        stats = mx.stack([loss, mx.array(1.0)])
+        g, stats = mean_over_ranks(grads, stats, self.group, self.wire)
+        if self.grad_clip > 0:
+            g, _ = optim.clip_grad_norm(g, self.grad_clip)
+        self.optimizer.update(self.model, g)
+        return stats
+
+    def _fused(self, x: mx.array, y: mx.array) -> tuple[mx.array, dict]:
+        loss, g = self._grads(x, y)
+        # The local gradients are an output too: evaluating them first splits the step's
+        # time into compute and all-reduce+update where it is logged (same graph, so the
+        # same numbers as when it is evaluated at once).
+        return self._update(g, loss), g
+
+    def _next(self, x: mx.array, y: mx.array, loss_sum: mx.array, acc: dict
+              ) -> tuple[mx.array, dict]:
+        loss, g = self._grads(x, y)
+        return loss_sum + loss, tree_map(mx.add, acc, g)
+
+    def _apply(self, loss_sum: mx.array, acc: dict, accum: mx.array) -> mx.array:
+        return self._update(tree_map(lambda a: a / accum, acc), loss_sum / accum)
+
+    def abstain(self) -> mx.array:
+        """Join this step's collectives with nothing (zeros, flag 0) and update nothing.
+
+        For a rank that could not compute its gradients: its peers are waiting in the
+        all-reduce. Returns the stats, whose flag mean below 1 tells every rank to undo.
+        """
+        zeros = tree_map(mx.zeros_like, self.model.trainable_parameters())
+        _, stats = mean_over_ranks(zeros, mx.zeros(2), self.group, self.wire)
+        return stats
+
+    def snapshot(self) -> tuple[dict, dict]:
+        """References to the current state (arrays are immutable: no copy is made)."""
+        return self.model.parameters(), tree_map(lambda a: a, self.optimizer.state)
+
+    def restore(self, snap: tuple[dict, dict]) -> None:
+        params, opt = snap
+        self.model.update(params)
+        assign(self.optimizer.state, opt)
+
+
+def assign(target: dict, source: dict) -> None:
+    """Set ``target``'s arrays to ``source``'s, in place: compiled functions hold
+    ``target`` itself as their state, so it must never be replaced by a new container."""
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            assign(target[key], value)
+        elif isinstance(value, list) and isinstance(target.get(key), list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    assign(target[key][i], item)
+                else:
+                    target[key][i] = item
+        else:
+            target[key] = value
