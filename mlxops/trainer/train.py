@@ -19,7 +19,13 @@ from . import balance, checkpoint, consistency, hooks
 from .checkpoint import write_atomic
 from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_rank
-from .distributed import all_gather_cpu, expected_world_size, init_group, is_node_writer
+from .distributed import (
+    all_gather_cpu,
+    expected_world_size,
+    host_names,
+    init_group,
+    is_node_writer,
+)
 from .model import Transformer, count_params
 from .step import WIRE_DTYPES, Steps
 
@@ -290,10 +296,12 @@ class Trainer:
         self._log(f"balance: auto: samples/s per rank {_rounded(speeds)}: split {before} -> "
                   f"{self.counts} (predicted compute {was * 1e3:.0f} -> "
                   f"{balance.step_seconds(self.counts, speeds) * 1e3:.0f} ms/step)")
+        hosts = host_names(self.group)
         if self.writer:
             write_atomic(self.out / protocol.CALIBRATION, json.dumps({
-                "step": self.step, "world_size": self.world, "samples_per_sec": speeds,
-                "batch_split": self.counts, "time": time.time()}) + "\n")
+                "step": self.step, "world_size": self.world, "hosts": hosts,
+                "samples_per_sec": speeds, "batch_split": self.counts,
+                "time": time.time()}) + "\n")
 
     def _check_consistency(self, step: int) -> None:
         """Compare every rank's state; on a mismatch take rank 0's (before a checkpoint of
