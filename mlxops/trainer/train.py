@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -278,12 +277,13 @@ class Trainer:
 
     def _calibrate(self, compute: float | None) -> None:
         """balance: auto: after a step for compilation and CALIBRATION_STEPS more, every
-        rank's samples/s of compute (its median step), gathered; then the split by them."""
+        rank's samples/s of compute, gathered; then the split by them. A rank's fastest
+        step counts: what else runs on a machine only ever adds time to a step."""
         assert self._calibration is not None and compute is not None
         self._calibration.append(compute)
         if len(self._calibration) < 1 + CALIBRATION_STEPS:
             return
-        mine = self.counts[self.rank] / statistics.median(self._calibration[1:])
+        mine = self.counts[self.rank] / min(self._calibration[1:])
         self._calibration = None
         speeds = all_gather_cpu(mx.array([mine], dtype=mx.float32), self.group).tolist()
         self.speeds = speeds
