@@ -125,9 +125,12 @@ class Trainer:
                     f"{self.cfg.out}: out: already holds checkpoints (newest step "
                     f"{max(steps)}); pass --resume to continue, or choose another out"
                 )
+            if len(set(self.counts)) == 1:
+                batch = f"micro {self.micro} x accum {self.accum} x world {self.world}"
+            else:
+                batch = f"split {self.counts} (rank 0: micro {self.micro} x accum {self.accum})"
             self._log(f"start: {count_params(self.model):,} parameters, world {self.world}, "
-                      f"micro {self.micro} x accum {self.accum} x world {self.world} = "
-                      f"global {self.cfg.train.global_batch}")
+                      f"{batch} = global {self.cfg.train.global_batch}")
             return
         if len(set(steps)) != 1:
             raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
