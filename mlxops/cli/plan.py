@@ -11,7 +11,9 @@ from rich.table import Table
 
 from mlxops import console
 from mlxops.cli.options import connector_from, host_key_options, json_option
+from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.errors import EXIT_FAILED
+from mlxops.jobs.balance import balance_plan
 from mlxops.jobs.plan import NodePlan, plan_job, step_estimate
 from mlxops.jobs.spec import load_job
 
@@ -57,9 +59,15 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
         p.host: f"weights+grads+optimizer "
                 f"{(p.plan.param_bytes + p.plan.grad_bytes + p.plan.optimizer_bytes) / GB:.2f}"
                 f" GB, activations {p.plan.activation_bytes / GB:.2f} GB" for p in plans})]
-    lines.append(f"{m.params / 1e6:.1f}M parameters; global batch "
-                 f"{m.micro_batch * m.accumulation * m.world_size} = micro_batch "
-                 f"{m.micro_batch} x accumulation {m.accumulation} x world {m.world_size}")
+    shares = {p.plan.micro_batch * p.plan.accumulation for p in plans}
+    if len(shares) == 1:
+        lines.append(f"{m.params / 1e6:.1f}M parameters; global batch "
+                     f"{m.micro_batch * m.accumulation * m.world_size} = micro_batch "
+                     f"{m.micro_batch} x accumulation {m.accumulation} x world "
+                     f"{m.world_size}")
+    else:  # balance: each host's ranks take their own share (the split below)
+        lines.append(f"{m.params / 1e6:.1f}M parameters; the global batch is split "
+                     f"unequally over {m.world_size} ranks (balance, below)")
     return lines
 
 
@@ -88,13 +96,15 @@ def command(job, refresh, as_json, accept_new_host_keys, connect_timeout):
     micro-batch, accumulation and checkpointing that fit its memory."""
     spec = load_job(job)
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
-        plans, results = plan_job(spec, connector, refresh=refresh)
+        split = balance_plan(spec, connector) if spec.trainer is not None else None
+        plans, results = plan_job(spec, connector, refresh=refresh, split=split)
     fits = all(p.plan.fits for p in plans)
     step = step_estimate(spec, plans)
     if as_json:
         console.print_json({"name": spec.name, "fits": fits, "step": step,
                             "nodes": [p.to_dict() for p in plans],
-                            "unreachable": {h: results[h].message for h in results.unreachable}})
+                            "unreachable": {h: results[h].message for h in results.unreachable},
+                            "balance": split.to_dict() if split else None})
     else:
         console.print_table(plan_table(plans))
         for host in results.unreachable:
@@ -103,6 +113,11 @@ def command(job, refresh, as_json, accept_new_host_keys, connect_timeout):
             console.out.print()
         for line in plan_notes(plans) + step_notes(step):
             console.out.print(line, markup=False)
+        if split and plans and shown(split):
+            console.out.print()
+            console.print_table(balance_table(split))
+            for line in balance_notes(split):
+                console.out.print(line, markup=False)
         if plans:
             console.out.print(f"Next: mlxops launch {job}", markup=False)
     if results.exit_code:

@@ -124,6 +124,7 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
         "MLXOPS_BACKEND": backend,
         "MLXOPS_RUN_DIR": paths.run_dir,
         "MLXOPS_RESUME": "1" if resume else "0",
+        "MLXOPS_HOST": rank.host,
     })
     if world > 1:
         if backend == protocol.RING:

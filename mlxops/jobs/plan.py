@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxops.bench.results import latest_for, predict_us
 from mlxops.errors import UserError
+from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import gather as gather_facts
@@ -39,8 +40,10 @@ class NodePlan:
                 "ranks": self.ranks, "facts": self.source, **self.plan.to_dict()}
 
 
-def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False
-             ) -> tuple[list[NodePlan], Results]:
+def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
+             split: BalancePlan | None = None) -> tuple[list[NodePlan], Results]:
+    """``split``: the job's ``balance:`` (:func:`mlxops.jobs.balance.balance_plan`); a rank
+    is planned with its own share of the global batch (the largest on its host)."""
     if spec.trainer is None:
         raise UserError(f"{spec.path}: trainer: 'mlxops plan' plans the bundled trainer; this "
                         "job runs its own 'command:'")
@@ -64,7 +67,10 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False
             continue
         node, source = facts[host.name]
         memory = int(node.get("memory_bytes") or 0)
-        plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots)
+        share = next((h for h in split.hosts if h.host == host.name), None) if split else None
+        plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
+                           per_rank=max(share.sequences) if share and any(share.sequences)
+                           else None)
         plans.append(NodePlan(host.name, memory, node.get("chip") or node.get("arch") or "",
                               host.slots, plan, source))
     return plans, results

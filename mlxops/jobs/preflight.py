@@ -19,7 +19,7 @@ from mlxops.inventory import load_inventory
 from mlxops.jobs import nodecmd
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
-from mlxops.jobs.spec import JobSpec, check_world
+from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, run_parallel
@@ -42,13 +42,15 @@ class HostPrep:
 def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     inventory = load_inventory(spec.inventory)
     hosts = inventory.select(spec.hosts, source=f"{spec.path}: hosts")
+    check_balance(spec, hosts)
     unknown = [h for h in exclude if h not in inventory.hosts]
     if unknown:
         raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
-    check_world(spec, sum(h.slots for h in hosts))  # launch, plan, resume: before connecting
+    # launch, plan, resume: before connecting
+    check_world(spec, sum(h.slots for h in hosts), [h.name for h in hosts for _ in range(h.slots)])
     return hosts
 
 

@@ -24,7 +24,7 @@ from mlxops.jobs.placement import (
     ring_hostfile,
 )
 from mlxops.jobs.preflight import HostPrep
-from mlxops.jobs.spec import BLAS_AUTO, JobSpec
+from mlxops.jobs.spec import BLAS_AUTO, JobSpec, trainer_section
 from mlxops.node import protocol
 
 
@@ -47,7 +47,7 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
     paths = NodePaths(prep.root, spec.name)
     files: dict[str, bytes] = {}
     if spec.trainer is not None:
-        config = dict(spec.trainer, out=paths.run_dir)
+        config = dict(trainer_section(spec, [r.host for r in ranks]), out=paths.run_dir)
         files[protocol.TRAINER_CONFIG] = json.dumps(config, indent=1).encode()
         argv = [prep.python, "-m", "mlxops.trainer", "--config",
                 paths.run_file(protocol.TRAINER_CONFIG)]

@@ -10,9 +10,11 @@ its number of ranks, are known (:func:`check_world`).
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -36,6 +38,8 @@ ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_ag
 _ALERT_LIMITS = {"memory_share": (1.0, True, "a share of the node's memory from 0 to 1"),
                  "tokens_per_sec_drop": (1.0, False, "a fraction from 0 to below 1"),
                  "heartbeat_age": (float("inf"), False, "a number of seconds")}
+#: ``balance:``: how the trainer splits the global batch over unequal nodes (docs/job-file.md).
+BALANCE_EQUAL, BALANCE_AUTO = "equal", "auto"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class JobSpec:
     stop_grace: float = 5.0                    # seconds between SIGTERM and SIGKILL
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
+    balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
 
     @property
     def base_port(self) -> int:
@@ -158,7 +163,66 @@ def load_job(path: str | Path) -> JobSpec:
         stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=_alerts(path, data.get("alerts")),
+        balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
     )
+
+
+def _balance(path: Path, value: Any, trainer: bool) -> str | dict[str, float]:
+    if value in (BALANCE_EQUAL, BALANCE_AUTO):
+        if value == BALANCE_AUTO and not trainer:
+            raise bad_input(path, "balance", "goes with 'trainer:' (the bundled trainer "
+                                             "splits its batch); your 'command:' does its own")
+        return value
+    if not isinstance(value, dict) or not value:
+        raise bad_input(path, "balance", f"must be equal, auto or a mapping of host: weight "
+                                         f"(relative speed), got {value!r}")
+    if not trainer:
+        raise bad_input(path, "balance", "goes with 'trainer:' (the bundled trainer splits "
+                                         "its batch); your 'command:' does its own")
+    out = {}
+    for host, weight in value.items():
+        if (not isinstance(weight, (int, float)) or isinstance(weight, bool)
+                or not math.isfinite(weight) or weight <= 0):
+            raise bad_input(path, f"balance.{host}", f"must be a positive number (the host's "
+                                                     f"relative speed), got {weight!r}")
+        out[str(host)] = float(weight)
+    return out
+
+
+def check_balance(spec: JobSpec, hosts: Sequence) -> None:
+    """A ``{host: weight}`` balance names exactly the hosts ``hosts:`` selects (before any
+    ``--exclude``: the weights of excluded hosts are simply not used)."""
+    if not isinstance(spec.balance, dict):
+        return
+    names = [h.name for h in hosts]
+    for host in spec.balance:
+        if host not in names:
+            raise bad_input(spec.path, f"balance.{host}", f"not a host of this job (hosts "
+                                                          f"{spec.hosts!r}: {', '.join(names)})")
+    for host in names:
+        if host not in spec.balance:
+            raise bad_input(spec.path, "balance", f"no weight for {host} (give every host of "
+                                                  "the job a weight, or use auto)")
+
+
+def rank_weights(spec: JobSpec, rank_hosts: Sequence[str]) -> str | list[float]:
+    """``train.balance`` for ranks on ``rank_hosts`` (the host of each rank, in order): the
+    mode, or each host's weight shared by its ranks."""
+    if not isinstance(spec.balance, dict):
+        return spec.balance
+    per_host = {h: rank_hosts.count(h) for h in rank_hosts}
+    return [spec.balance[h] / per_host[h] for h in rank_hosts]
+
+
+def trainer_section(spec: JobSpec, rank_hosts: Sequence[str]) -> dict[str, Any]:
+    """The job's ``trainer:`` as its ranks get it: ``train.balance`` set from ``balance:``."""
+    trainer = dict(spec.trainer or {})
+    train = dict(trainer.get("train") or {})
+    weights = rank_weights(spec, rank_hosts)
+    if weights != BALANCE_EQUAL:
+        train["balance"] = weights
+    trainer["train"] = train
+    return trainer
 
 
 def _alerts(path: Path, data: Any) -> dict[str, float]:
@@ -247,6 +311,9 @@ def _validate_trainer(path: Path, trainer: Any) -> dict[str, Any]:
         raise bad_input(path, "trainer", "must be a mapping (model:, data:, train:)")
     if "out" in trainer:
         raise bad_input(path, "trainer.out", "is set by mlxops (the job's run directory)")
+    if isinstance(trainer.get("train"), dict) and "balance" in trainer["train"]:
+        raise bad_input(path, "trainer.train.balance", "is set by mlxops from the job's "
+                                                       "'balance:' (equal, auto or host: weight)")
     _trainer_config(path, trainer)
     return trainer
 
@@ -266,13 +333,15 @@ def _trainer_problem(exc: Exception) -> str:
     return message
 
 
-def check_world(spec: JobSpec, world: int) -> None:
+def check_world(spec: JobSpec, world: int, rank_hosts: Sequence[str] | None = None) -> None:
     """Refuse a trainer config that the job's number of ranks breaks (``world``: the
-    ``mlxops_slots`` of its hosts, summed), by the trainer's own rule, before any rank
-    starts: ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
+    ``mlxops_slots`` of its hosts, summed; ``rank_hosts``: the host of each rank, for the
+    job's ``balance:``), by the trainer's own rule, before any rank starts:
+    ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
     if spec.trainer is None:
         return  # the user's own command: its rules are its own
-    cfg = _trainer_config(spec.path, spec.trainer)
+    trainer = trainer_section(spec, rank_hosts) if rank_hosts is not None else spec.trainer
+    cfg = _trainer_config(spec.path, trainer)
     try:
         trainer_config.check_world(cfg, world, where="trainer")
     except trainer_config.ConfigError as exc:

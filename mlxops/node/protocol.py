@@ -61,6 +61,9 @@ LAUNCHER = "launcher"
 STOPPED_MARKER = "stopped"      # present while the job was stopped on purpose by mlxops
 PROGRESS_DIR = "progress"
 METRICS = "metrics.jsonl"       # rank 0's node: one JSON object per logged step
+#: Every node (its writer rank): the speeds ``train.balance: auto`` measured and the split
+#: they gave (docs/trainer.md); ``mlxops plan`` reads the job's last one.
+CALIBRATION = "calibration.json"
 TRAINER_CONFIG = "trainer.json"
 RING_HOSTFILE = "hostfile.json"
 IBV_DEVICES = "ibv_devices.json"

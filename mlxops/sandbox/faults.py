@@ -1,16 +1,16 @@
 """Breaking sandbox nodes on purpose, and mending them: what tests of failures need.
 
 A Mac asleep (its sshd gone: connections refused), a cable pulled (its link down: packets
-vanish, connections time out), a host key unknown or changed, a slow link (its rate
-changed). :meth:`Faults.restore` undoes all of them, so a test that breaks nodes leaves the
-sandbox as it found it.
+vanish, connections time out), a host key unknown or changed, a slower link (shaped to a
+rate), a slower machine (a CPU quota). :meth:`Faults.restore` undoes all of them, so a
+test that breaks nodes leaves the sandbox as it found it.
 """
 
 from __future__ import annotations
 
 import pwd
 
-from mlxops.sandbox import clientfiles, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, netns, nodes
 from mlxops.sandbox.layout import parse_rate
 from mlxops.sandbox.state import SandboxState
 
@@ -58,6 +58,23 @@ class Faults(SandboxState):
         # Sandboxes made before rates per node kept one rate for all.
         return entry.get("rate", self._state.get("rate"))
 
+    def set_cpu_quota(self, name: str, fraction: float | None) -> None:
+        """Make the node slower: its processes (sshd, sessions, ranks; what it starts
+        later too) share ``fraction`` of one CPU (a cgroup, :mod:`mlxops.sandbox.cgroups`);
+        None lifts the cap."""
+        group = self._cgroup(name)
+        entry = self._entry(name)
+        if fraction is None:
+            cgroups.clear(group)
+            entry.pop("cpu_quota", None)
+        else:
+            cgroups.set_quota(group, netns.netns_pids(self.node_layout(name).netns), fraction)
+            entry["cpu_quota"] = fraction
+        self._save()
+
+    def _cgroup(self, name: str) -> str:
+        return f"mlxops-sandbox-{self.layout.prefix}-{name}"
+
     def forget_host_key(self, name: str) -> None:
         """Drop the node from known_hosts: its key becomes unknown to strict clients."""
         ip = self.ip(name)
@@ -82,8 +99,8 @@ class Faults(SandboxState):
 
     def restore(self) -> None:
         """Undo what the per-node controls did: every link up at the rate it was made with,
-        every sshd running, every current host key trusted (tests that break nodes call this
-        when done)."""
+        no CPU quota, every sshd running, every current host key trusted (tests that break
+        nodes call this when done)."""
         for name in self.nodes:
             self.reconnect_node(name)
             entry = self._entry(name)
@@ -91,6 +108,8 @@ class Faults(SandboxState):
                 self.set_rate(name, self._made_rate(entry))
                 del entry["shaped"]
                 self._save()
+            if "cpu_quota" in self._entry(name):
+                self.set_cpu_quota(name, None)
             if not self.sshd_alive(name):
                 self._entry(name)["sshd_pid"] = None
                 self.start_node(name)

@@ -16,6 +16,7 @@ files under out:
                            time, step_time, compute_time, comm_time, memory, world_size,
                            consistency_repairs, ...)
   progress/rank-<r>.json   every rank, after every step (state running|finished)
+  calibration.json         train.balance auto: the samples/s it measured and the split taken
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
 
 environment:
@@ -28,7 +29,9 @@ environment:
                       MLXOPS_TRAINER_FAKE_OOM=STEP (or RANK:STEP) simulates one
                       allocation failure there (on every rank, or on that one);
                       MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP makes that rank's weights drift
-                      after that step (train.consistency_every repairs it)
+                      after that step (train.consistency_every repairs it);
+                      MLXOPS_TRAINER_FAKE_SLOW=RANK:SECONDS slows that rank's compute by
+                      SECONDS per sequence (train.balance: auto measures it)
 
 exit codes: 0 all steps done; 2 bad config or arguments; 1 any other failure.
 """

@@ -88,6 +88,9 @@ class TrainConfig:
     consistency_every: int = _f(100, "every N steps the ranks compare a checksum of their "
                                 "parameters and optimizer state; on a mismatch rank 0's copy "
                                 "is sent to all; 0 = off")
+    balance: list | str = _f("equal", "how the global batch is split over ranks: equal | "
+                             "auto (measured in the first steps) | a list of weights, one "
+                             "per rank (relative speeds); gradients weighted by sample count")
 
 
 @dataclass
@@ -109,7 +112,8 @@ SYNTHETIC_SUCCESSORS = 4
 # Keys that must be equal between a checkpoint and the config that resumes it: they change
 # the model, the data stream or the optimisation trajectory. Everything else (steps,
 # micro_batch, logging, checkpointing, dtype, grad_reduce_dtype, consistency_every,
-# grad_checkpoint, out) may change on resume.
+# balance, grad_checkpoint, out) may change on resume: the batch split changes only the
+# order of summation.
 RESUME_KEYS = (
     [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
     + [f"data.{f.name}" for f in dataclasses.fields(DataConfig)]
@@ -122,8 +126,20 @@ def default_config() -> TrainerConfig:
     return TrainerConfig()
 
 
+BALANCE_MODES = ("equal", "auto")
+
+
 def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
     """Check ``value`` against the annotated type; ints are accepted where floats are."""
+    if typ == list | str:  # train.balance: a mode, or one weight per rank
+        if value in BALANCE_MODES:
+            return value
+        if isinstance(value, list) and value and all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+                and w > 0 for w in value):
+            return [float(w) for w in value]
+        raise ConfigError(f"{where}: {key}: must be equal, auto or a list of positive "
+                          f"numbers (one per rank), got {value!r}")
     optional = False
     if typ in (int | None, str | None):
         optional = True
@@ -349,16 +365,24 @@ def validate(cfg: TrainerConfig, where: str) -> None:
 def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
     """The rules that need the number of ranks, ``world``.
 
-    Every rank takes ``global_batch / world`` sequences of each step, so the global batch
-    must divide evenly. (``micro_batch`` is an upper bound: the trainer takes the largest
-    divisor of the per-rank batch not above it, so it never conflicts with the world.)
+    With ``balance: equal`` every rank takes ``global_batch / world`` sequences of each
+    step, so the global batch must divide evenly; otherwise each rank takes at least one,
+    and a list of weights has one per rank. (``micro_batch`` is an upper bound: the
+    trainer takes the largest divisor of the per-rank batch not above it, so it never
+    conflicts with the world.)
     """
     if world < 1:
         raise ConfigError(f"{where}: the world size must be at least 1, got {world}")
-    g = cfg.train.global_batch
-    if g % world:
+    g, balance = cfg.train.global_batch, cfg.train.balance
+    if isinstance(balance, list) and len(balance) != world:
+        raise ConfigError(f"{where}: train.balance: {len(balance)} weights for {world} ranks "
+                          "(one weight per rank)")
+    if balance == "equal" and g % world:
         raise ConfigError(f"{where}: train.global_batch: {g} is not divisible by the world "
                           f"size {world} (each rank takes global_batch / world sequences)")
+    if g < world:
+        raise ConfigError(f"{where}: train.global_batch: {g} is smaller than the world size "
+                          f"{world} (every rank takes at least one sequence)")
 
 
 def load_config(

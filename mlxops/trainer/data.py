@@ -2,7 +2,9 @@
 
 Sample ``i`` of the stream is a pure function of ``(data.seed, i)``; step ``s`` uses samples
 ``[s*G, (s+1)*G)`` with ``G = train.global_batch``. Rank ``r`` of ``W`` takes the contiguous
-slice ``[r*G/W, (r+1)*G/W)`` of that global batch and walks it micro-batch by micro-batch.
+slice ``[r*G/W, (r+1)*G/W)`` of that global batch (or, with ``train.balance``, a slice of
+its own size after the slices of the ranks before it) and walks it micro-batch by
+micro-batch.
 So any world size and any accumulation read exactly the same global batches, and resuming
 needs only the step number (the data cursor ``s*G`` is saved with each checkpoint).
 
@@ -132,20 +134,28 @@ def make_source(cfg: DataConfig, vocab: int, seq_len: int, where: str = "config"
 
 
 class Batches:
-    """This rank's micro-batches of a step: a deterministic function of (seed, step)."""
+    """This rank's micro-batches of a step: a deterministic function of (seed, step).
 
-    def __init__(self, source: Source, global_batch: int, rank: int, world: int):
-        # global_batch divides by world: config.check_world, run before the trainer builds this.
+    ``counts``: sequences per rank (``train.balance``, trainer/balance.py); rank r takes
+    the contiguous slice after the first r ranks' counts. None: ``global_batch / world``
+    each (which divides: config.check_world, run before the trainer builds this).
+    """
+
+    def __init__(self, source: Source, global_batch: int, rank: int, world: int,
+                 counts: list[int] | None = None):
         self.source, self.global_batch = source, global_batch
         self.rank, self.world = rank, world
-        self.per_rank = global_batch // world
+        self.counts = counts or [global_batch // world] * world
+        assert len(self.counts) == world and sum(self.counts) == global_batch, self.counts
+        self.per_rank = self.counts[rank]
+        self.offset = sum(self.counts[:rank])
 
     def cursor(self, step: int) -> int:
         """Index of the first sample of ``step`` in the stream."""
         return step * self.global_batch
 
     def micro_batches(self, step: int, micro: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        start = self.cursor(step) + self.rank * self.per_rank
+        start = self.cursor(step) + self.offset
         rows = self.source.samples(start, self.per_rank)
         out = []
         for a in range(0, self.per_rank, micro):
@@ -160,6 +170,11 @@ def split_batch(global_batch: int, micro_batch: int, world: int) -> tuple[int, i
     ``micro_batch`` is an upper bound: the largest divisor of the per-rank batch not above
     it is used, so a world-size change keeps the global batch and adapts accumulation.
     """
-    per_rank = global_batch // world
+    return split_rank(global_batch // world, micro_batch)
+
+
+def split_rank(per_rank: int, micro_batch: int) -> tuple[int, int]:
+    """(micro, accumulation) of one rank's ``per_rank`` sequences: the largest divisor of
+    ``per_rank`` not above ``micro_batch``, and how many of them make ``per_rank``."""
     micro = max(d for d in range(1, min(micro_batch, per_rank) + 1) if per_rank % d == 0)
     return micro, per_rank // micro

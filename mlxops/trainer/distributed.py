@@ -100,3 +100,12 @@ def all_gather_cpu(x: mx.array, group: mx.distributed.Group) -> mx.array:
     if group.size() == 1:
         return x
     return mx.distributed.all_gather(x, group=group, stream=mx.cpu)
+
+
+def host_names(group: mx.distributed.Group) -> list[str]:
+    """Every rank's host, in rank order: ``MLXOPS_HOST`` (the inventory name mlxops gives
+    each rank), else the machine's hostname; at most 64 bytes each."""
+    name = (os.environ.get("MLXOPS_HOST") or socket.gethostname()).encode()[:64]
+    row = mx.array(list(name.ljust(64, b"\0")), dtype=mx.uint8)[None]
+    rows = all_gather_cpu(row, group).tolist()
+    return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]

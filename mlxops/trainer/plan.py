@@ -73,8 +73,12 @@ def plan_memory(
     world_size: int,
     ranks_per_node: int = 1,
     usable_fraction: float = USABLE_FRACTION,
+    per_rank: int | None = None,
 ) -> MemoryPlan:
     """Plan one rank on a node with ``memory_bytes`` of memory shared by ``ranks_per_node``.
+
+    ``per_rank``: the rank's sequences per step when ``train.balance`` gives it its own
+    share (trainer/balance.py); by default ``global_batch / world_size``.
 
     The suggested micro-batch is the largest divisor of the per-rank batch that fits, first
     without gradient checkpointing, then with it; ``fits`` is False if even micro-batch 1
@@ -84,7 +88,7 @@ def plan_memory(
     t = cfg.train
     n = count_params(cfg)
     budget = int(memory_bytes * usable_fraction / max(1, ranks_per_node))
-    per_rank = max(1, t.global_batch // world_size)
+    per_rank = per_rank or max(1, t.global_batch // world_size)
     divisors = [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
     param_b = n * (6 if t.dtype == "bfloat16" else 4)
     opt_b = 8 * n

@@ -99,9 +99,12 @@ class Steps:
 
     def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
                  group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
-                 wire: mx.Dtype = mx.float32):
+                 wire: mx.Dtype = mx.float32, scale: float = 1.0):
         self.model, self.optimizer, self.group = model, optimizer, group
         self.compute_dtype, self.grad_clip, self.wire = compute_dtype, grad_clip, wire
+        #: This rank's weight in the mean over ranks (trainer/balance.py); 1.0 when every
+        #: rank takes as many sequences as the others.
+        self.scale = scale
         #: What the compiled functions read and write besides their arguments; the
         #: containers are updated in place (see :func:`assign`), never replaced.
         self.state = [model.state, optimizer.state]
@@ -127,8 +130,12 @@ class Steps:
         return loss, g
 
     def _update(self, grads: dict, loss: mx.array) -> mx.array:
-        """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag]``."""
-        stats = mx.stack([loss, mx.array(1.0)])
+        """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag, 0]``
+        (the last is :meth:`abstain`'s "cannot back off")."""
+        if self.scale != 1.0:
+            grads = tree_map(lambda a: a * self.scale, grads)
+            loss = loss * self.scale
+        stats = mx.stack([loss, mx.array(1.0), mx.array(0.0)])
         g, stats = mean_over_ranks(grads, stats, self.group, self.wire)
         if self.grad_clip > 0:
             g, _ = optim.clip_grad_norm(g, self.grad_clip)
@@ -150,14 +157,17 @@ class Steps:
     def _apply(self, loss_sum: mx.array, acc: dict, accum: mx.array) -> mx.array:
         return self._update(tree_map(lambda a: a / accum, acc), loss_sum / accum)
 
-    def abstain(self) -> mx.array:
+    def abstain(self, stuck: bool = False) -> mx.array:
         """Join this step's collectives with nothing (zeros, flag 0) and update nothing.
 
         For a rank that could not compute its gradients: its peers are waiting in the
-        all-reduce. Returns the stats, whose flag mean below 1 tells every rank to undo.
+        all-reduce. Returns the stats, whose flag mean below 1 tells every rank to undo,
+        and whose last entry above 0 that some rank cannot back off (``stuck``: its
+        micro-batch is 1 already), so that all of them stop, not only that one.
         """
         zeros = tree_map(mx.zeros_like, self.model.trainable_parameters())
-        _, stats = mean_over_ranks(zeros, mx.zeros(2), self.group, self.wire)
+        flags = mx.array([0.0, 0.0, 1.0 if stuck else 0.0])
+        _, stats = mean_over_ranks(zeros, flags, self.group, self.wire)
         return stats
 
     def snapshot(self) -> tuple[dict, dict]:

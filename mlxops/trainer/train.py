@@ -14,15 +14,27 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
 
-from . import checkpoint, consistency
+from . import balance, checkpoint, consistency, hooks
 from .checkpoint import write_atomic
 from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
-from .data import Batches, make_source, split_batch
-from .distributed import all_gather_cpu, expected_world_size, init_group, is_node_writer
+from .data import Batches, make_source, split_rank
+from .distributed import (
+    all_gather_cpu,
+    expected_world_size,
+    host_names,
+    init_group,
+    is_node_writer,
+)
 from .model import Transformer, count_params
 from .step import WIRE_DTYPES, Steps
 
 GB = 1024**3
+#: balance: auto times this many steps (after one for compilation) before it splits.
+CALIBRATION_STEPS = 3
+
+
+def _rounded(values: list[float]) -> list[float]:
+    return [round(v, 1) for v in values]
 
 
 class TrainerError(RuntimeError):
@@ -54,9 +66,14 @@ class Trainer:
         check_world(cfg, self.world)  # mlxops launch checked it too, with the job's hosts
         self.writer = is_node_writer(self.group)
         t = cfg.train
-        self.micro, self.accum = split_batch(t.global_batch, t.micro_batch, self.world)
-        self.batches = Batches(make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len),
-                               t.global_batch, self.rank, self.world)
+        self.source = make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        self.micro_cap = t.micro_batch  # halved by an out-of-memory back-off
+        self.steps: Steps | None = None
+        # balance: auto measures each rank's speed in its first steps (trainer/balance.py);
+        # until then, and with equal, every rank takes as many sequences as it can equally.
+        self.speeds: list[float] | None = None
+        weights = t.balance if isinstance(t.balance, list) else [1.0] * self.world
+        self._split(balance.split_counts(t.global_batch, weights))
         self.dtype = mx.bfloat16 if t.dtype == "bfloat16" else mx.float32
 
         mx.random.seed(t.seed)
@@ -68,13 +85,31 @@ class Trainer:
         self.key = mx.random.key(t.seed)
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = 0
+        self._oom_error = ""
         self.repairs = 0  # consistency repairs in this run (resume carries them on)
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
         self._last_tps = 0.0
         self._start(resume)
+        self._calibration: list[float] | None = None
+        if t.balance == "auto" and self.world > 1 and self.speeds is None:
+            self._calibration = []  # compute seconds per step, measured from the 2nd step
+        self._compile()
+
+    def _split(self, counts: list[int]) -> None:
+        """Take ``counts[r]`` sequences of every global batch on rank r from now on."""
+        self.counts = counts
+        self.batches = Batches(self.source, self.cfg.train.global_batch, self.rank,
+                               self.world, counts)
+        self.micro, self.accum = split_rank(counts[self.rank], self.micro_cap)
+        if self.steps is not None:
+            self._compile()  # this rank's weight in the mean changed with its share
+
+    def _compile(self) -> None:
+        t = self.cfg.train
         self.steps = Steps(self.model, self.optimizer, self.group, self.dtype, t.grad_clip,
-                           WIRE_DTYPES[t.grad_reduce_dtype])
+                           WIRE_DTYPES[t.grad_reduce_dtype],
+                           balance.scale(self.counts, self.rank))
 
     # -- start / resume ------------------------------------------------------------------
 
@@ -90,9 +125,12 @@ class Trainer:
                     f"{self.cfg.out}: out: already holds checkpoints (newest step "
                     f"{max(steps)}); pass --resume to continue, or choose another out"
                 )
+            if len(set(self.counts)) == 1:
+                batch = f"micro {self.micro} x accum {self.accum} x world {self.world}"
+            else:
+                batch = f"split {self.counts} (rank 0: micro {self.micro} x accum {self.accum})"
             self._log(f"start: {count_params(self.model):,} parameters, world {self.world}, "
-                      f"micro {self.micro} x accum {self.accum} x world {self.world} = "
-                      f"global {self.cfg.train.global_batch}")
+                      f"{batch} = global {self.cfg.train.global_batch}")
             return
         if len(set(steps)) != 1:
             raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
@@ -111,6 +149,14 @@ class Trainer:
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
         self.repairs = state.get("consistency_repairs", 0)
+        speeds = state.get("balance_speeds")
+        if self.cfg.train.balance == "auto" and speeds and len(speeds) == self.world:
+            # The last calibration recorded, for as many ranks: no need to measure again.
+            self.speeds = speeds
+            self._split(state.get("batch_split") or
+                        balance.split_counts(self.cfg.train.global_batch, speeds))
+            self._log(f"balance: auto: the speeds measured before (samples/s per rank "
+                      f"{_rounded(speeds)}): split {self.counts}")
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
                                f"step {self.step}")
@@ -135,17 +181,6 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------
 
-    def _fake_oom_now(self, step: int) -> bool:
-        """Test hook ``MLXOPS_TRAINER_FAKE_OOM=STEP`` (every rank) or ``RANK:STEP``."""
-        hook = os.environ.get("MLXOPS_TRAINER_FAKE_OOM", "")
-        if not hook or getattr(self, "_faked", False):
-            return False
-        rank, _, at = hook.rpartition(":")
-        if int(at) != step or (rank and int(rank) != self.rank):
-            return False
-        self._faked = True  # one simulated allocation failure
-        return True
-
     def _run_step(self, step: int, timed: bool) -> tuple[mx.array, float | None]:
         """Compute, all-reduce and update: (stats, seconds at which compute ended or None).
 
@@ -155,9 +190,10 @@ class Trainer:
         """
         steps, t0 = self.steps, time.perf_counter()
         try:
-            if self._fake_oom_now(step):
+            if hooks.fake_oom(self.rank, step):
                 raise MemoryError("[malloc] simulated allocation failure (test hook)")
             batches = self.batches.micro_batches(step, self.micro)
+            hooks.fake_slow(self.rank, self.counts[self.rank])
             if self.accum == 1:
                 (x, y), = batches
                 stats, local = steps.fused(mx.array(x), mx.array(y))
@@ -186,17 +222,18 @@ class Trainer:
             self._oom_error = str(e).splitlines()[0]
         # Out of memory before this rank's collectives: join them with nothing, so that
         # its peers do not wait forever and all of them see the flag and undo the step.
-        stats = steps.abstain()
+        stats = steps.abstain(stuck=self.micro == 1)
         mx.eval(stats)
         return stats, None
 
-    def _backoff(self, step: int) -> None:
-        if self.micro == 1:
-            raise TrainerError(f"out of memory at step {step} with micro_batch 1: "
-                               f"{self._oom_error}")
-        t = self.cfg.train
+    def _backoff(self, step: int, stuck: bool) -> None:
+        if stuck:
+            raise TrainerError(f"out of memory at step {step} with micro_batch 1"
+                               + (f": {self._oom_error}" if self._oom_error else
+                                  " on another rank"))
         old = (self.micro, self.accum)
-        self.micro, self.accum = split_batch(t.global_batch, self.micro // 2, self.world)
+        self.micro_cap = max(1, self.micro // 2)
+        self.micro, self.accum = split_rank(self.counts[self.rank], self.micro_cap)
         self._log(f"out of memory at step {step} on some rank; micro {old[0]} x accum {old[1]}"
                   f" -> micro {self.micro} x accum {self.accum}, same global batch, redoing "
                   f"step {step}")
@@ -215,28 +252,59 @@ class Trainer:
             logged = step % t.log_every == 0 or step == stop
             before = self.steps.snapshot()
             t0 = time.perf_counter()
-            stats, compute = self._run_step(step, logged)
+            stats, compute = self._run_step(step, logged or self._calibration is not None)
             t3 = time.perf_counter()
             # Evaluated already: reading it waits for nothing.
-            loss, flag = stats.tolist()
+            loss, flag, stuck = stats.tolist()
             if flag < 1.0:  # some rank ran out of memory: every rank undoes the step
                 self.steps.restore(before)
-                self._backoff(step)
+                self._backoff(step, stuck > 0)
                 continue
+            self._oom_error = ""
             del before
             self.step = step
             window.append((t3 - t0, compute))
             self._progress(loss, tokens_per_step / (t3 - t0), "running")
-            self._fake_diverge(step)
+            hooks.fake_diverge(self.rank, step, self.model)
             if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
                 self._check_consistency(step)
             if logged:
                 self._metrics(loss, window, tokens_per_step)
                 window = []
+            if self._calibration is not None:  # after the metrics of the step it timed
+                self._calibrate(compute)
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == stop):
                 self._checkpoint()
         self._progress(self._last_loss, self._last_tps, "finished")
         self._log(f"done: {self.step} steps")
+
+    def _calibrate(self, compute: float | None) -> None:
+        """balance: auto: after a step for compilation and CALIBRATION_STEPS more, every
+        rank's samples/s of compute, gathered; then the split by them. A rank's fastest
+        step counts: what else runs on a machine only ever adds time to a step."""
+        assert self._calibration is not None and compute is not None
+        self._calibration.append(compute)
+        if len(self._calibration) < 1 + CALIBRATION_STEPS:
+            return
+        mine = self.counts[self.rank] / min(self._calibration[1:])
+        self._calibration = None
+        speeds = all_gather_cpu(mx.array([mine], dtype=mx.float32), self.group).tolist()
+        self.speeds = speeds
+        before = self.counts
+        after = balance.split_counts(self.cfg.train.global_batch, speeds)
+        was, will = balance.step_seconds(before, speeds), balance.step_seconds(after, speeds)
+        # Equal ranks measure a little apart: a split that gains little is noise.
+        if will < was * (1 - balance.MIN_GAIN):
+            self._split(after)
+        self._log(f"balance: auto: samples/s per rank {_rounded(speeds)}: split {before} -> "
+                  f"{self.counts} (predicted compute {was * 1e3:.0f} -> "
+                  f"{balance.step_seconds(self.counts, speeds) * 1e3:.0f} ms/step)")
+        hosts = host_names(self.group)
+        if self.writer:
+            write_atomic(self.out / protocol.CALIBRATION, json.dumps({
+                "step": self.step, "world_size": self.world, "hosts": hosts,
+                "samples_per_sec": speeds, "batch_split": self.counts,
+                "time": time.time()}) + "\n")
 
     def _check_consistency(self, step: int) -> None:
         """Compare every rank's state; on a mismatch take rank 0's (before a checkpoint of
@@ -249,18 +317,6 @@ class Trainer:
         self.repairs += 1
         self._log(f"consistency: step {step}: {mismatch.describe()}; rank 0's parameters and "
                   f"optimizer state sent to every rank (repair {self.repairs} of this run)")
-
-    def _fake_diverge(self, step: int) -> None:
-        """Test hook ``MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP``: after that step, that rank's
-        first parameter array drifts (as a bit flip or a bug would make it)."""
-        hook = os.environ.get("MLXOPS_TRAINER_FAKE_DIVERGE", "")
-        if not hook:
-            return
-        rank, _, at = hook.partition(":")
-        if int(rank) == self.rank and int(at) == step:
-            name, value = tree_flatten(self.model.parameters())[0]
-            self.model.update(tree_unflatten([(name, value + 0.01)]))
-            mx.eval(self.model.parameters())
 
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
@@ -287,7 +343,7 @@ class Trainer:
             "comm_time": comm, "world_size": self.world, "micro_batch": self.micro,
             "accumulation": self.accum, "lr": self.optimizer.learning_rate.item(),
             "active_memory": mx.get_active_memory(), "peak_memory": mx.get_peak_memory(),
-            "consistency_repairs": self.repairs,
+            "consistency_repairs": self.repairs, "batch_split": self.counts,
         }
         with open(self.out / protocol.METRICS, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -302,7 +358,8 @@ class Trainer:
             "step": self.step, "data_cursor": self.batches.cursor(self.step),
             "rng_key": self.key.tolist(), "world_size": self.world,
             "micro_batch": self.micro, "accumulation": self.accum,
-            "consistency_repairs": self.repairs,
+            "consistency_repairs": self.repairs, "batch_split": self.counts,
+            "balance_speeds": self.speeds,
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(

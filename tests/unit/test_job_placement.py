@@ -40,6 +40,7 @@ def test_ring_environment_is_what_mlx_launch_exports_plus_ours():
     assert env["A"] == "job"
     assert (env["MLXOPS_WORLD_SIZE"], env["MLXOPS_LOCAL_RANK"]) == ("3", "1")
     assert env["MLXOPS_RESUME"] == "1"
+    assert env["MLXOPS_HOST"] == "a"  # the inventory name (balance: auto's calibration)
 
 
 def test_jaccl_environment_names_the_coordinator_and_devices():

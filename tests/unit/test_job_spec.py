@@ -8,7 +8,13 @@ import pytest
 import yaml
 
 from mlxops.errors import UserError
-from mlxops.jobs.spec import check_world, load_job
+from mlxops.jobs.spec import (
+    check_balance,
+    check_world,
+    load_job,
+    rank_weights,
+    trainer_section,
+)
 
 INVENTORY = {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1"}}}}
 GOOD = {
@@ -102,6 +108,16 @@ BAD = [
                                              "seconds (0: off), got '30s'"),
     (with_(alerts={"heartbeat_age": -1}), "alerts.heartbeat_age: must be a number of seconds"),
     (with_(alerts={"memory_share": True}), "alerts.memory_share: must be a share"),
+    (with_(balance="fast"), "balance: must be equal, auto or a mapping of host: weight"),
+    (with_(balance={}), "balance: must be equal, auto or a mapping of host: weight"),
+    (with_(balance={"a": 0}), "balance.a: must be a positive number (the host's relative "
+                              "speed), got 0"),
+    (with_(balance={"a": "fast"}), "balance.a: must be a positive number"),
+    (with_(balance={"a": True}), "balance.a: must be a positive number"),
+    (with_(trainer=None, command="python x.py", balance="auto"),
+     "balance: goes with 'trainer:'"),
+    (with_(trainer={"train": {"balance": [1, 2]}}),
+     "trainer.train.balance: is set by mlxops from the job's 'balance:'"),
 ]
 
 
@@ -165,3 +181,42 @@ def test_check_world_applies_the_trainers_rule(world, ok):
 def test_check_world_leaves_a_command_job_alone(tmp_path):
     spec = load_job(write(tmp_path, with_(trainer=None, command="python x.py")))
     check_world(spec, 7)
+
+
+def _hosts(*names_slots):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(name=n, slots=s) for n, s in names_slots]
+
+
+def test_balance_weights_become_the_trainers_per_rank_weights(tmp_path):
+    spec = load_job(write(tmp_path, with_(balance={"a": 3, "b": 1})))
+    assert spec.balance == {"a": 3.0, "b": 1.0}
+    # a host's weight is shared by its ranks
+    assert rank_weights(spec, ["a", "a", "b"]) == [1.5, 1.5, 1.0]
+    section = trainer_section(spec, ["a", "a", "b"])
+    assert section["train"] == {"steps": 10, "balance": [1.5, 1.5, 1.0]}
+    assert spec.trainer["train"] == {"steps": 10}  # the job's own section is unchanged
+    check_balance(spec, _hosts(("a", 2), ("b", 1)))
+    for mode in ("equal", "auto"):
+        other = load_job(write(tmp_path, with_(balance=mode)))
+        assert rank_weights(other, ["a", "b"]) == mode
+    assert "balance" not in trainer_section(load_job(write(tmp_path, GOOD)), ["a"])["train"]
+
+
+def test_balance_names_exactly_the_jobs_hosts(tmp_path):
+    spec = load_job(write(tmp_path, with_(balance={"a": 3, "b": 1})))
+    with pytest.raises(UserError, match=r"job\.yml: balance\.b: not a host of this job "
+                                        r"\(hosts 'all': a, c\)$"):
+        check_balance(spec, _hosts(("a", 1), ("c", 1)))
+    with pytest.raises(UserError, match=r"job\.yml: balance: no weight for c "):
+        check_balance(spec, _hosts(("a", 1), ("b", 1), ("c", 1)))
+
+
+def test_check_world_with_a_balance_needs_no_divisible_batch(tmp_path):
+    job = with_(balance={"a": 3, "b": 1},
+                trainer={"train": {"steps": 10, "global_batch": 7}})
+    spec = load_job(write(tmp_path, job))
+    check_world(spec, 2, ["a", "b"])  # 7 over unequal ranks: fine
+    with pytest.raises(UserError, match="7 is not divisible by the world size 2"):
+        check_world(load_job(write(tmp_path, with_(trainer=job["trainer"]))), 2, ["a", "b"])

@@ -1,0 +1,165 @@
+"""A job's ``balance:`` seen from the controller: the split its ranks will take, the
+compute time a step is predicted to need, and the nodes that do not pay for themselves.
+
+Speeds (samples/s of forward/backward per rank) come from the last calibration a run of
+this job recorded (``calibration.json`` in its run directory, written by ``balance:
+auto``; docs/trainer.md), read from one of the job's hosts. Without one, the split of a
+``{host: weight}`` or ``equal`` balance is still shown, without times. The split rule
+is the trainer's own (:mod:`mlxops.trainer.balance`), so the plan is what the ranks do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mlxops import shell
+from mlxops.errors import UserError
+from mlxops.jobs.preflight import select_hosts
+from mlxops.jobs.record import load_record
+from mlxops.jobs.spec import BALANCE_EQUAL, JobSpec
+from mlxops.node import protocol
+from mlxops.trainer import balance as rule
+from mlxops.trainer import config as trainer_config
+from mlxops.transport import Connector, HostUnreachable
+
+
+@dataclass
+class HostShare:
+    host: str
+    ranks: int
+    sequences: list[int]            # per rank of the host, per step
+    samples_per_sec: list[float] | None  # per rank of the host, measured
+    compute_ms: float | None        # predicted, the host's slowest rank
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BalancePlan:
+    mode: str                       # equal | auto | weights
+    global_batch: int
+    hosts: list[HostShare]
+    measured: str = ""              # where the speeds come from ("" = none recorded)
+    step_ms: float | None = None    # predicted compute time of a step (its slowest rank)
+    equal_ms: float | None = None   # the same with the equal split, to compare
+    without: dict[str, float] = field(default_factory=dict)  # host -> ms/step without it
+    not_paying: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "hosts": [h.to_dict() for h in self.hosts]}
+
+
+def _mode(spec: JobSpec) -> str:
+    return spec.balance if isinstance(spec.balance, str) else "weights"
+
+
+def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
+           speeds: list[float] | None) -> list[int] | None:
+    """What the trainer would take on these ranks; None when the job would be refused
+    (an equal split that does not divide, more ranks than sequences)."""
+    world = len(rank_hosts)
+    if world > global_batch:
+        return None
+    if spec.balance == BALANCE_EQUAL:
+        return None if global_batch % world else [global_batch // world] * world
+    if isinstance(spec.balance, dict):
+        per_host = {h: rank_hosts.count(h) for h in rank_hosts}
+        return rule.split_counts(global_batch,
+                                 [spec.balance[h] / per_host[h] for h in rank_hosts])
+    start = rule.split_counts(global_batch, [1.0] * world)
+    if speeds is None:
+        return start  # auto before it measured: near-equal
+    after = rule.split_counts(global_batch, speeds)
+    if rule.step_seconds(after, speeds) < rule.step_seconds(start, speeds) * (1 - rule.MIN_GAIN):
+        return after
+    return start
+
+
+def plan_balance(spec: JobSpec, hosts: Sequence, calibration: dict | None = None,
+                 source: str = "") -> BalancePlan:
+    """The split of ``hosts`` (inventory order, ``slots`` ranks each) and, with a
+    ``calibration`` naming every host, predicted compute times and who does not pay."""
+    cfg = trainer_config.from_dict(dict(spec.trainer or {}))
+    batch = cfg.train.global_batch
+    rank_hosts = [h.name for h in hosts for _ in range(h.slots)]
+    speeds = _rank_speeds(calibration, rank_hosts)
+    counts = _split(spec, rank_hosts, batch, speeds) or [0] * len(rank_hosts)
+    out = BalancePlan(_mode(spec), batch, [], source if speeds else "")
+    for h in hosts:
+        mine = [i for i, name in enumerate(rank_hosts) if name == h.name]
+        ms = max(counts[i] / speeds[i] for i in mine) * 1e3 if speeds else None
+        out.hosts.append(HostShare(h.name, h.slots, [counts[i] for i in mine],
+                                   [speeds[i] for i in mine] if speeds else None, ms))
+    if speeds is None or not all(counts):
+        return out
+    out.step_ms = rule.step_seconds(counts, speeds) * 1e3
+    world = len(rank_hosts)
+    if batch % world == 0:
+        out.equal_ms = rule.step_seconds([batch // world] * world, speeds) * 1e3
+    if len(hosts) > 1:
+        for h in hosts:
+            rest = [i for i, name in enumerate(rank_hosts) if name != h.name]
+            rest_speeds = [speeds[i] for i in rest]
+            split = _split(spec, [rank_hosts[i] for i in rest], batch, rest_speeds)
+            if split is None:
+                continue
+            out.without[h.name] = rule.step_seconds(split, rest_speeds) * 1e3
+            if out.without[h.name] < out.step_ms:
+                out.not_paying.append(h.name)
+    return out
+
+
+def _rank_speeds(calibration: dict | None, rank_hosts: Sequence[str]) -> list[float] | None:
+    """samples/s of each rank on ``rank_hosts``: the calibration's own when it measured
+    these very ranks, else each host's mean per rank; None when a host was not measured."""
+    if not calibration:
+        return None
+    names = list(calibration.get("hosts") or [])
+    speeds = [float(x) for x in calibration.get("samples_per_sec") or []]
+    if names == list(rank_hosts) and len(speeds) == len(names):
+        return speeds
+    by_host: dict[str, list[float]] = {}
+    for name, speed in zip(names, speeds, strict=False):
+        by_host.setdefault(name, []).append(speed)
+    if not all(h in by_host for h in rank_hosts):
+        return None
+    return [sum(by_host[h]) / len(by_host[h]) for h in rank_hosts]
+
+
+def recorded_calibration(spec: JobSpec, hosts: Sequence, connector: Connector
+                         ) -> tuple[dict | None, str]:
+    """The last ``calibration.json`` a run of this job wrote, from the first of its hosts
+    (per the job's record) that answers; and a line saying where it came from."""
+    try:
+        record = load_record(spec.name)
+    except UserError:
+        return None, ""  # never launched from here
+    by_name = {h.name: h for h in hosts}
+    for kept in record.hosts:
+        host = by_name.get(kept.name)
+        if host is None:
+            continue
+        path = f"{kept.root}/{protocol.run_path(spec.name)}/{protocol.CALIBRATION}"
+        try:
+            result = connector.connect(host).run(f"cat {shell.quote(path)}", timeout=15)
+        except HostUnreachable:
+            continue
+        if not result.ok:
+            return None, ""  # that run recorded none (balance was not auto)
+        try:
+            data = json.loads(result.stdout)
+        except ValueError:
+            return None, ""
+        return data, f"measured by job {spec.name} at step {data.get('step')} on {kept.name}"
+    return None, ""
+
+
+def balance_plan(spec: JobSpec, connector: Connector) -> BalancePlan:
+    """:func:`plan_balance` of the job's hosts with its last recorded calibration."""
+    hosts = select_hosts(spec)
+    calibration, source = recorded_calibration(spec, hosts, connector)
+    return plan_balance(spec, hosts, calibration, source)

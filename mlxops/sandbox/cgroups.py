@@ -1,0 +1,84 @@
+"""CPU quotas for sandbox nodes: a slower Mac, on Linux.
+
+A node's processes (its sshd and all it started: sessions, ranks; they share the node's
+network namespace) go into a cgroup of their own whose CPU bandwidth is capped at a
+fraction of one CPU; what the sshd forks later inherits it. cgroup v2 (``cpu.max``) where
+the unified hierarchy has the cpu controller, else v1's cpu controller
+(``cpu.cfs_quota_us``), as on hybrid hosts. Needs root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlxops.errors import MlxopsError
+
+ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+def _hierarchy() -> tuple[str, Path]:
+    controllers = ROOT / "cgroup.controllers"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return "v2", ROOT
+    if (ROOT / "cpu" / "cpu.cfs_quota_us").exists():
+        return "v1", ROOT / "cpu"
+    raise MlxopsError(f"{ROOT}: no cgroup cpu controller (v2 cpu.max or v1 cpu) to set a "
+                      "CPU quota with")
+
+
+def usable() -> str | None:
+    """None if CPU quotas can be set here, else why not."""
+    try:
+        _, root = _hierarchy()
+    except MlxopsError as exc:
+        return str(exc)
+    if not os.access(root, os.W_OK):
+        return f"{root}: not writable (root needed)"
+    return None
+
+
+def set_quota(name: str, pids: list[int], fraction: float) -> None:
+    """Cap ``pids`` (and what they fork later) at ``fraction`` of one CPU, in cgroup
+    ``name`` (made if needed)."""
+    if not fraction > 0:
+        raise MlxopsError(f"CPU quota: want a positive fraction of a CPU, got {fraction}")
+    version, root = _hierarchy()
+    group = root / name
+    group.mkdir(exist_ok=True)
+    quota = max(1000, int(fraction * PERIOD_US))  # the kernel's minimum is 1 ms
+    if version == "v2":
+        subtree = root / "cgroup.subtree_control"
+        if "cpu" not in subtree.read_text().split():
+            subtree.write_text("+cpu")
+        (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+    else:
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+    for pid in pids:
+        _move(group, pid)
+
+
+def clear(name: str) -> None:
+    """Move every process of cgroup ``name`` back to the root cgroup and remove it."""
+    try:
+        _, root = _hierarchy()
+    except MlxopsError:
+        return
+    group = root / name
+    if not group.exists():
+        return
+    for line in (group / "cgroup.procs").read_text().split():
+        _move(root, int(line))
+    group.rmdir()
+
+
+def _move(group: Path, pid: int) -> None:
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+    except ProcessLookupError:
+        pass  # it ended meanwhile
+    except OSError as exc:
+        if exc.errno != 3:  # ESRCH: it ended meanwhile
+            raise

@@ -1,0 +1,53 @@
+"""Test hooks: failures the trainer's tests cause on purpose, by environment variable.
+
+Each is read when it may fire and does nothing when unset (docs/trainer.md, Environment):
+
+- ``MLXOPS_TRAINER_FAKE_OOM=STEP`` (every rank) or ``RANK:STEP``: one simulated
+  allocation failure at that step (the out-of-memory back-off);
+- ``MLXOPS_TRAINER_FAKE_SLOW=RANK:SECONDS``: that rank's compute takes SECONDS longer per
+  sequence, as on a slower machine (``train.balance: auto``);
+- ``MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP``: after that step, that rank's first parameter
+  array moves by 0.01, as a bit flip or a bug would make it (``train.consistency_every``).
+(``MLXOPS_TRAINER_CKPT_DELAY`` lives where it acts, in checkpoint.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+_fired: set[str] = set()
+
+
+def _rank_step(name: str, rank: int, step: int, rank_optional: bool = False) -> bool:
+    hook = os.environ.get(name, "")
+    if not hook:
+        return False
+    who, _, at = hook.rpartition(":") if rank_optional else hook.partition(":")
+    return int(at) == step and (not who or int(who) == rank)
+
+
+def fake_oom(rank: int, step: int) -> bool:
+    """True once, at the hook's step: the caller raises a simulated allocation failure."""
+    if "oom" in _fired or not _rank_step("MLXOPS_TRAINER_FAKE_OOM", rank, step, True):
+        return False
+    _fired.add("oom")
+    return True
+
+
+def fake_slow(rank: int, sequences: int) -> None:
+    hook = os.environ.get("MLXOPS_TRAINER_FAKE_SLOW", "")
+    who, _, seconds = hook.partition(":")
+    if hook and int(who) == rank:
+        time.sleep(float(seconds) * sequences)
+
+
+def fake_diverge(rank: int, step: int, model: nn.Module) -> None:
+    if _rank_step("MLXOPS_TRAINER_FAKE_DIVERGE", rank, step):
+        name, value = tree_flatten(model.parameters())[0]
+        model.update(tree_unflatten([(name, value + 0.01)]))
+        mx.eval(model.parameters())
