@@ -26,7 +26,8 @@ accumulation 1 (its fused step) and a plain mlx-lm-style loop (:func:`plain_loop
 same model code and data, AdamW with the same schedule, one ``mx.compile`` over model and
 optimizer state with ``nn.average_gradients`` inside, one ``mx.eval`` per step, the loss
 all-reduced at report steps) run the same config in turn, ``--compare-repeat`` times each,
-alternating, with OpenBLAS preloaded where there is one (as ranks run on Linux nodes).
+alternating in ABBA order, with OpenBLAS preloaded where there is one (as ranks run on
+Linux nodes).
 Both are timed the same way: global tokens over the wall time from the end of step
 ``--compare-from`` to the end of the last step, on rank 0.
 """
@@ -34,7 +35,6 @@ Both are timed the same way: global tokens over the wall time from the end of st
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -176,8 +176,11 @@ def compare(args: argparse.Namespace, tmp: Path, ranks: int, library: str | None
     tokens = args.global_batch * args.seq_len
     first = args.compare_from
     got: dict[str, list[float]] = {"trainer": [], "plain": []}
-    for i, who in enumerate(itertools.islice(itertools.cycle(["trainer", "plain"]),
-                                             2 * args.compare_repeat)):
+    # ABBA order (trainer, plain, plain, trainer, ...): a load that drifts during the runs
+    # favours neither side.
+    order = [who for i in range(args.compare_repeat)
+             for who in (("trainer", "plain") if i % 2 == 0 else ("plain", "trainer"))]
+    for i, who in enumerate(order):
         out = tmp / f"compare-{ranks}-{i}"
         path = tmp / f"compare-{ranks}-{i}.json"
         path.write_text(json.dumps({**cfg, "out": str(out)}))
@@ -331,6 +334,7 @@ def print_compare(args: argparse.Namespace, compared: list[dict], library: str |
     for c in compared:
         runs = " ".join(f"{a:.0f}/{b:.0f}" for a, b in zip(c["runs"]["trainer"],
                                                            c["runs"]["plain"], strict=True))
+        # pairs in the order run: trainer first in odd pairs, plain first in even ones
         print(f"{c['ranks']:<8} {c['trainer']:>8.0f} t/s {c['plain']:>8.0f} t/s "
               f"{c['ratio']:>6.2f}x   {runs}")
 
