@@ -18,7 +18,6 @@ rebuilds it from there (:meth:`JobRecord.job_spec`), whatever became of the file
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from mlxops.errors import MlxopsError, UserError
+from mlxops.filelock import exclusive
 from mlxops.inventory import load_inventory
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, RestartPolicy
@@ -240,33 +240,15 @@ def _locked(name: str) -> Iterator[None]:
 
     Not re-entrant (an flock per open file): nothing under it takes it again.
     """
-    path = job_dir(name) / "record.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive(job_dir(name) / "record.lock"):
+        yield
 
 
 @contextmanager
 def supervisor_lock(name: str) -> Iterator[bool]:
     """One watchdog per job: yields False when another process already supervises it."""
-    path = job_dir(name) / "watch.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive(job_dir(name) / "watch.lock", wait=False, note_pid=True) as mine:
+        yield mine
 
 
 def inventory_hosts(record: JobRecord) -> dict:

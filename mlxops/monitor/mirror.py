@@ -15,7 +15,6 @@ mirror over.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mlxops.filelock import exclusive
 from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts
 from mlxops.jobs.status import JobStatus, classify
@@ -39,18 +39,8 @@ SAMPLES_MAX_BYTES = 16 << 20   # then the older samples are thinned (:func:`thin
 @contextmanager
 def _feeding(name: str) -> Iterator[bool]:
     """One feeder per job at a time; yields False when another one is at it now."""
-    lock = files.path(name, files.LOCK)
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive(files.path(name, files.LOCK), wait=False) as mine:
+        yield mine
 
 
 def merge_reset(kept: str, fresh: str) -> str:
