@@ -66,16 +66,22 @@ def test_bfloat16_wire_is_within_its_precision_and_comes_back_float32(reduced):
         assert got[f"{variant}/stats"].tolist() == got["fp32/stats"].tolist()
 
 
-def test_a_fused_step_waits_on_the_host_once(tmp_path, monkeypatch):
-    """Accumulation 1: one mx.eval a step; a logged step splits its wait in two."""
+def run_counting_waits(tmp_path, monkeypatch, **train_keys) -> tuple[train.Trainer, list]:
+    """Train TINY with ``train_keys``; the step number at each mx.eval (a host wait)."""
     cfg = json.loads(json.dumps(TINY))
-    cfg["train"].update({"steps": 6, "micro_batch": 8, "log_every": 3, "checkpoint_every": 0})
+    cfg["train"].update({"log_every": 3, "checkpoint_every": 0, **train_keys})
     cfg["out"] = str(tmp_path / "out")
     trainer = train.Trainer(load_config(cfg), resume=False)
     calls = []
     real = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: (calls.append(trainer.step), real(*a))[1])
     trainer.run()
+    return trainer, calls
+
+
+def test_a_fused_step_waits_on_the_host_once(tmp_path, monkeypatch):
+    """Accumulation 1: one mx.eval a step; a logged step splits its wait in two."""
+    trainer, calls = run_counting_waits(tmp_path, monkeypatch, steps=6, micro_batch=8)
     assert trainer.accum == 1
     per_step = [calls.count(s) for s in range(6)]  # trainer.step is the steps done before
     assert per_step == [1, 1, 2, 1, 1, 2], per_step
@@ -86,13 +92,6 @@ def test_a_fused_step_waits_on_the_host_once(tmp_path, monkeypatch):
 
 
 def test_accumulation_waits_once_per_micro_batch_and_once_to_update(tmp_path, monkeypatch):
-    cfg = json.loads(json.dumps(TINY))
-    cfg["train"].update({"steps": 3, "micro_batch": 2, "log_every": 3, "checkpoint_every": 0})
-    cfg["out"] = str(tmp_path / "out")
-    trainer = train.Trainer(load_config(cfg), resume=False)
-    calls = []
-    real = mx.eval
-    monkeypatch.setattr(mx, "eval", lambda *a: (calls.append(trainer.step), real(*a))[1])
-    trainer.run()
+    trainer, calls = run_counting_waits(tmp_path, monkeypatch, steps=3, micro_batch=2)
     assert trainer.accum == 4
     assert [calls.count(s) for s in range(3)] == [5, 5, 5]
