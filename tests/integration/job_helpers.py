@@ -7,6 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 from mlxops.errors import UserError
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import JobRecord, load_record
@@ -18,6 +20,16 @@ from mlxops.node.protocol import RUNNING, STALLED
 def run_dir(sandbox, node: str, name: str) -> Path:
     """The job's run directory on a node, as this machine sees it."""
     return Path(sandbox.node_home(node)) / ".mlxops" / "runs" / name
+
+
+def inventory_with_slots(sandbox, tmp_path: Path, slots: dict[str, int]) -> Path:
+    """The sandbox inventory with ``mlxops_slots`` set on some nodes, written to tmp_path."""
+    doc = yaml.safe_load(sandbox.inventory_path.read_text())
+    for node, n in slots.items():
+        doc["all"]["children"]["sandbox"]["hosts"][node]["mlxops_slots"] = n
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
 
 
 def losses(sandbox, name: str) -> dict[int, float]:

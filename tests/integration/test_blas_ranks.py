@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import run_dir, wait_for_step
+from job_helpers import inventory_with_slots, run_dir, wait_for_step
 
 from mlxops.jobs.launch import launch
 from mlxops.jobs.spec import load_job
@@ -40,11 +40,7 @@ TRAINER = {
 @pytest.fixture
 def inventory(sandbox, tmp_path) -> Path:
     """The sandbox inventory with 2 slots on node7: ranks 0 on node6, 1 and 2 on node7."""
-    doc = yaml.safe_load(sandbox.inventory_path.read_text())
-    doc["all"]["children"]["sandbox"]["hosts"]["node7"]["mlxops_slots"] = 2
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return inventory_with_slots(sandbox, tmp_path, {"node7": 2})
 
 
 def write_job(tmp_path: Path, inventory: Path, name: str, **extra) -> Path:

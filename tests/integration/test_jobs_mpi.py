@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, losses, run_dir
+from job_helpers import BackgroundWatchdog, inventory_with_slots, losses, run_dir
 
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -44,11 +44,7 @@ TRAINER = {
 @pytest.fixture
 def inventory(sandbox, tmp_path) -> Path:
     """The sandbox inventory with 2 slots on node2: ranks 0 | 1 2 | 3."""
-    doc = yaml.safe_load(sandbox.inventory_path.read_text())
-    doc["all"]["children"]["sandbox"]["hosts"]["node2"]["mlxops_slots"] = 2
-    path = tmp_path / "inventory.yml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return inventory_with_slots(sandbox, tmp_path, {"node2": 2})
 
 
 def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int,
