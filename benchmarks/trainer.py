@@ -1,8 +1,10 @@
 """Benchmark the bundled trainer: tokens/s and the step-time split per world size.
 
-Runs ``python -m mlxops.trainer`` for real (mlx.launch ring ranks on this machine for more
-than one rank) on the synthetic corpus, then reads each run's metrics.jsonl. The first
-``--skip`` steps (compilation, warm caches) are left out; figures are medians.
+Runs ``python -m mlxops.trainer`` for real (ring ranks on this machine for more than one
+rank, started as mlx.launch starts them but without its launcher, which spins a core:
+mlxops/trainer/local_ranks.py) on the synthetic corpus, then reads each run's
+metrics.jsonl. The first ``--skip`` steps (compilation, warm caches) are left out;
+figures are medians.
 
     python benchmarks/trainer.py                       # ranks 1,2,4 + grad-ckpt and bf16
     python benchmarks/trainer.py --ranks 1,2 --dims 512 --layers 8 --steps 30
@@ -37,8 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
+from mlxops.trainer.local_ranks import run_ranks  # noqa: E402
 
 BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
 MATMUL = """
@@ -137,26 +138,20 @@ def plain_loop(config: Path, times: Path) -> None:
         times.write_text(json.dumps(ends))
 
 
-def launch_cmd(ranks: int, cmd: list[str]) -> list[str]:
-    """``cmd`` as one process, or as ``ranks`` mlx.launch ring ranks on this machine."""
-    if ranks == 1:
-        return cmd
-    launch = str(Path(sys.executable).parent / "mlx.launch")
-    return [launch, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
-            "--starting-port", str(random.randint(20000, 50000)), "--", *cmd]
-
-
-def execute(name: str, cmd: list[str], env: dict[str, str], timeout: float) -> None:
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env)
+def execute(name: str, cmd: list[str], ranks: int, env: dict[str, str],
+            timeout: float) -> None:
+    """``cmd`` as one process, or as ``ranks`` ring ranks on this machine (started as
+    mlx.launch would, without its launcher spinning a core: mlxops/trainer/local_ranks.py)."""
     try:
-        _, err = proc.communicate(timeout=timeout)
+        if ranks == 1:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env,
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        else:
+            proc = run_ranks(cmd, ranks, env=env, cwd=ROOT, timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
-        proc.wait()
         sys.exit(f"{name}: no result within {timeout}s (is the machine busy?)")
     if proc.returncode:
-        sys.exit(f"{name}: failed:\n{err[-2000:]}")
+        sys.exit(f"{name}: failed:\n{proc.stderr[-2000:]}")
 
 
 def compare(args: argparse.Namespace, tmp: Path, ranks: int, library: str | None
@@ -189,7 +184,7 @@ def compare(args: argparse.Namespace, tmp: Path, ranks: int, library: str | None
         else:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--plain-loop", str(path),
                    "--times", str(out.with_suffix(".times"))]
-        execute(f"{who} ranks={ranks}", launch_cmd(ranks, cmd), env, args.timeout)
+        execute(f"{who} ranks={ranks}", cmd, ranks, env, args.timeout)
         if who == "trainer":
             recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
             at = {r["step"]: r["time"] for r in recs}
@@ -218,7 +213,7 @@ def run(args: argparse.Namespace, tmp: Path, ranks: int, name: str,
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "mlxops.trainer", "--config", str(path)]
-    execute(name, launch_cmd(ranks, cmd), environment(blas), args.timeout)
+    execute(name, cmd, ranks, environment(blas), args.timeout)
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     recs = recs[args.skip:]
 

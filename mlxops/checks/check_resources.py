@@ -5,6 +5,7 @@ agrees with the controller's."""
 from __future__ import annotations
 
 from mlxops.checks import when
+from mlxops.jobs.balance import largest_share
 from mlxops.node import protocol
 from mlxops.trainer.config import load_config
 from mlxops.trainer.plan import count_params, plan_memory
@@ -49,18 +50,21 @@ def check_disk(node, cluster):
 @when(_trainer_job)
 def check_memory(node, cluster):
     """One rank of the job fits this host's memory (the plan of ``mlxops plan``: some
-    micro-batch, with gradient checkpointing if need be)."""
+    micro-batch, with gradient checkpointing if need be), with the largest share of the
+    global batch the job's ``balance:`` may give a rank there."""
     job = cluster.target.job
     memory = node.facts.get("memory_bytes")
     if not memory:
         raise node.fail("memory size unknown (the facts did not say)", "check the node")
+    share = largest_share(job, cluster.target.planned, node.name)
     plan = plan_memory(job.trainer, memory, cluster.target.world,
-                       ranks_per_node=node.host.slots)
+                       ranks_per_node=node.host.slots, per_rank=share)
     if not plan.fits:
+        taking = f", {share} sequences a step under balance" if share else ""
         raise node.fail(f"one rank of {job.path.name} needs {plan.total_bytes / GB:.1f} GB "
                         f"even at micro-batch 1 with gradient checkpointing, "
                         f"{plan.budget_bytes / GB:.1f} GB usable ({memory / GB:.0f} GB, "
-                        f"{node.host.slots} ranks)",
+                        f"{node.host.slots} ranks{taking})",
                         f"a smaller model, fewer mlxops_slots or more nodes "
                         f"(mlxops plan {job.path.name})")
 

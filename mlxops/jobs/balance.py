@@ -70,13 +70,9 @@ def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
         per_host = {h: rank_hosts.count(h) for h in rank_hosts}
         return rule.split_counts(global_batch,
                                  [spec.balance[h] / per_host[h] for h in rank_hosts])
-    start = rule.split_counts(global_batch, [1.0] * world)
     if speeds is None:
-        return start  # auto before it measured: near-equal
-    after = rule.split_counts(global_batch, speeds)
-    if rule.step_seconds(after, speeds) < rule.step_seconds(start, speeds) * (1 - rule.MIN_GAIN):
-        return after
-    return start
+        return rule.split_counts(global_batch, [1.0] * world)  # auto before it measured
+    return rule.auto_split(global_batch, speeds)
 
 
 def plan_balance(spec: JobSpec, hosts: Sequence, calibration: dict | None = None,
@@ -113,21 +109,27 @@ def plan_balance(spec: JobSpec, hosts: Sequence, calibration: dict | None = None
     return out
 
 
+def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
+    """The most sequences a rank on ``host`` may take a step, for a plan made without a
+    measurement (``mlxops check``): its own share of a ``{host: weight}`` split; under
+    ``auto`` all the global batch but one sequence per other rank, since the split is only
+    measured at launch. None with ``equal`` (the trainer's plain ``global_batch / world``)."""
+    if spec.balance == BALANCE_EQUAL or spec.trainer is None:
+        return None
+    if spec.balance == "auto":
+        batch = trainer_config.from_dict(dict(spec.trainer)).train.global_batch
+        return max(1, batch - (sum(h.slots for h in hosts) - 1))
+    share = next((h for h in plan_balance(spec, hosts).hosts if h.host == host), None)
+    return max(share.sequences) if share and any(share.sequences) else None
+
+
 def _rank_speeds(calibration: dict | None, rank_hosts: Sequence[str]) -> list[float] | None:
-    """samples/s of each rank on ``rank_hosts``: the calibration's own when it measured
-    these very ranks, else each host's mean per rank; None when a host was not measured."""
+    """samples/s of each rank on ``rank_hosts`` by the trainer's own rule
+    (:func:`mlxops.trainer.balance.recorded_speeds`); None when it does not apply."""
     if not calibration:
         return None
-    names = list(calibration.get("hosts") or [])
-    speeds = [float(x) for x in calibration.get("samples_per_sec") or []]
-    if names == list(rank_hosts) and len(speeds) == len(names):
-        return speeds
-    by_host: dict[str, list[float]] = {}
-    for name, speed in zip(names, speeds, strict=False):
-        by_host.setdefault(name, []).append(speed)
-    if not all(h in by_host for h in rank_hosts):
-        return None
-    return [sum(by_host[h]) / len(by_host[h]) for h in rank_hosts]
+    return rule.recorded_speeds(rank_hosts, list(calibration.get("hosts") or []),
+                                list(calibration.get("samples_per_sec") or []))
 
 
 def recorded_calibration(spec: JobSpec, hosts: Sequence, connector: Connector

@@ -47,7 +47,40 @@ def step_seconds(counts: Sequence[int], speeds: Sequence[float]) -> float:
     return max(c / s for c, s in zip(counts, speeds, strict=True))
 
 
+def auto_split(global_batch: int, speeds: Sequence[float]) -> list[int]:
+    """``balance: auto``'s split: by the measured ``speeds``, unless that predicts a step
+    less than :data:`MIN_GAIN` shorter than the near-equal split (equal ranks measure a
+    little apart, and a split that gains little is noise)."""
+    start = split_counts(global_batch, [1.0] * len(speeds))
+    after = split_counts(global_batch, speeds)
+    if step_seconds(after, speeds) < step_seconds(start, speeds) * (1 - MIN_GAIN):
+        return after
+    return start
+
+
 def scale(counts: Sequence[int], rank: int) -> float:
     """What rank ``rank`` multiplies its mean gradient (and loss) by before the mean over
     ranks: ``counts[rank] * world / global_batch`` (exactly 1.0 for an equal split)."""
     return counts[rank] * len(counts) / sum(counts)
+
+
+def recorded_speeds(rank_hosts: Sequence[str], measured_hosts: Sequence[str],
+                    measured: Sequence[float]) -> list[float] | None:
+    """Each rank's samples/s on ``rank_hosts`` (the host of each rank, in rank order) from a
+    calibration that measured ranks on ``measured_hosts``, or None if it does not apply.
+
+    A rank's speed depends on its host and on how many ranks share that host, not on its
+    rank number: a resume without one host (``--exclude``) keeps the other hosts' speeds,
+    each host's ranks taking its measured speeds in their order. A host not measured, or
+    measured with another number of ranks on it, makes the calibration stale (None).
+    """
+    if len(measured_hosts) != len(measured):
+        return None
+    by_host: dict[str, list[float]] = {}
+    for host, speed in zip(measured_hosts, measured, strict=True):
+        by_host.setdefault(host, []).append(float(speed))
+    now = {h: list(rank_hosts).count(h) for h in rank_hosts}
+    if any(len(by_host.get(h, ())) != n for h, n in now.items()):
+        return None
+    taken = {h: iter(by_host[h]) for h in now}
+    return [next(taken[h]) for h in rank_hosts]

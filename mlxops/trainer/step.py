@@ -32,6 +32,14 @@ from .model import loss_fn
 #: ``nn.average_gradients`` does (its ``all_reduce_size``).
 GROUP_BYTES = 32 * 1024**2
 
+#: Every all-reduced buffer is padded with zeros to a multiple of this many elements per
+#: rank. MLX's ring all-reduce cuts a buffer into one segment per rank and each segment in
+#: two or more packets. When those cuts do not fall on aligned addresses its sums run
+#: slower: 3 loss values added to an aligned 428,672-float gradient made a 2-rank step
+#: 12% slower (benchmarks/trainer.py; with the padding the step is as fast as
+#: ``nn.average_gradients`` on the bare gradient). The padding costs at most 1 KiB per rank.
+ALIGN_ELEMENTS = 256
+
 WIRE_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 
 
@@ -40,7 +48,7 @@ def mean_over_ranks(
 ) -> tuple[Any, mx.array]:
     """The mean over ranks of a float32 gradient tree and of a float32 ``stats`` vector.
 
-    ``nn.average_gradients``' concatenate-reduce-split, with three differences:
+    ``nn.average_gradients``' concatenate-reduce-split, with four differences:
 
     - each all-reduce depends on the previous one (``mx.depends``), so every rank runs its
       collectives in the same order whatever graph produced the inputs (a rank that
@@ -48,37 +56,37 @@ def mean_over_ranks(
     - ``wire`` is the dtype on the network: with bfloat16 the gradients travel (and are
       summed across ranks) in bfloat16 and come back as float32, halving the bytes sent;
     - ``stats`` rides in the last float32 buffer (its own tiny all-reduce with a bfloat16
-      wire, since a loss in bfloat16 keeps 3 digits).
+      wire, since a loss in bfloat16 keeps 3 digits);
+    - every buffer is padded to :data:`ALIGN_ELEMENTS` per rank.
     """
     n = group.size()
     if n == 1:
         return grads, stats
     flat = tree_flatten(grads)
-    pieces = [a.reshape(-1).astype(wire) for _, a in flat]
+    pieces = [a.reshape(-1) for _, a in flat]
     if wire == mx.float32:
         pieces.append(stats)
     reduced: list[mx.array] = []
     prev: mx.array | None = None
     for chunk in _by_size(pieces, wire.size):
-        buf = mx.concatenate(chunk) if len(chunk) > 1 else chunk[0]
+        offsets, at = [], 0
+        for a in chunk:
+            at += a.size
+            offsets.append(at)
+        pad = -at % (ALIGN_ELEMENTS * n)
+        parts = chunk + [mx.zeros((pad,), chunk[0].dtype)] if pad else chunk
+        buf = (mx.concatenate(parts) if len(parts) > 1 else parts[0]).astype(wire)
         if prev is not None:
             buf = mx.depends(buf, prev)
         prev = mx.distributed.all_sum(buf, group=group)
-        if len(chunk) > 1:
-            offsets, at = [], 0
-            for a in chunk[:-1]:
-                at += a.size
-                offsets.append(at)
-            reduced.extend(mx.split(prev, offsets))
-        else:
-            reduced.append(prev)
+        mean = prev.astype(mx.float32) / n
+        reduced.extend(mx.split(mean, offsets)[:len(chunk)])  # the padding dropped
     if wire == mx.float32:
         stats = reduced.pop()
     else:
-        stats = mx.distributed.all_sum(mx.depends(stats, prev), group=group)
-    out = [(k, (r.astype(mx.float32) / n).reshape(a.shape))
-           for (k, a), r in zip(flat, reduced, strict=True)]
-    return tree_unflatten(out), stats / n
+        stats = mx.distributed.all_sum(mx.depends(stats, prev), group=group) / n
+    out = [(k, r.reshape(a.shape)) for (k, a), r in zip(flat, reduced, strict=True)]
+    return tree_unflatten(out), stats
 
 
 def _by_size(pieces: list[mx.array], itemsize: int) -> list[list[mx.array]]:

@@ -72,6 +72,7 @@ class Trainer:
         # balance: auto measures each rank's speed in its first steps (trainer/balance.py);
         # until then, and with equal, every rank takes as many sequences as it can equally.
         self.speeds: list[float] | None = None
+        self.speed_hosts: list[str] | None = None  # the host of each rank speeds are for
         weights = t.balance if isinstance(t.balance, list) else [1.0] * self.world
         self._split(balance.split_counts(t.global_batch, weights))
         self.dtype = mx.bfloat16 if t.dtype == "bfloat16" else mx.float32
@@ -149,14 +150,8 @@ class Trainer:
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
         self.repairs = state.get("consistency_repairs", 0)
-        speeds = state.get("balance_speeds")
-        if self.cfg.train.balance == "auto" and speeds and len(speeds) == self.world:
-            # The last calibration recorded, for as many ranks: no need to measure again.
-            self.speeds = speeds
-            self._split(state.get("batch_split") or
-                        balance.split_counts(self.cfg.train.global_batch, speeds))
-            self._log(f"balance: auto: the speeds measured before (samples/s per rank "
-                      f"{_rounded(speeds)}): split {self.counts}")
+        if self.cfg.train.balance == "auto" and state.get("balance_speeds"):
+            self._recorded_speeds(state)
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
                                f"step {self.step}")
@@ -178,6 +173,25 @@ class Trainer:
         kept = [line for line in path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
         write_atomic(path, "".join(line + "\n" for line in kept))
+
+    def _recorded_speeds(self, state: dict[str, Any]) -> None:
+        """balance: auto on resume: the last calibration the checkpoint recorded, where it
+        still applies (the same hosts with as many ranks each; another world size after an
+        ``--exclude`` keeps the remaining hosts' speeds); else the ranks measure again."""
+        measured = state["balance_speeds"]
+        # Checkpoints before the hosts were recorded: only the very same world applies.
+        hosts = host_names(self.group)  # every rank takes this branch: same checkpoint
+        measured_hosts = state.get("balance_hosts") or (
+            hosts if len(measured) == self.world else [])
+        speeds = balance.recorded_speeds(hosts, measured_hosts, measured)
+        if speeds is None:
+            self._log(f"balance: auto: the speeds recorded (hosts {measured_hosts}) do not "
+                      f"fit the ranks now (hosts {hosts}); measuring again")
+            return
+        self.speeds, self.speed_hosts = speeds, hosts
+        self._split(balance.auto_split(self.cfg.train.global_batch, speeds))
+        self._log(f"balance: auto: the speeds measured before (samples/s per rank "
+                  f"{_rounded(speeds)}): split {self.counts}")
 
     # -- one step ------------------------------------------------------------------------
 
@@ -289,17 +303,16 @@ class Trainer:
         mine = self.counts[self.rank] / min(self._calibration[1:])
         self._calibration = None
         speeds = all_gather_cpu(mx.array([mine], dtype=mx.float32), self.group).tolist()
-        self.speeds = speeds
+        self.speeds, self.speed_hosts = speeds, host_names(self.group)
         before = self.counts
-        after = balance.split_counts(self.cfg.train.global_batch, speeds)
-        was, will = balance.step_seconds(before, speeds), balance.step_seconds(after, speeds)
-        # Equal ranks measure a little apart: a split that gains little is noise.
-        if will < was * (1 - balance.MIN_GAIN):
+        after = balance.auto_split(self.cfg.train.global_batch, speeds)
+        if after != before:
             self._split(after)
         self._log(f"balance: auto: samples/s per rank {_rounded(speeds)}: split {before} -> "
-                  f"{self.counts} (predicted compute {was * 1e3:.0f} -> "
+                  f"{self.counts} (predicted compute "
+                  f"{balance.step_seconds(before, speeds) * 1e3:.0f} -> "
                   f"{balance.step_seconds(self.counts, speeds) * 1e3:.0f} ms/step)")
-        hosts = host_names(self.group)
+        hosts = self.speed_hosts
         if self.writer:
             write_atomic(self.out / protocol.CALIBRATION, json.dumps({
                 "step": self.step, "world_size": self.world, "hosts": hosts,
@@ -359,7 +372,7 @@ class Trainer:
             "rng_key": self.key.tolist(), "world_size": self.world,
             "micro_batch": self.micro, "accumulation": self.accum,
             "consistency_repairs": self.repairs, "batch_split": self.counts,
-            "balance_speeds": self.speeds,
+            "balance_speeds": self.speeds, "balance_hosts": self.speed_hosts,
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(

@@ -1,4 +1,4 @@
-"""One rank of the collectives test (tests/trainer/test_step.py), run under mlx.launch.
+"""One rank of the collectives test (tests/trainer/test_step.py), run as 3 local ring ranks.
 
 Every rank builds a gradient tree of its own (seeded by its rank), reduces it with
 nn.average_gradients and with mlxops' mean_over_ranks (float32 and bfloat16 on the wire,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import socket
 
 import numpy as np
 import pytest
@@ -122,4 +123,43 @@ def test_auto_measures_the_ranks_and_gives_the_slow_one_less(equal):
     again = ok(run_trainer(cfg, "--resume", ranks=2))
     assert "the speeds measured before" in again.stdout and f"split {split}" in again.stdout
     assert "balance: auto: samples/s per rank" not in again.stdout  # no new calibration
+    _close(losses(out), ref, range(1, 21))
+
+
+def _recorded_as(out, hosts: list[str], speeds: list[float]) -> None:
+    """Make the step-10 checkpoint say its calibration measured ranks on ``hosts``."""
+    state = out / "ckpt" / "step-00000010" / "state.json"
+    doc = json.loads(state.read_text())
+    doc["balance_hosts"], doc["balance_speeds"] = hosts, speeds
+    state.write_text(json.dumps(doc))
+    shutil.rmtree(out / "ckpt" / "step-00000020")
+    (out / "ckpt" / "latest").write_text("step-00000010\n")
+
+
+def test_auto_keeps_a_hosts_speeds_across_world_sizes_while_its_rank_count_holds(equal):
+    tmp, ref = equal
+    here = socket.gethostname()  # every rank's host: they all run on this machine
+    cfg_of = {}
+    for name in ("excluded", "reshaped"):
+        out = tmp / f"auto-{name}"
+        cfg_of[name] = write_config(tmp, out, train={"steps": 20, "checkpoint_every": 10,
+                                                     "balance": "auto"})
+        ok(run_trainer(cfg_of[name], ranks=2))
+
+    # Measured on 3 ranks, one of them on a host now left out (mlxops resume --exclude):
+    # the two ranks of this host keep their speeds, so the split is theirs at once.
+    out = tmp / "auto-excluded"
+    _recorded_as(out, ["gone", here, here], [500.0, 300.0, 100.0])
+    again = ok(run_trainer(cfg_of["excluded"], "--resume", ranks=2))
+    assert "the speeds measured before (samples/s per rank [300.0, 100.0]): split [6, 2]" \
+        in again.stdout
+    assert "balance: auto: samples/s per rank" not in again.stdout
+    _close(losses(out), ref, range(1, 21))
+
+    # Measured with three ranks on this host: two ranks on it now run at other speeds.
+    out = tmp / "auto-reshaped"
+    _recorded_as(out, [here] * 3, [300.0, 200.0, 100.0])
+    again = ok(run_trainer(cfg_of["reshaped"], "--resume", ranks=2))
+    assert "do not fit the ranks now" in again.stdout and "measuring again" in again.stdout
+    assert json.loads((out / "calibration.json").read_text())["step"] == 14
     _close(losses(out), ref, range(1, 21))

@@ -1,4 +1,4 @@
-"""The issue's acceptance criteria, with real processes: mlx.launch ring ranks on localhost."""
+"""The issue's acceptance criteria, with real processes: ring ranks on localhost."""
 
 from __future__ import annotations
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import random
-import subprocess
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from trainer_procs import LAUNCH, PY, ROOT, TINY
+from trainer_procs import PY, ROOT, TINY, run_script
 
 from mlxops.trainer import train
 from mlxops.trainer.config import load_config
@@ -19,11 +17,7 @@ from mlxops.trainer.config import load_config
 def reduced(tmp_path_factory):
     out = tmp_path_factory.mktemp("collectives")
     script = ROOT / "tests" / "trainer" / "collectives_rank.py"
-    cmd = [LAUNCH, "--hosts", "127.0.0.1,127.0.0.1,127.0.0.1", "--backend", "ring",
-           "--starting-port", str(random.randint(20000, 50000)), "--", PY, str(script),
-           str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = run_script([PY, str(script), str(out)], ranks=3)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return [dict(np.load(out / f"rank-{r}.npz")) for r in range(3)]
 

@@ -1,16 +1,17 @@
-"""Helpers to run the trainer as real processes: one process, or ranks under mlx.launch."""
+"""Helpers to run the trainer as real processes: one process, or local ring ranks
+(started as mlx.launch starts them, without its launcher: mlxops/trainer/local_ranks.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
+from mlxops.trainer.local_ranks import run_ranks
+
 PY = sys.executable
-LAUNCH = str(Path(PY).parent / "mlx.launch")
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY = {
@@ -37,16 +38,18 @@ def trainer_cmd(config: Path, *args: str) -> list[str]:
 
 def run_trainer(config: Path, *args: str, ranks: int = 1, env: dict | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run to completion; ``ranks > 1`` goes through mlx.launch's ring backend on localhost."""
-    cmd = trainer_cmd(config, *args)
-    if ranks > 1:
-        port = random.randint(20000, 50000)
-        cmd = [LAUNCH, "--hosts", ",".join(["127.0.0.1"] * ranks), "--backend", "ring",
-               "--starting-port", str(port), "--", *cmd]
+    """Run to completion; ``ranks > 1`` runs that many ring ranks on localhost."""
+    return run_script(trainer_cmd(config, *args), ranks, env, timeout)
+
+
+def run_script(cmd: list[str], ranks: int = 1, env: dict | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(ROOT)
+    if ranks > 1:
+        return run_ranks(cmd, ranks, env=full_env, cwd=ROOT, timeout=timeout)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=ROOT)
+                          cwd=ROOT, stdin=subprocess.DEVNULL)
 
 
 def losses(out: Path) -> dict[int, float]:

@@ -229,6 +229,47 @@ def test_disk_and_memory_follow_the_jobs_plan(tmp_path):
         check_resources.check_memory, node, cluster)
 
 
+def _least_memory(job: Path, world: int, per_rank: int) -> int:
+    """The fewest bytes of memory in which one rank taking ``per_rank`` sequences a step
+    fits (the trainer's own plan, bisected to a MiB)."""
+    from mlxops.jobs.spec import load_job
+    trainer = load_job(job).trainer
+    lo, hi = 1, 64 * GB
+    while hi - lo > 1024**2:
+        mid = (lo + hi) // 2
+        fits = check_resources.plan_memory(trainer, mid, world, per_rank=per_rank).fits
+        lo, hi = (lo, mid) if fits else (mid, hi)
+    return hi
+
+
+def test_memory_is_planned_with_the_share_balance_gives_the_host(tmp_path):
+    trainer = {"model": {"dims": 64, "layers": 2, "heads": 4, "vocab_size": 256,
+                         "seq_len": 32}, "train": {"global_batch": 4}}
+    cluster = cluster_of(tmp_path, n=2, job={"trainer": trainer,
+                                             "balance": {"mac1": 3, "mac2": 1}})
+    job = tmp_path / "job.yml"
+    # One sequence a step fits in less than three (an accumulation buffer besides); the
+    # equal split (2 each) would plan both hosts alike.
+    one, three = _least_memory(job, 2, 1), _least_memory(job, 2, 3)
+    assert one < three
+    for name in ("mac1", "mac2"):
+        cluster.state(name).facts["memory_bytes"] = one
+    check_resources.check_memory(cluster.state("mac2"), cluster)
+    assert finding(check_resources.check_memory, cluster.state("mac1"), cluster).startswith(
+        "mac1: one rank of job.yml needs ")
+    assert "1 ranks, 3 sequences a step under balance)" in finding(
+        check_resources.check_memory, cluster.state("mac1"), cluster)
+    cluster.state("mac1").facts["memory_bytes"] = three
+    check_resources.check_memory(cluster.state("mac1"), cluster)
+
+    # auto: the split is measured at launch, so any rank may take all but one per peer.
+    auto = cluster_of(tmp_path, n=2, job={"trainer": trainer, "balance": "auto"})
+    for name in ("mac1", "mac2"):
+        auto.state(name).facts["memory_bytes"] = one
+        assert "3 sequences a step under balance" in finding(
+            check_resources.check_memory, auto.state(name), auto)
+
+
 def test_macos_settings_as_the_macos_task_would_set_them(tmp_path):
     cluster = cluster_of(tmp_path)
     node = cluster.state("mac1")

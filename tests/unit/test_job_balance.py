@@ -72,13 +72,15 @@ def test_a_hosts_ranks_share_it_and_a_calibration_missing_a_host_gives_no_times(
     assert plan.step_ms is None and not plan.measured
 
 
-def test_the_very_ranks_measured_keep_their_own_speeds_else_their_hosts_mean(tmp_path):
+def test_a_hosts_speeds_hold_while_its_rank_count_does(tmp_path):
     spec = spec_with(tmp_path, "auto", global_batch=12)
     cal = calibration(studio=[300.0, 100.0], air=[200.0])
     same = plan_balance(spec, hosts(("studio", 2), ("air", 1)), cal)
     assert [h.samples_per_sec for h in same.hosts] == [[300.0, 100.0], [200.0]]
+    without_air = plan_balance(spec, hosts(("studio", 2),), cal)  # an --exclude
+    assert [h.samples_per_sec for h in without_air.hosts] == [[300.0, 100.0]]
     fewer = plan_balance(spec, hosts(("studio", 1), ("air", 1)), cal)  # slots changed
-    assert [h.samples_per_sec for h in fewer.hosts] == [[200.0], [200.0]]
+    assert fewer.hosts[0].samples_per_sec is None and not fewer.measured
 
 
 def test_equal_with_speeds_says_what_unequal_nodes_cost(tmp_path):
