@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from trainer_procs import PY, ROOT, TINY, run_script
 
-from mlxops.trainer import train
+from mlxops.trainer import step, train
 from mlxops.trainer.config import load_config
 
 
@@ -89,3 +91,32 @@ def test_accumulation_waits_once_per_micro_batch_and_once_to_update(tmp_path, mo
     trainer, calls = run_counting_waits(tmp_path, monkeypatch, steps=3, micro_batch=2)
     assert trainer.accum == 4
     assert [calls.count(s) for s in range(3)] == [5, 5, 5]
+
+
+def test_every_all_reduced_gradient_buffer_is_padded_to_aligned_segments(monkeypatch):
+    """MLX's ring runs slower on segments cut at unaligned addresses (step.ALIGN_ELEMENTS):
+    every gradient buffer is a whole number of aligned segments, the padding dropped."""
+    sizes: list[int] = []
+
+    def all_sum(x, group=None, stream=None):  # two ranks that hold the same values
+        sizes.append(x.size)
+        return x * 2
+
+    monkeypatch.setattr(mx.distributed, "all_sum", all_sum)
+    two = SimpleNamespace(size=lambda: 2)
+    grads = {"a": mx.arange(231, dtype=mx.float32).reshape(33, 7),
+             "b": [mx.ones((5,)), {"c": mx.full((4, 4, 3), 3.0)}]}
+    stats = mx.array([1.5, 1.0, 0.0])
+    align, whole = step.ALIGN_ELEMENTS * 2, step.GROUP_BYTES
+    for group_bytes, wire in ((whole, mx.float32), (64, mx.float32),
+                              (whole, mx.bfloat16), (64, mx.bfloat16)):
+        sizes.clear()
+        monkeypatch.setattr(step, "GROUP_BYTES", group_bytes)
+        mean, s = step.mean_over_ranks(grads, stats, two, wire)
+        gradient_buffers = sizes if wire == mx.float32 else sizes[:-1]  # + the stats' own
+        assert (len(gradient_buffers) == 1) == (group_bytes == whole), sizes
+        assert all(n % align == 0 for n in gradient_buffers), sizes
+        for (k, want), (_, got) in zip(tree_flatten(grads), tree_flatten(mean), strict=True):
+            assert got.shape == want.shape and got.dtype == mx.float32, k
+            assert mx.array_equal(got, want), k
+        assert s.tolist() == [1.5, 1.0, 0.0]
