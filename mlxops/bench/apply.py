@@ -2,8 +2,9 @@
 
 The ``hostfiles`` task (the one ``mlxops provision`` runs) renders them for the hosts in
 that order, so ``<mlxops_root>/hostfiles/ring.json`` (and ``mpi.txt``, ``jaccl*.json``)
-number the ranks around the best ring. ``mlxops provision`` renders inventory order again:
-to keep the order, list the hosts in it in the inventory (the findings say so).
+number the ranks around the best ring. ``mlxops provision`` renders inventory order again,
+and jobs place ranks in it: ``mlxops_ring_order`` under ``all: vars`` makes the order the
+inventory's own (docs/inventory.md; the command prints the line).
 """
 
 from __future__ import annotations

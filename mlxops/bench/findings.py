@@ -162,12 +162,18 @@ def _ring(result: BenchResult) -> list[dict[str, Any]]:
     if inv is not None and ring.bottleneck_gbps and inv >= SAME_RING * ring.bottleneck_gbps:
         advice = f"the inventory's order is as good ({_g(inv)} Gbit/s)"
     else:
-        advice = (f"the inventory's order: {_g(inv)} Gbit/s; 'mlxops bench --apply' (or "
-                  "'mlxops hostfile --order FILE') uses the best one")
+        advice = (f"the inventory's order: {_g(inv)} Gbit/s; {ring_order_line(ring.order)} "
+                  "under all: vars in the inventory makes jobs, provision and check use the "
+                  "best one ('mlxops bench --apply' writes it into the nodes' hostfiles now)")
     return [{"kind": "ring", "order": ring.order, "bottleneck_gbps": ring.bottleneck_gbps,
              "inventory_bottleneck_gbps": inv, "exact": ring.exact,
              "message": f"best ring: {path}; slowest link {_g(ring.bottleneck_gbps)} Gbit/s "
                         f"({how}); {advice}"}]
+
+
+def ring_order_line(order: list[str]) -> str:
+    """The inventory line that makes ``order`` the rank order everywhere."""
+    return f"mlxops_ring_order: [{', '.join(order)}]"
 
 
 def _allreduce(result: BenchResult) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from mlxops import console
 from mlxops.bench.apply import apply_order
+from mlxops.bench.findings import ring_order_line
 from mlxops.bench.measure import Settings
 from mlxops.bench.results import BenchResult, average_busbw, save
 from mlxops.bench.run import ALL, RING, Request, default_port, parse_sizes, run_bench
@@ -192,6 +193,10 @@ def command(inventory, limit, pairs, streams, seconds, omit, serial, iperf3, siz
         console.out.print(f"saved: {path}", markup=False)
         for host, status in (applied or {}).items():
             console.out.print(f"apply: {host}: {status}", markup=False)
+        if applied and result.ring is not None and not result.failures:
+            console.out.print(f"apply: to keep this order in jobs and through provision, "
+                              f"add under all: vars in {inventory}: "
+                              f"{ring_order_line(result.ring.order)}", markup=False)
     if result.unreachable:
         sys.exit(EXIT_UNREACHABLE)
     sys.exit(EXIT_FAILED if result.failures else EXIT_OK)

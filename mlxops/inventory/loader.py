@@ -304,7 +304,32 @@ class _Builder:
                                MappingProxyType(origins))
         for host in hosts.values():
             self._check_peers(host, hosts)
+        hosts = self._in_ring_order(hosts, [self.groups["all"].vars, group_files["all"]])
         return Inventory(self.path, MappingProxyType(hosts), MappingProxyType(groups))
+
+    def _in_ring_order(self, hosts: dict[str, Host], all_layers: list[_Vars]
+                       ) -> dict[str, Host]:
+        """``mlxops_ring_order`` decides the inventory's host order, and so every rank
+        order: the hosts it lists first, in its order, then the others in file order. One
+        order for the whole inventory, so it is only read where ``all``'s vars are."""
+        name = "mlxops_ring_order"
+        at_all = [layer.origins[name] for layer in all_layers if name in layer.values]
+        for host in hosts.values():
+            if host.is_set(name) and host.origin(name) not in at_all:
+                path, key = host.origin(name)
+                raise bad_input(path, key, "set it under all: vars or in group_vars/all (one "
+                                           "ring order for the whole inventory), not for "
+                                           "a group or a host")
+        if not at_all:
+            return hosts
+        path, key = at_all[-1]  # the one in effect: group_vars/all wins over the file's
+        order = next(iter(hosts.values())).var(name)
+        for i, listed in enumerate(order):
+            if listed not in hosts:
+                raise bad_input(path, join_key(key, i), f"no host named {listed!r} in "
+                                                        f"{self.path}")
+        return {**{n: hosts[n] for n in order},
+                **{n: h for n, h in hosts.items() if n not in order}}
 
     def _check_peers(self, host: Host, hosts: dict[str, Host]) -> None:
         """``mlxops_rdma`` names peers: each must be a host of this inventory."""

@@ -252,6 +252,22 @@ def environment(value: Any) -> dict[str, str]:
     return out
 
 
+def host_names(value: Any) -> list[str]:
+    """A list of distinct host names. Whether each is a host of the inventory is checked
+    once the inventory is whole."""
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"must be a list of host names, got {value!r}")
+    seen: set[str] = set()
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name or _control(name) or \
+                any(c.isspace() for c in name):
+            raise Invalid(f"must be a host name, got {name!r}", subkey=str(i))
+        if name in seen:
+            raise Invalid(f"{name!r} is listed twice", subkey=str(i))
+        seen.add(name)
+    return list(value)
+
+
 _DEVICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 

@@ -127,5 +127,9 @@ register("mlxops_metal_fast_synch", 0, v.zero_or_one,
          "MLX_METAL_FAST_SYNCH: 1 turns it on (MLX warns it can wedge the GPU)")
 register("mlxops_rdma", None, v.rdma_devices,
          "jaccl: RDMA device towards each peer host, e.g. {studio2: rdma_en3}")
+register("mlxops_ring_order", None, v.host_names,
+         "(under all: vars) the hosts' order around the ring, so the order of ranks, "
+         "hostfiles and rank ports: those listed first, in this order, then the others "
+         "in file order (e.g. the ring mlxops bench found)")
 register("mlxops_ssh_target", None, v.ssh_target,
          "what mlx.launch/mpirun ssh to for this host (default: user@address)")

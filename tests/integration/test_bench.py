@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from cli_helpers import mlxops
 
 from mlxops.node.benchproto import BENCH_JOB
@@ -108,6 +109,18 @@ def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mu
     local = mlxops(tmp_path, "hostfile", str(box.inventory_path), "--order", doc["file"])
     assert local.returncode == 0, local.stderr
     assert [h["ips"][0] for h in json.loads(local.stdout)["hosts"]] == ips
+    # The finding's inventory line makes that order the inventory's own: provision would
+    # render what --apply wrote, byte for byte, with no --order.
+    line = next(f["message"] for f in doc["findings"] if f["kind"] == "ring")
+    assert f"mlxops_ring_order: [{', '.join(order)}] under all: vars" in line
+    inventory = yaml.safe_load(box.inventory_path.read_text())
+    inventory["all"]["vars"]["mlxops_ring_order"] = order
+    ordered = tmp_path / "ordered.yml"
+    ordered.write_text(yaml.safe_dump(inventory))
+    rendered = mlxops(tmp_path, "hostfile", str(ordered), "-o", str(tmp_path / "ring.json"))
+    assert rendered.returncode == 0, rendered.stderr
+    assert (tmp_path / "ring.json").read_bytes() == \
+        (box.node_home("node1") / ".mlxops/hostfiles/ring.json").read_bytes()
 
     rows = doc["allreduce"]
     assert [r["bytes"] for r in rows] == [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -307,6 +308,15 @@ def test_the_ring_is_searched_over_every_pair_or_taken_as_the_inventory_orders()
                                        strict=True)}
     assert frozenset(("mini-rack-07", "macbook-pro")) not in links  # unmeasured: unusable
     assert _ring(Request(Path("inv.yml")), doc, ["studio1"]) is None
+
+    # The finding gives the inventory line that makes the best ring the rank order.
+    doc.ring = best
+    ring = next(f for f in findings(doc) if f["kind"] == "ring")
+    assert f"mlxops_ring_order: [{', '.join(best.order)}] under all: vars" in ring["message"]
+    doc.ring = replace(best, inventory_bottleneck_gbps=9.0)  # the inventory's ring is as good
+    ring = next(f for f in findings(doc) if f["kind"] == "ring")
+    assert "mlxops_ring_order" not in ring["message"]
+    assert "the inventory's order is as good" in ring["message"]
 
 
 def test_a_users_job_named_like_the_benchs_is_never_stopped_by_a_bench(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ its first line (``# expect: ...``, paths relative to data/inventories/errors/).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -161,3 +162,28 @@ def test_unreadable_file(tmp_path: Path) -> None:
     path.write_bytes(b"all:\n  hosts:\n    mac\xff:\n")
     with pytest.raises(UserError, match=r"inventory\.yml: cannot read: "):
         load_inventory(path)
+
+
+def test_ring_order_is_the_inventory_order_every_rank_order_follows(tmp_path) -> None:
+    from mlxops.jobs.placement import place_ranks
+    from mlxops.render import launch_hostfile
+
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {
+        "vars": {"mlxops_ring_order": ["mac4", "mac1"]},
+        "children": {"macs": {"hosts": {f"mac{i}": {"ansible_host": f"10.0.0.{i}"}
+                                        for i in range(1, 5)}}}}}))
+    inv = load_inventory(tmp_path / "inventory.yml")
+    assert list(inv.hosts) == ["mac4", "mac1", "mac2", "mac3"]
+    assert [h.name for h in inv.select("mac3,mac2,mac1")] == ["mac1", "mac2", "mac3"]
+    assert [h.name for h in inv.select("macs[0]")] == ["mac1"]  # Ansible's group order
+    ranks = place_ranks(inv.select("all"), 30000)
+    assert [(r.rank, r.host, r.port) for r in ranks[:2]] == [(0, "mac4", 30000),
+                                                           (1, "mac1", 30001)]
+    ring = json.loads(launch_hostfile(inv.select("mac1,mac3,mac4"), "ring"))
+    assert [entry["ips"] for entry in ring["hosts"]] == [["10.0.0.4"], ["10.0.0.1"], ["10.0.0.3"]]
+
+    # group_vars/all overrides the file's all: vars, as any variable.
+    (tmp_path / "group_vars" / "all.yml").write_text("mlxops_ring_order: [mac2, mac3]\n")
+    assert list(load_inventory(tmp_path / "inventory.yml").hosts) == ["mac2", "mac3", "mac1",
+                                                                      "mac4"]
