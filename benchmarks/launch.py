@@ -16,8 +16,15 @@ On its own sandbox (N fake nodes; needs root), the bundled trainer with a tiny m
    and the ports are free; over fresh SSH connections) against what a user of mlx.launch
    does: Ctrl-C, i.e. SIGINT to mlx.launch's process group, timed until no rank process
    is left on any node.
+3. the controller's CPU while a job trains (``--cpu-seconds``, after every rank ran step
+   1): the launcher's process tree on the controller, both attached to the terminal as a
+   user runs them: ``mlx.launch`` against ``mlxops launch JOB`` (its watchdog in the
+   foreground). As a share of one core, from /proc; the ranks run on the nodes (under
+   their sshd), so they are not counted. mlx.launch 0.32's I/O loop waits in ``select``
+   on each rank's stdin pipe, which is always writable, so it never sleeps.
 
     sudo .venv/bin/python benchmarks/launch.py [--nodes 4] [--stop-ranks 16] [--repeat 3]
+                                               [--cpu-seconds 10]
 
 Every process it starts is stopped by pid and the sandbox taken down, also on Ctrl-C.
 
@@ -158,7 +165,8 @@ class Bench:
         self.launchers.append(proc)
         return proc, rel, t0
 
-    def start_mlxops(self, slots: int, cfg: dict) -> tuple[subprocess.Popen, str, float]:
+    def start_mlxops(self, slots: int, cfg: dict, detach: bool = True
+                     ) -> tuple[subprocess.Popen, str, float]:
         self.runs += 1
         name = f"bl-{self.runs}"
         job = {"name": name, "inventory": str(self.inventory(slots)), "hosts": "all",
@@ -169,8 +177,8 @@ class Bench:
         self.patterns.append(f"/.mlxops/runs/{name}/")
         log = open(self.work / f"mlxops-{name}.log", "wb")
         t0 = time.monotonic()
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("mlxops")), "launch",
-                                 str(path), "--detach"], env=self.env,
+        argv = [str(Path(sys.executable).with_name("mlxops")), "launch", str(path)]
+        proc = subprocess.Popen(argv + (["--detach"] if detach else []), env=self.env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         log.close()
@@ -394,6 +402,46 @@ def stop_once(bench: Bench, tool: str, slots: int, how: str = "ctrl-c"
     return up - t0, took, note
 
 
+def cpu_once(bench: Bench, tool: str, seconds: float) -> float:
+    """Share of one core the launcher's process tree on the controller uses over
+    ``seconds`` of training (1 rank a node, both attached); the job is stopped after."""
+    cfg = trainer_config()
+    cfg["train"]["steps"] = 1_000_000  # trains for as long as it is measured
+    if tool == "mlx.launch":
+        proc, rel, t0 = bench.start_mlx_launch(1, cfg)
+    else:
+        proc, rel, t0 = bench.start_mlxops(1, cfg, detach=False)
+    bench.wait_first_step(rel, 1, proc, timeout=120, detached=False, t0=t0)
+    cpu0, wall0 = tree_cpu_seconds(proc.pid), time.monotonic()
+    time.sleep(seconds)
+    share = (tree_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - wall0)
+    if proc.poll() is not None:
+        raise RuntimeError(f"{tool} exited during the CPU measure; see {bench.work} (kept)")
+    if tool == "mlx.launch":
+        bench.stop_mlx_launch(proc, bench.patterns[-1])
+    else:
+        bench.stop_mlxops(bench.jobs[-1])
+        bench.wait_launcher(proc)  # the watchdog sees the stop and returns 0
+    return share
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants so far (/proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            # Fields after the command name's ")": state is field 3, utime 14, stime 15.
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return total / tick
+
+
 def _exit_on_sigterm(signum, frame):
     # A plain SIGTERM would skip the finally: nodes, namespaces and ranks left behind.
     raise SystemExit(128 + signum)
@@ -409,6 +457,9 @@ def main() -> None:
                         help="skip the extra run that stops mlx.launch with `kill PID` "
                              "(SIGTERM to mlx.launch alone) instead of Ctrl-C")
     parser.add_argument("--subnet", default=None, help="sandbox subnet (default: a free /24)")
+    parser.add_argument("--cpu-seconds", type=float, default=10.0,
+                        help="how long the controller's CPU is measured while a job trains "
+                             "(0: not measured)")
     opts = parser.parse_args()
     if opts.stop_ranks % opts.nodes:
         parser.error(f"--stop-ranks {opts.stop_ranks} is not a multiple of --nodes {opts.nodes}")
@@ -421,6 +472,7 @@ def main() -> None:
     started = time.monotonic()
     launch_times: dict[str, list[float]] = {"mlx.launch": [], "mlxops": []}
     stops: dict[str, tuple[float, float, str]] = {}
+    cpu: dict[str, float] = {}
     slots = opts.stop_ranks // opts.nodes
     try:
         bench.up()
@@ -439,15 +491,20 @@ def main() -> None:
             stops[tool] = stop_once(bench, tool, slots)
         if opts.sigterm:
             stops["sigterm"] = stop_once(bench, "mlx.launch", slots, how="sigterm")
+        if opts.cpu_seconds > 0:
+            print(f"controller CPU over {opts.cpu_seconds:g} s of training ...", file=sys.stderr)
+            for tool in ("mlx.launch", "mlxops"):
+                cpu[tool] = cpu_once(bench, tool, opts.cpu_seconds)
     except BaseException:
         bench.keep = sys.exc_info()[0] is RuntimeError  # keep logs of a failed run
         raise
     finally:
         bench.cleanup()
-    report(opts, launch_times, stops, bench.cli_returned, time.monotonic() - started)
+    report(opts, launch_times, stops, bench.cli_returned, cpu, time.monotonic() - started)
 
 
-def report(opts, launch_times, stops, cli_returned, total: float) -> None:
+def report(opts, launch_times, stops, cli_returned, cpu: dict[str, float],
+           total: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -477,6 +534,10 @@ def report(opts, launch_times, stops, cli_returned, total: float) -> None:
         shown = "never" if st != st else f"{st:.2f}"
         table.add_row(f"  (info) stop {n} ranks by `kill <mlx.launch pid>` (s)", shown, "-",
                       "", "-", "")
+    if cpu:
+        table.add_row(f"controller CPU while training, attached (% of a core, "
+                      f"{opts.cpu_seconds:g} s)", f"{100 * cpu['mlx.launch']:.0f}",
+                      f"{100 * cpu['mlxops']:.0f}", "", "-", "")
     console = Console()
     if not console.is_terminal:
         console = Console(width=130)
