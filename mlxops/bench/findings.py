@@ -21,6 +21,7 @@ import statistics
 from typing import Any
 
 from mlxops.bench.results import BenchResult, average_busbw
+from mlxops.inventory.variables import ring_order_line
 
 SLOW = 0.75            # a link (a host) below this share of the median one is slow
 ASYMMETRIC = 0.75      # one direction below this share of the other
@@ -169,11 +170,6 @@ def _ring(result: BenchResult) -> list[dict[str, Any]]:
              "inventory_bottleneck_gbps": inv, "exact": ring.exact,
              "message": f"best ring: {path}; slowest link {_g(ring.bottleneck_gbps)} Gbit/s "
                         f"({how}); {advice}"}]
-
-
-def ring_order_line(order: list[str]) -> str:
-    """The inventory line that makes ``order`` the rank order everywhere."""
-    return f"mlxops_ring_order: [{', '.join(order)}]"
 
 
 def _allreduce(result: BenchResult) -> list[dict[str, Any]]:

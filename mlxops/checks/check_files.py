@@ -4,8 +4,14 @@ its own sync manifest), never with a second copy of the rules."""
 
 from __future__ import annotations
 
+import json
+
+from mlxops import render
+from mlxops.errors import UserError
+from mlxops.inventory.variables import ring_order_line
+from mlxops.node.protocol import RING
 from mlxops.tasks.env import env_path, render_env
-from mlxops.tasks.hostfiles import hostfile_path
+from mlxops.tasks.hostfiles import hostfile_path, render_all
 from mlxops.tasks.sync import code_path
 
 PROVISION = "run mlxops provision"
@@ -48,7 +54,44 @@ def check_hostfiles(node, cluster):
     found = [_hostfile_problems(node, rendered, which) for which, rendered in choices]
     if not all(found):
         return
+    reordered = _reordered(node, cluster)
+    if reordered:
+        which, order = reordered
+        raise node.fail(f"{hostfile_path(node.host, RING)} lists {which} in another order "
+                        f"({', '.join(order)}; mlxops bench --apply?)",
+                        f"to keep it, add under all: vars: {ring_order_line(order)}; else "
+                        f"{PROVISION}")
     raise node.fail("; ".join(found[0]), PROVISION)
+
+
+def _reordered(node, cluster) -> tuple[str, list[str]] | None:
+    """``(which hosts, their order)`` when every hostfile on the node is what the hostfiles
+    task renders for one of the sets of hosts put in another order, as ``mlxops bench
+    --apply`` writes them. The order is read off ``ring.json`` and checked by rendering."""
+    try:
+        entries = json.loads(_content(node, hostfile_path(node.host, RING)))["hosts"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    for which, hosts in cluster.target.hostfile_sets:
+        try:
+            by_entry = {json.dumps(e, sort_keys=True): h.name for e, h in zip(
+                json.loads(render.launch_hostfile(hosts, RING))["hosts"],
+                render.rank_hosts(hosts), strict=True)}
+            order = list(dict.fromkeys(by_entry[json.dumps(e, sort_keys=True)]
+                                       for e in entries))
+            rendered = render_all(render.in_order(hosts, order), cluster.target.inventory.path)
+        except (KeyError, TypeError, ValueError, UserError):
+            continue
+        if all(_content(node, hostfile_path(node.host, b)) == text.encode()
+               for b, text in rendered.items()):
+            return which, order
+    return None
+
+
+def _content(node, path: str) -> bytes | None:
+    """A file the node's answer carried, or None (missing, or not read)."""
+    found = node.files.get(path)
+    return found[0] if isinstance(found, tuple) else None
 
 
 def _hostfile_problems(node, rendered: dict[str, str], which: str) -> list[str]:

@@ -59,20 +59,27 @@ class Target:
         return self.inventory.hosts[name]
 
     @functools.cached_property
-    def hostfiles(self) -> list[tuple[str, dict[str, str]]] | str:
-        """What the ``hostfiles`` task writes, ``[(for which hosts, {backend: text})]``, for
-        each set of hosts provision may have been run on: the whole inventory, the job's
-        hosts, the checked ones (``--limit``). Or why none can be rendered."""
+    def hostfile_sets(self) -> list[tuple[str, tuple[Host, ...]]]:
+        """Each set of hosts provision may have been run on, named: the whole inventory,
+        the job's hosts, the checked ones (``--limit``); a set listed once."""
         sets = {"the inventory": tuple(self.inventory.hosts.values())}
         if self.job is not None:
             sets[f"the hosts of {self.job.path.name}"] = self.planned
         sets["the checked hosts"] = self.hosts
-        choices, errors, seen = [], [], set()
+        out, seen = [], set()
         for which, hosts in sets.items():
             names = tuple(h.name for h in hosts)
-            if names in seen:
-                continue
-            seen.add(names)
+            if names not in seen:
+                seen.add(names)
+                out.append((which, hosts))
+        return out
+
+    @functools.cached_property
+    def hostfiles(self) -> list[tuple[str, dict[str, str]]] | str:
+        """What the ``hostfiles`` task writes, ``[(for which hosts, {backend: text})]``, for
+        each of :attr:`hostfile_sets`. Or why none can be rendered."""
+        choices, errors = [], []
+        for which, hosts in self.hostfile_sets:
             try:
                 choices.append((which, render_all(list(hosts), self.inventory.path)))
             except (UserError, ValueError) as exc:

@@ -10,7 +10,6 @@ from rich.table import Table
 
 from mlxops import console
 from mlxops.bench.apply import apply_order
-from mlxops.bench.findings import ring_order_line
 from mlxops.bench.measure import Settings
 from mlxops.bench.results import BenchResult, average_busbw, save
 from mlxops.bench.run import ALL, RING, Request, default_port, parse_sizes, run_bench
@@ -22,6 +21,7 @@ from mlxops.cli.options import (
     limit_option,
 )
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, bad_input
+from mlxops.inventory.variables import ring_order_line
 
 MAX_STREAMS = 128
 

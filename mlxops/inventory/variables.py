@@ -73,6 +73,12 @@ def check(name: str, raw: Any) -> None:
     var.parse(raw)
 
 
+def ring_order_line(order: list[str]) -> str:
+    """The inventory line (under ``all: vars``) that makes ``order`` the hosts' order, so
+    the rank order everywhere: what ``mlxops bench`` and ``mlxops check`` tell users."""
+    return f"mlxops_ring_order: [{', '.join(order)}]"
+
+
 def _unknown(name: str) -> str:
     ours = [n for n in VARIABLES if n.startswith(PREFIX)]
     # Compare what follows the shared prefix, or everything would look close.

@@ -179,6 +179,38 @@ def test_hostfiles_are_the_hostfiles_tasks_for_the_inventory_or_the_checked_host
                                                       cluster)
 
 
+def test_hostfiles_in_a_benchs_order_say_so_and_the_line_that_keeps_them(tmp_path):
+    from mlxops import render
+    from mlxops.tasks.hostfiles import FILE_NAMES, render_all
+
+    cluster = cluster_of(tmp_path)
+    node = cluster.state("mac2")
+    hosts = list(cluster.target.inventory.hosts.values())
+    # What mlxops bench --apply writes: every hostfile, the hosts in the best ring's order.
+    applied = render_all(render.in_order(hosts, ["mac3", "mac1", "mac2"]))
+    for backend, text in applied.items():
+        node.files[f"/srv/mlxops/hostfiles/{FILE_NAMES[backend]}"] = (text.encode(), 0o644)
+    assert finding(check_files.check_hostfiles, node, cluster) == (
+        "mac2: /srv/mlxops/hostfiles/ring.json lists the inventory in another order "
+        "(mac3, mac1, mac2; mlxops bench --apply?): to keep it, add under all: vars: "
+        "mlxops_ring_order: [mac3, mac1, mac2]; else run mlxops provision")
+    # A reordered ring.json beside an mpi.txt of something else is just out of date.
+    node.files["/srv/mlxops/hostfiles/mpi.txt"] = (b"10.0.0.9 slots=1\n", 0o644)
+    assert "does not match the inventory" in finding(check_files.check_hostfiles, node,
+                                                      cluster)
+
+    # With that line in the inventory, the same files are what provision renders.
+    inv = yaml.safe_load((tmp_path / "inventory.yml").read_text())
+    inv["all"]["vars"]["mlxops_ring_order"] = ["mac3", "mac1", "mac2"]
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inv))
+    ordered = Cluster(load_target(tmp_path / "inventory.yml"), connector=None)
+    ordered.states = dict(cluster.states)
+    for backend, text in applied.items():  # as bench --apply left them
+        node.files[f"/srv/mlxops/hostfiles/{FILE_NAMES[backend]}"] = (text.encode(), 0o644)
+    check_files.check_hostfiles(node, ordered)
+    assert [h.name for h in ordered.target.hosts] == ["mac3", "mac1", "mac2"]
+
+
 def test_synced_code_names_what_differs(tmp_path):
     cluster = cluster_of(tmp_path)
     node = cluster.state("mac1")
