@@ -119,6 +119,17 @@ def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mu
     assert rendered.returncode == 0, rendered.stderr
     assert (tmp_path / "ring.json").read_bytes() == \
         (box.node_home("node1") / ".mlxops/hostfiles/ring.json").read_bytes()
+    # mlxops check names the order the nodes' hostfiles are in, and the line; with the
+    # line in the inventory, the hostfiles check passes.
+    for inventory_path, want in ((box.inventory_path, "another order"), (ordered, None)):
+        checked = mlxops(tmp_path, "check", str(inventory_path), "--json", "--limit", "node1")
+        got = next(r for r in json.loads(checked.stdout)["results"]
+                   if r["check"] == "check_hostfiles")
+        if want is None or order == sorted(order):  # the ring found may be file order
+            assert got["outcome"] == "passed", got
+        else:
+            assert got["outcome"] == "failed" and want in got["message"], got
+            assert f"mlxops_ring_order: [{', '.join(order)}]" in got["message"], got
 
     rows = doc["allreduce"]
     assert [r["bytes"] for r in rows] == [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]
