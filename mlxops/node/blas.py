@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 #: Where distributions put OpenBLAS, in order of preference. The pthread build first: its
@@ -94,26 +95,49 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/s
 
 
 def cgroup_quota(cgroup_root: str, self_cgroup: str) -> float | None:
-    """The tightest cgroup v2 ``cpu.max`` (quota / period, in CPUs) from this process's
-    cgroup up to the root; None when there is no quota (``max``) or no cgroup v2."""
+    """The tightest CPU quota (quota / period, in CPUs) from this process's cgroup up to
+    the root: cgroup v2 ``cpu.max``, or v1's ``cpu.cfs_quota_us`` on hosts whose cpu
+    controller is still in the v1 hierarchy. None when there is no quota or no cgroup."""
     try:
         lines = Path(self_cgroup).read_text().splitlines()
     except OSError:
         return None
-    unified = next((line[3:] for line in lines if line.startswith("0::")), None)
-    if unified is None:
-        return None
-    tightest = None
     root = Path(cgroup_root)
-    where = root / unified.strip("/")
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            found = _tightest(root, root / path.strip("/"), _v2_quota)
+        elif "cpu" in controllers.split(","):
+            mount = root / controllers  # "cpu", or "cpu,cpuacct" where they are joined
+            found = _tightest(mount, mount / path.strip("/"), _v1_quota)
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def _tightest(root: Path, where: Path, read: Callable[[Path], float | None]) -> float | None:
+    """The smallest quota ``read`` finds from ``where`` up to ``root``."""
+    tightest = None
     while True:
         try:
-            quota, period = (where / "cpu.max").read_text().split()[:2]
-            if quota != "max":
-                cpus = int(quota) / int(period)
-                tightest = cpus if tightest is None else min(tightest, cpus)
+            cpus = read(where)
         except (OSError, ValueError):
-            pass
+            cpus = None
+        if cpus is not None:
+            tightest = cpus if tightest is None else min(tightest, cpus)
         if where == root or root not in where.parents:
             return tightest
         where = where.parent
+
+
+def _v2_quota(where: Path) -> float | None:
+    quota, period = (where / "cpu.max").read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_quota(where: Path) -> float | None:
+    quota = int((where / "cpu.cfs_quota_us").read_text())
+    period = int((where / "cpu.cfs_period_us").read_text())
+    return None if quota < 0 else quota / period

@@ -15,7 +15,10 @@ from pathlib import Path
 from mlxops.errors import MlxopsError
 
 ROOT = Path("/sys/fs/cgroup")
-PERIOD_US = 100_000
+#: A short period: the capped node runs a little of every 20 ms, as a slower CPU would,
+#: instead of its whole share of 100 ms (the kernel's default) in one burst and then
+#: nothing, which made a step take one, two or three periods at random.
+PERIOD_US = 20_000
 
 
 def _hierarchy() -> tuple[str, Path]:

@@ -1,10 +1,15 @@
-"""balance: on sandbox nodes made unequal: one node capped at a fraction of a CPU.
+"""balance: on sandbox nodes made unequal: one node capped at half a CPU, and slower.
 
 The same job runs with ``balance: equal`` and ``balance: auto`` on a fast node and a slow
-one. auto measures the two ranks in its first steps and gives the slow one less: the
-steps get faster, the losses stay within 1e-4 of the equal run's, ``mlxops plan`` shows
-the split it measured (read from the nodes) and says the slow node does not pay for
-itself, and a resume without it (``--exclude``) goes on with the same losses.
+one. The slow node gets a cgroup CPU quota of half a CPU (the sandbox's option). A quota
+alone makes a poor stand-in for a slower Mac, though. The kernel hands a capped group its
+share in slices, and under a tight cap (8% of a CPU was tried) the rank's steps swung
+between 0.14 and 0.9 s whatever the split, so "faster" was a coin toss. So the slow rank
+also takes 50 ms more per sequence (the trainer's slow hook), as a machine that computes
+slower would. auto measures the two ranks in its first steps and gives the slow one
+less: the steps get faster, the losses stay within 1e-4 of the equal run's, ``mlxops
+plan`` shows the split it measured (read from the nodes) and says the slow node does not
+pay for itself, and a resume without it (``--exclude``) goes on with the same losses.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from mlxops.jobs.watch import supervise
 from mlxops.sandbox import cgroups
 
 FAST, SLOW = "node7", "node8"
-QUOTA = 0.08  # of one CPU: a step's ~20 ms of compute takes the slow node ~250 ms
+QUOTA = 0.5  # of one CPU: below the 2 CPUs the sandbox's nodes see otherwise
+SLOW_RANK = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.05"}  # rank 1 (on SLOW): +50 ms a sequence
 TRAINER = {
     "model": {"dims": 128, "layers": 1, "heads": 4, "vocab_size": 256, "seq_len": 64},
     "data": {"source": "synthetic", "seed": 0},
@@ -41,7 +47,7 @@ def write_job(tmp_path: Path, sandbox, name: str, balance: str, **train) -> Path
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"].update(train)
     job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": f"{FAST},{SLOW}",
-           "backend": "ring", "balance": balance, "trainer": trainer,
+           "backend": "ring", "balance": balance, "trainer": trainer, "env": SLOW_RANK,
            "restart": {"max_restarts": 0, "stall_timeout": 120}}
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))

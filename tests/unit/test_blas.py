@@ -93,9 +93,22 @@ def test_usable_cpus_follow_the_affinity_mask_and_a_cgroup_quota(tmp_path, monke
     assert blas.usable_cpus(str(root), str(own)) == 3            # rounded up
     (leaf / "cpu.max").write_text("50000 100000\n")              # half a CPU: at least 1
     assert blas.usable_cpus(str(root), str(own)) == 1
-    own.write_text("4:memory:/x\n")                              # cgroup v1 only
+    own.write_text("4:memory:/x\n")                              # no cpu controller
     assert blas.usable_cpus(str(root), str(own)) == 8
     assert blas.usable_cpus(str(root), str(tmp_path / "none")) == 8
+
+    # The cpu controller still in the v1 hierarchy (this CI machine's kind): its mount
+    # is named after the controllers, the quota is cfs_quota_us / cfs_period_us.
+    own.write_text("4:memory:/x\n2:cpu,cpuacct:/sandbox/node8\n1:name=systemd:/\n0::/\n")
+    v1 = root / "cpu,cpuacct" / "sandbox" / "node8"
+    v1.mkdir(parents=True)
+    for where, quota in ((root / "cpu,cpuacct", "-1"), (v1.parent, "-1"), (v1, "8000")):
+        (where / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (where / "cpu.cfs_period_us").write_text("100000\n")
+    assert blas.cgroup_quota(str(root), str(own)) == 0.08
+    assert blas.usable_cpus(str(root), str(own)) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")                # no quota
+    assert blas.usable_cpus(str(root), str(own)) == 8
 
 
 def test_preflight_answers_openblas_on_linux_only_and_the_cpus(tmp_path, monkeypatch):
