@@ -371,9 +371,16 @@ class _Answer:
         return cls(**cls._fields(doc))
 
 
+#: The trainer rewrites its heartbeat after a step at most this often (seconds), and
+#: always after its first step and at the end. A file rewrite costs about 1 ms, which is 10%
+#: of a 10 ms step on a fast Mac; the watchdog's stall timeouts are whole seconds.
+HEARTBEAT_EVERY = 0.5
+
+
 @dataclass
 class Progress(_Answer):
-    """``progress/rank-<r>.json``: the trainer's heartbeat, rewritten after every step."""
+    """``progress/rank-<r>.json``: the trainer's heartbeat, rewritten after a step at most
+    every :data:`HEARTBEAT_EVERY` seconds (and after the first step, and at the end)."""
 
     rank: int | None = None
     step: int | None = None

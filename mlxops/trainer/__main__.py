@@ -15,7 +15,7 @@ files under out:
   metrics.jsonl            rank 0: one JSON object per logged step (step, loss, tokens_per_sec,
                            time, step_time, compute_time, comm_time, memory, world_size,
                            consistency_repairs, ...)
-  progress/rank-<r>.json   every rank, after every step (state running|finished)
+  progress/rank-<r>.json   every rank, after a step at most every 0.5 s (running|finished)
   calibration.json         train.balance auto: the samples/s it measured and the split taken
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
 

@@ -87,6 +87,8 @@ class Trainer:
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = 0
         self._oom_error = ""
+        self._beat_at: float | None = None  # when the heartbeat was last written
+        self._clock = time.monotonic  # what the heartbeat's interval is measured with
         self.repairs = 0  # consistency repairs in this run (resume carries them on)
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
@@ -278,7 +280,7 @@ class Trainer:
             del before
             self.step = step
             window.append((t3 - t0, compute))
-            self._progress(loss, tokens_per_step / (t3 - t0), "running")
+            self._progress(loss, tokens_per_step / (t3 - t0), protocol.RUNNING)
             hooks.fake_diverge(self.rank, step, self.model)
             if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
                 self._check_consistency(step)
@@ -289,7 +291,7 @@ class Trainer:
                 self._calibrate(compute)
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == stop):
                 self._checkpoint()
-        self._progress(self._last_loss, self._last_tps, "finished")
+        self._progress(self._last_loss, self._last_tps, protocol.FINISHED)
         self._log(f"done: {self.step} steps")
 
     def _calibrate(self, compute: float | None) -> None:
@@ -333,6 +335,11 @@ class Trainer:
 
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
+        now = self._clock()
+        if state == protocol.RUNNING and self._beat_at is not None and \
+                now - self._beat_at < protocol.HEARTBEAT_EVERY:
+            return  # written less than HEARTBEAT_EVERY ago: a later step will
+        self._beat_at = now
         path = self.out / protocol.progress_file(self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(protocol.Progress(

@@ -120,3 +120,26 @@ def test_every_all_reduced_gradient_buffer_is_padded_to_aligned_segments(monkeyp
             assert got.shape == want.shape and got.dtype == mx.float32, k
             assert mx.array_equal(got, want), k
         assert s.tolist() == [1.5, 1.0, 0.0]
+
+
+def test_the_heartbeat_is_rewritten_at_most_every_half_second(tmp_path, monkeypatch):
+    """After the first step, then at most every protocol.HEARTBEAT_EVERY, and at the end."""
+    cfg = json.loads(json.dumps(TINY))
+    cfg["train"].update({"steps": 12, "checkpoint_every": 0, "micro_batch": 8})
+    cfg["out"] = str(tmp_path / "out")
+    trainer = train.Trainer(load_config(cfg), resume=False)
+    ticks = iter(range(100))
+    trainer._clock = lambda: next(ticks) * 0.2  # each heartbeat chance is 0.2 s later
+    beats = []
+    real = train.write_atomic
+
+    def write(path, text, **kw):
+        if path.parent.name == "progress":
+            beats.append((json.loads(text)["step"], json.loads(text)["state"]))
+        return real(path, text, **kw)
+
+    monkeypatch.setattr(train, "write_atomic", write)
+    trainer.run()
+    # 0.2 s a step: steps 1, 4 (0.6 s after 1), 7, 10; then the end.
+    assert beats == [(1, "running"), (4, "running"), (7, "running"), (10, "running"),
+                     (12, "finished")]
