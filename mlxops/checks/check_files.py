@@ -73,15 +73,13 @@ def _reordered(node, cluster) -> tuple[str, list[str]] | None:
     except (TypeError, ValueError, KeyError):
         return None
     for which, hosts in cluster.target.hostfile_sets:
+        ranks = render.rank_hosts(hosts)  # one rendered entry per rank, in this order
         try:
-            by_entry = {json.dumps(e, sort_keys=True): h.name for e, h in zip(
-                json.loads(render.launch_hostfile(hosts, RING))["hosts"],
-                render.rank_hosts(hosts), strict=True)}
-            order = list(dict.fromkeys(by_entry[json.dumps(e, sort_keys=True)]
-                                       for e in entries))
+            mine = json.loads(render.launch_hostfile(hosts, RING))["hosts"]
+            order = list(dict.fromkeys(ranks[mine.index(e)].name for e in entries))
             rendered = render_all(render.in_order(hosts, order), cluster.target.inventory.path)
         except (KeyError, TypeError, ValueError, UserError):
-            continue
+            continue  # an entry of no host of this set (list.index: ValueError)
         if all(_content(node, hostfile_path(node.host, b)) == text.encode()
                for b, text in rendered.items()):
             return which, order

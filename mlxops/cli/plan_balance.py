@@ -6,12 +6,13 @@ from __future__ import annotations
 from rich.table import Table
 
 from mlxops import console
-from mlxops.jobs.balance import BalancePlan
+from mlxops.jobs.balance import WEIGHTS, BalancePlan
+from mlxops.jobs.spec import BALANCE_AUTO, BALANCE_EQUAL
 
 
 def shown(split: BalancePlan) -> bool:
     """An equal split with nothing measured says nothing the plan table does not."""
-    return split.mode != "equal" or bool(split.measured)
+    return split.mode != BALANCE_EQUAL or bool(split.measured)
 
 
 def balance_table(split: BalancePlan) -> Table:
@@ -29,10 +30,10 @@ def balance_table(split: BalancePlan) -> Table:
 
 
 def balance_notes(split: BalancePlan) -> list[str]:
-    mode = {"weights": "host weights", "auto": "auto", "equal": "equal"}[split.mode]
+    mode = "host weights" if split.mode == WEIGHTS else split.mode
     if split.measured:
         lines = [f"balance: {mode}; samples/s {split.measured}"]
-    elif split.mode == "auto":
+    elif split.mode == BALANCE_AUTO:
         lines = ["balance: auto; not measured yet: the job's ranks time their first steps "
                  "(near-equal shares until then)"]
     else:
@@ -43,7 +44,7 @@ def balance_notes(split: BalancePlan) -> list[str]:
                      "ranks (see the error launch gives)")
     if split.step_ms is not None:
         equal = (f" (equal split {split.equal_ms:.0f} ms)"
-                 if split.equal_ms is not None and split.mode != "equal" else "")
+                 if split.equal_ms is not None and split.mode != BALANCE_EQUAL else "")
         lines.append(f"predicted compute {split.step_ms:.0f} ms/step{equal}; the "
                      "all-reduce comes on top")
     for host in split.not_paying:

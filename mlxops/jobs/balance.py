@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxops import shell
+from mlxops import render, shell
 from mlxops.errors import UserError
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.record import load_record
-from mlxops.jobs.spec import BALANCE_EQUAL, JobSpec
+from mlxops.jobs.spec import BALANCE_AUTO, BALANCE_EQUAL, JobSpec, rank_weights
 from mlxops.node import protocol
 from mlxops.trainer import balance as rule
 from mlxops.trainer import config as trainer_config
@@ -52,9 +52,19 @@ class BalancePlan:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "hosts": [h.to_dict() for h in self.hosts]}
 
+    def largest(self, host: str) -> int | None:
+        """The most sequences one of ``host``'s ranks takes a step (None: not in the
+        split, or the split would be refused)."""
+        share = next((h for h in self.hosts if h.host == host), None)
+        return max(share.sequences) if share and any(share.sequences) else None
+
+
+#: ``BalancePlan.mode`` of a ``{host: weight}`` balance (the others: the modes' own words).
+WEIGHTS = "weights"
+
 
 def _mode(spec: JobSpec) -> str:
-    return spec.balance if isinstance(spec.balance, str) else "weights"
+    return spec.balance if isinstance(spec.balance, str) else WEIGHTS
 
 
 def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
@@ -67,9 +77,7 @@ def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
     if spec.balance == BALANCE_EQUAL:
         return None if global_batch % world else [global_batch // world] * world
     if isinstance(spec.balance, dict):
-        per_host = {h: rank_hosts.count(h) for h in rank_hosts}
-        return rule.split_counts(global_batch,
-                                 [spec.balance[h] / per_host[h] for h in rank_hosts])
+        return rule.split_counts(global_batch, rank_weights(spec, rank_hosts))
     if speeds is None:
         return rule.split_counts(global_batch, [1.0] * world)  # auto before it measured
     return rule.auto_split(global_batch, speeds)
@@ -81,7 +89,7 @@ def plan_balance(spec: JobSpec, hosts: Sequence, calibration: dict | None = None
     ``calibration`` naming every host, predicted compute times and who does not pay."""
     cfg = trainer_config.from_dict(dict(spec.trainer or {}))
     batch = cfg.train.global_batch
-    rank_hosts = [h.name for h in hosts for _ in range(h.slots)]
+    rank_hosts = [h.name for h in render.rank_hosts(hosts)]
     speeds = _rank_speeds(calibration, rank_hosts)
     counts = _split(spec, rank_hosts, batch, speeds) or [0] * len(rank_hosts)
     out = BalancePlan(_mode(spec), batch, [], source if speeds else "")
@@ -116,11 +124,10 @@ def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
     measured at launch. None with ``equal`` (the trainer's plain ``global_batch / world``)."""
     if spec.balance == BALANCE_EQUAL or spec.trainer is None:
         return None
-    if spec.balance == "auto":
+    if spec.balance == BALANCE_AUTO:
         batch = trainer_config.from_dict(dict(spec.trainer)).train.global_batch
         return max(1, batch - (sum(h.slots for h in hosts) - 1))
-    share = next((h for h in plan_balance(spec, hosts).hosts if h.host == host), None)
-    return max(share.sequences) if share and any(share.sequences) else None
+    return plan_balance(spec, hosts).largest(host)
 
 
 def _rank_speeds(calibration: dict | None, rank_hosts: Sequence[str]) -> list[float] | None:

@@ -67,10 +67,8 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
             continue
         node, source = facts[host.name]
         memory = int(node.get("memory_bytes") or 0)
-        share = next((h for h in split.hosts if h.host == host.name), None) if split else None
         plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
-                           per_rank=max(share.sequences) if share and any(share.sequences)
-                           else None)
+                           per_rank=split.largest(host.name) if split else None)
         plans.append(NodePlan(host.name, memory, node.get("chip") or node.get("arch") or "",
                               host.slots, plan, source))
     return plans, results

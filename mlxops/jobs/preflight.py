@@ -50,7 +50,7 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
     # launch, plan, resume: before connecting
-    check_world(spec, sum(h.slots for h in hosts), [h.name for h in hosts for _ in range(h.slots)])
+    check_world(spec, sum(h.slots for h in hosts), [h.name for h in render.rank_hosts(hosts)])
     return hosts
 
 

@@ -38,8 +38,9 @@ ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_ag
 _ALERT_LIMITS = {"memory_share": (1.0, True, "a share of the node's memory from 0 to 1"),
                  "tokens_per_sec_drop": (1.0, False, "a fraction from 0 to below 1"),
                  "heartbeat_age": (float("inf"), False, "a number of seconds")}
-#: ``balance:``: how the trainer splits the global batch over unequal nodes (docs/job-file.md).
-BALANCE_EQUAL, BALANCE_AUTO = "equal", "auto"
+#: ``balance:``: how the trainer splits the global batch over unequal nodes (docs/job-file.md):
+#: the trainer's own modes (``train.balance``), or a mapping of host: weight.
+BALANCE_EQUAL, BALANCE_AUTO = trainer_config.BALANCE_EQUAL, trainer_config.BALANCE_AUTO
 
 
 @dataclass(frozen=True)

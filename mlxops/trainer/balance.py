@@ -11,6 +11,7 @@ Standard library only: the controller imports it to show a split in ``mlxops pla
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 
 #: ``balance: auto`` keeps the split it has unless the measured speeds predict a step at
@@ -79,7 +80,7 @@ def recorded_speeds(rank_hosts: Sequence[str], measured_hosts: Sequence[str],
     by_host: dict[str, list[float]] = {}
     for host, speed in zip(measured_hosts, measured, strict=True):
         by_host.setdefault(host, []).append(float(speed))
-    now = {h: list(rank_hosts).count(h) for h in rank_hosts}
+    now = Counter(rank_hosts)
     if any(len(by_host.get(h, ())) != n for h, n in now.items()):
         return None
     taken = {h: iter(by_host[h]) for h in now}

@@ -126,7 +126,9 @@ def default_config() -> TrainerConfig:
     return TrainerConfig()
 
 
-BALANCE_MODES = ("equal", "auto")
+#: ``train.balance``'s modes (a job's ``balance:`` takes the same words).
+BALANCE_EQUAL, BALANCE_AUTO = "equal", "auto"
+BALANCE_MODES = (BALANCE_EQUAL, BALANCE_AUTO)
 
 
 def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
@@ -377,7 +379,7 @@ def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
     if isinstance(balance, list) and len(balance) != world:
         raise ConfigError(f"{where}: train.balance: {len(balance)} weights for {world} ranks "
                           "(one weight per rank)")
-    if balance == "equal" and g % world:
+    if balance == BALANCE_EQUAL and g % world:
         raise ConfigError(f"{where}: train.global_batch: {g} is not divisible by the world "
                           f"size {world} (each rank takes global_batch / world sequences)")
     if g < world:

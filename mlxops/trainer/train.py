@@ -16,7 +16,7 @@ from mlxops.node import protocol
 
 from . import balance, checkpoint, consistency, hooks
 from .checkpoint import write_atomic
-from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
+from .config import BALANCE_AUTO, ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_rank
 from .distributed import (
     all_gather_cpu,
@@ -95,7 +95,7 @@ class Trainer:
         self._last_tps = 0.0
         self._start(resume)
         self._calibration: list[float] | None = None
-        if t.balance == "auto" and self.world > 1 and self.speeds is None:
+        if t.balance == BALANCE_AUTO and self.world > 1 and self.speeds is None:
             self._calibration = []  # compute seconds per step, measured from the 2nd step
         self._compile()
 
@@ -152,7 +152,7 @@ class Trainer:
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
         self.repairs = state.get("consistency_repairs", 0)
-        if self.cfg.train.balance == "auto" and state.get("balance_speeds"):
+        if self.cfg.train.balance == BALANCE_AUTO and state.get("balance_speeds"):
             self._recorded_speeds(state)
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
@@ -314,10 +314,9 @@ class Trainer:
                   f"{self.counts} (predicted compute "
                   f"{balance.step_seconds(before, speeds) * 1e3:.0f} -> "
                   f"{balance.step_seconds(self.counts, speeds) * 1e3:.0f} ms/step)")
-        hosts = self.speed_hosts
         if self.writer:
             write_atomic(self.out / protocol.CALIBRATION, json.dumps({
-                "step": self.step, "world_size": self.world, "hosts": hosts,
+                "step": self.step, "world_size": self.world, "hosts": self.speed_hosts,
                 "samples_per_sec": speeds, "batch_split": self.counts,
                 "time": time.time()}) + "\n")
 
