@@ -535,9 +535,10 @@ def report(opts, launch_times, stops, cli_returned, cpu: dict[str, float],
         table.add_row(f"  (info) stop {n} ranks by `kill <mlx.launch pid>` (s)", shown, "-",
                       "", "-", "")
     if cpu:
+        ratio = f"{cpu['mlxops'] / cpu['mlx.launch']:.2f}x" if cpu["mlx.launch"] else "-"
         table.add_row(f"controller CPU while training, attached (% of a core, "
                       f"{opts.cpu_seconds:g} s)", f"{100 * cpu['mlx.launch']:.0f}",
-                      f"{100 * cpu['mlxops']:.0f}", "", "-", "")
+                      f"{100 * cpu['mlxops']:.0f}", ratio, "-", "")
     console = Console()
     if not console.is_terminal:
         console = Console(width=130)
