@@ -7,9 +7,10 @@ PY := $(VENV)/bin/python
 # world-readable Python for the node user, OpenMPI for the mpi backend, OpenBLAS for the
 # ranks to preload in place of the reference BLAS in MLX's Linux wheel, iperf3 for the
 # bench's cross-check, headless Chromium for the dashboard and report pages, tmux for the
-# terminal monitor in a real terminal).
+# terminal monitor in a real terminal, zsh for nodes that log in as a stock Mac does,
+# bsdtar (libarchive-tools) for nodes whose tar is a Mac's).
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
-	libopenblas0-pthread iperf3 chromium tmux
+	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools
 
 .PHONY: demo test test-unit lint venv system-deps clean
 

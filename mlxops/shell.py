@@ -82,6 +82,26 @@ def path_word(path: str) -> str:
     return quote(path)
 
 
+#: The POSIX shell every remote command runs in, whatever the node user's login shell.
+POSIX_SH = "/bin/sh"
+
+
+def posix_sh(command: str) -> str:
+    """``exec /bin/sh -c '<command>'``: the line sent over SSH for ``command``.
+
+    sshd runs what a client sends as ``$SHELL -c <line>``, with the user's login shell:
+    zsh on a stock Mac (since 10.15), where an unmatched glob is an error (NOMATCH),
+    unquoted ``$VAR`` is not word-split and ``=word`` expands to a path. Every command
+    mlxops builds is POSIX ``sh``; this wrapper makes the login shell parse one quoted
+    word and hand the command to ``/bin/sh`` unchanged (bash 3.2 in POSIX mode or dash on
+    macOS, dash or bash on Linux). ``exec`` keeps the pid: ``$$`` inside is still the
+    session's process group leader. Login shells that parse single quotes as POSIX does
+    (sh, bash, zsh, ksh, fish) work; csh/tcsh do not (a newline inside quotes is an error
+    there).
+    """
+    return f"exec {POSIX_SH} -c {quote(command)}"
+
+
 def and_then(commands: Iterable[str]) -> str:
     """Chain already-built command lines with ``&&``."""
     return " && ".join(c for c in commands if c)

@@ -13,7 +13,7 @@ import click
 
 from mlxops import console
 from mlxops.sandbox import Sandbox
-from mlxops.sandbox.layout import DEFAULT_PREFIX, DEFAULT_SUBNET
+from mlxops.sandbox.layout import DEFAULT_PREFIX, DEFAULT_SUBNET, LOGIN_SHELLS
 
 _dir_option = click.option(
     "--dir", "state_dir", type=click.Path(file_okay=False), envvar="MLXOPS_SANDBOX_DIR",
@@ -38,7 +38,12 @@ def command() -> None:
               help="IPv4 subnet: .1 is this machine (on the bridge), node i is .(10+i).")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,
               help="Name prefix of the bridge, namespaces and veths (tells sandboxes apart).")
-def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: str) -> None:
+@click.option("--login-shell", type=click.Choice(sorted(LOGIN_SHELLS)), default="bash",
+              show_default=True,
+              help="The node user's login shell, which sshd runs every remote command "
+                   "under: zsh as on a stock Mac (its own account, mlxnodez).")
+def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: str,
+       login_shell: str) -> None:
     """Start NODES fake nodes and write a ready-to-use inventory.
 
     Refuses when a sandbox already runs in DIR: run `mlxops sandbox down` first. The
@@ -46,7 +51,8 @@ def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: 
     under /var/cache/mlxops-sandbox; later runs reuse it.
     """
     start = time.monotonic()
-    box = Sandbox(state_dir, subnet=subnet, prefix=prefix, log=lambda m: console.err.print(m))
+    box = Sandbox(state_dir, subnet=subnet, prefix=prefix, login_shell=login_shell,
+                  log=lambda m: console.err.print(m))
     info = box.up(nodes, rates=rates)
     elapsed = time.monotonic() - start
     out = console.out

@@ -17,7 +17,7 @@ import stat
 from mlxops.errors import UserError
 from mlxops.sandbox import cgroups, clientfiles, netns, nodes
 from mlxops.sandbox.faults import Faults
-from mlxops.sandbox.layout import NodeLayout, node_rates, parse_rate
+from mlxops.sandbox.layout import LOGIN_SHELLS, NodeLayout, node_rates, parse_rate
 from mlxops.sandbox.python import node_python
 from mlxops.sandbox.state import STATE_VERSION, SandboxInfo
 
@@ -63,7 +63,7 @@ class Sandbox(Faults):
         self._state = {
             "version": STATE_VERSION, "prefix": self.layout.prefix,
             "subnet": str(self.layout.subnet), "bridge": self.layout.bridge,
-            "user": self.user, "python": node_py,
+            "user": self.user, "login_shell": self.login_shell, "python": node_py,
             "rate": rate or next((r for r in rates if "=" not in r), None),
             "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
                        "sshd_pid": None, "rate": shaped[n.name]} for n in plan],
@@ -79,7 +79,7 @@ class Sandbox(Faults):
         return self.info
 
     def _create(self, plan: list[NodeLayout], rate_bits: dict[str, int | None]) -> None:
-        account = nodes.ensure_user(self.user)
+        account = nodes.ensure_user(self.user, LOGIN_SHELLS[self.login_shell])
         keygens = [nodes.keygen(self.key_path, "mlxops-sandbox")]
         for node in plan:
             files = self._files(node.name)

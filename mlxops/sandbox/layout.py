@@ -16,6 +16,11 @@ from mlxops.errors import UserError
 DEFAULT_PREFIX = "mxsb"
 DEFAULT_SUBNET = "10.231.0.0/24"
 NODE_USER = "mlxnode"
+# The node user's login shell: sshd runs every remote command under it. A stock Mac's is
+# zsh (since macOS 10.15); each shell has its own account, since the shell is the
+# account's (passwd), and two sandboxes of different shells may run at once.
+LOGIN_SHELLS = {"bash": "/bin/bash", "zsh": "/usr/bin/zsh"}
+SHELL_USERS = {"bash": NODE_USER, "zsh": "mlxnodez"}
 FIRST_NODE_HOST = 11  # node1 is .11, node2 .12, ...; .1 is the controller
 
 # Interface names are at most 15 bytes: prefix + "v" + up to 4 digits, or prefix + "br".

@@ -36,13 +36,20 @@ _NAME_BIND_AND_EXEC = ('printf %s "$1" > /proc/sys/kernel/hostname && '
                        'mount --bind "$2" "$3" && shift 3 && exec "$@"')
 
 
-def ensure_user(user: str) -> pwd.struct_passwd:
-    """The shared node account: created if missing, and unlocked for key-only login."""
+def ensure_user(user: str, login_shell: str = "/bin/bash") -> pwd.struct_passwd:
+    """The shared node account: created if missing, with ``login_shell`` (set again if
+    an earlier sandbox made it with another), and unlocked for key-only login."""
+    if not os.access(login_shell, os.X_OK):
+        raise MlxopsError(f"login shell {login_shell} is not installed (apt-get install "
+                          f"{os.path.basename(login_shell)})")
     try:
         entry = pwd.getpwnam(user)
+        if entry.pw_shell != login_shell:
+            run(["usermod", "--shell", login_shell, user])
+            entry = pwd.getpwnam(user)
     except KeyError:
         made = run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{user}",
-                    "--shell", "/bin/bash", user], check=False)
+                    "--shell", login_shell, user], check=False)
         try:
             entry = pwd.getpwnam(user)  # a concurrent `up` may have just made it
         except KeyError:
@@ -175,8 +182,9 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
     as ``user`` (None = root) with a clean login-like environment plus ``env``."""
     inner = list(argv)
     if user is not None:
-        home = pwd.getpwnam(user).pw_dir
-        base = {"HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
+        account = pwd.getpwnam(user)
+        base = {"HOME": account.pw_dir, "USER": user, "LOGNAME": user,
+                "SHELL": account.pw_shell,
                 "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": str(NODE_TMP)}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],

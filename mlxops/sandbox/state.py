@@ -18,7 +18,14 @@ from pathlib import Path
 
 from mlxops.errors import MlxopsError, UserError
 from mlxops.sandbox import clientfiles, netns, nodes
-from mlxops.sandbox.layout import DEFAULT_PREFIX, DEFAULT_SUBNET, NODE_USER, Layout, NodeLayout
+from mlxops.sandbox.layout import (
+    DEFAULT_PREFIX,
+    DEFAULT_SUBNET,
+    LOGIN_SHELLS,
+    SHELL_USERS,
+    Layout,
+    NodeLayout,
+)
 
 DEFAULT_DIR = "/var/lib/mlxops-sandbox"
 STATE_VERSION = 1
@@ -51,8 +58,8 @@ class SandboxState:
     once ``up`` ran, they are read back from ``state.json``."""
 
     def __init__(self, dir: str | os.PathLike | None = None, subnet: str | None = None,
-                 prefix: str | None = None, user: str = NODE_USER,
-                 log=None):
+                 prefix: str | None = None, user: str | None = None,
+                 login_shell: str = "bash", log=None):
         self.dir = Path(dir) if dir is not None else default_dir()
         self.dir = self.dir.absolute()
         self._log = log or (lambda msg: None)
@@ -60,9 +67,14 @@ class SandboxState:
         if state:
             self.layout = Layout.make(state["prefix"], state["subnet"])
             self.user = state["user"]
+            self.login_shell = state.get("login_shell", "bash")
         else:
+            if login_shell not in LOGIN_SHELLS:
+                raise UserError(f"--login-shell: {login_shell!r}: want one of "
+                                f"{', '.join(LOGIN_SHELLS)}")
             self.layout = Layout.make(prefix or DEFAULT_PREFIX, subnet or DEFAULT_SUBNET)
-            self.user = user
+            self.login_shell = login_shell
+            self.user = user or SHELL_USERS[login_shell]
         self._state = state
 
     # -- paths ---------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Both kinds expose the same small surface — :meth:`run` a command line (built by
 :mod:`mlxops.shell`), optionally feeding bytes to its stdin — so tasks and jobs never care
-which one they hold. Commands are POSIX ``sh`` (macOS runs them under the user's zsh).
+which one they hold. Commands are POSIX ``sh``, and run by ``/bin/sh`` on every host: locally
+directly, over SSH through :func:`mlxops.shell.posix_sh` (sshd would hand them to the user's
+login shell, zsh on a Mac).
 
 SSH commands run on a raw paramiko channel of the Fabric connection rather than through
 Fabric's ``run``: invoke's runner decodes stdin as text (our sync archives are binary) and
@@ -23,6 +25,7 @@ from typing import IO, Protocol
 import fabric
 import paramiko
 
+from mlxops import shell
 from mlxops.transport.hostkeys import (
     ChangedHostKey,
     HostKeyPolicy,
@@ -227,7 +230,7 @@ class SSHConnection:
         wire = _REPORT_PGID + command if timeout is not None else command
         try:
             transport, channel = self._session()
-            channel.exec_command(wire)
+            _exec(channel, wire)
             feeder = None
             if stdin is not None:
                 feeder = threading.Thread(target=_feed, args=(channel, stdin), daemon=True)
@@ -253,14 +256,21 @@ class SSHConnection:
         """TERM, then KILL a second later, the process group of a command we gave up on."""
         group = f"-{pgid}"
         channel = transport.open_session(timeout=self._options.connect_timeout)
-        channel.exec_command(f"kill -TERM -- {group} 2>/dev/null; sleep 1; "
-                             f"kill -KILL -- {group} 2>/dev/null; true")
+        _exec(channel, f"kill -TERM -- {group} 2>/dev/null; sleep 1; "
+                       f"kill -KILL -- {group} 2>/dev/null; true")
         channel.shutdown_write()
         _drain(channel, 5.0)
         channel.close()
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _exec(channel: paramiko.Channel, command: str) -> None:
+    """Start ``command`` on the node: the one place an SSH command is sent, always through
+    :func:`mlxops.shell.posix_sh`, so the node user's login shell (zsh on a Mac) never
+    parses it. A unit test holds that nothing else calls ``exec_command``."""
+    channel.exec_command(shell.posix_sh(command))
 
 
 _REPORT_PGID = "printf 'MLXOPS_PGID=%s\\n' \"$$\" >&2; "
