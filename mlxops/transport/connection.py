@@ -256,8 +256,10 @@ class SSHConnection:
         """TERM, then KILL a second later, the process group of a command we gave up on."""
         group = f"-{pgid}"
         channel = transport.open_session(timeout=self._options.connect_timeout)
-        _exec(channel, f"kill -TERM -- {group} 2>/dev/null; sleep 1; "
-                       f"kill -KILL -- {group} 2>/dev/null; true")
+        # `kill -SIG -PGID`, not `kill -SIG -- -PGID`: dash (Debian's /bin/sh) reads `--`
+        # as a pid; bash, zsh and macOS's sh take both.
+        _exec(channel, f"kill -TERM {group} 2>/dev/null; sleep 1; "
+                       f"kill -KILL {group} 2>/dev/null; true")
         channel.shutdown_write()
         _drain(channel, 5.0)
         channel.close()

@@ -34,6 +34,7 @@ from mlxops.sandbox import Sandbox, prerequisites
 from mlxops.sandbox.netns import free_subnet as netns_free_subnet
 
 NODES = 8
+ZSH_NODES = 4
 _DIR_PREFIX = "/tmp/mlxops-test-sandbox-"
 
 
@@ -48,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
 
 def _reap_stale_sandboxes() -> None:
     """Take down sandboxes of earlier sessions whose pytest process is gone."""
-    for path in glob.glob(_DIR_PREFIX + "*"):
+    for path in glob.glob(_DIR_PREFIX + "*"):  # <prefix><tag>-<pid>
         match = re.search(r"-(\d+)$", path)
         if not match or os.path.exists(f"/proc/{match.group(1)}"):
             continue
@@ -68,31 +69,45 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-@pytest.fixture(scope="session")
-def sandbox():
-    """The session's 8-node sandbox (a :class:`mlxops.sandbox.Sandbox`, already up)."""
+def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int):
+    """Make, yield and always take down one session sandbox (see the module docstring)."""
     why = prerequisites()
     if why:
         pytest.skip(f"sandbox integration tests: {why}")
     _reap_stale_sandboxes()
     pid = os.getpid()
-    path = f"{_DIR_PREFIX}{pid}"
+    path = f"{_DIR_PREFIX}{tag}-{pid}"
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o755)  # the node user reads its home under it
-    box = Sandbox(path, prefix=f"mxt{pid % 10**7}", subnet=_free_subnet(pid))
+    box = Sandbox(path, prefix=f"mx{tag}{pid % 10**7}", subnet=_free_subnet(pid + subnet_offset),
+                  login_shell=login_shell)
 
     atexit.register(box.down)
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        box.up(NODES)
+        box.up(nodes)
         yield box
     finally:
         box.down()
         if previous in (signal.SIG_DFL, None):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         atexit.unregister(box.down)
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """The session's 8-node sandbox (a :class:`mlxops.sandbox.Sandbox`, already up); the
+    node user logs in to bash."""
+    yield from _session_sandbox("t", NODES, "bash", 0)
+
+
+@pytest.fixture(scope="session")
+def zsh_sandbox():
+    """A second session sandbox of 4 nodes whose user logs in to zsh, as on a stock Mac
+    (sshd runs every remote command under it)."""
+    yield from _session_sandbox("z", ZSH_NODES, "zsh", 500)
 
 
 @pytest.fixture(scope="session")
