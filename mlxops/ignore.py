@@ -9,6 +9,12 @@ Covered: ``#`` comments, ``!`` negation, trailing ``/`` (directories only), lead
 inner ``/`` (anchored to the file's directory), ``*``, ``?``, ``[...]`` (``[!...]``
 negated), ``**`` (leading, trailing, inner), ``\\`` escapes, trailing spaces (kept when
 escaped).
+
+Why not ``pathspec``: its gitignore patterns match *files*, a pattern that names a directory
+also naming everything under it (``!/build`` re-includes ``build/x`` too), which is not
+what a walker that prunes directories needs. Ours is held equal to ``git check-ignore`` on
+200 generated trees and rule sets, a subdirectory's ``.gitignore`` included
+(``tests/unit/test_ignore.py``).
 """
 
 from __future__ import annotations

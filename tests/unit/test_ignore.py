@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import shutil
+import subprocess
+
 import pytest
 
 from mlxops.ignore import Ignore
@@ -79,3 +83,63 @@ def test_extend_appends_rules_that_win_when_later():
     first = Ignore(["*.txt"])
     first.extend(Ignore(["!keep.txt"]))
     assert first.excluded("a.txt") and not first.excluded("keep.txt")
+
+
+# --- equal to git ---------------------------------------------------------------------------
+
+_NAMES = ["a", "b", "out", "build", "x.log", "keep.log", "k.txt", "#h", "sp ace"]
+_GLOBS = ["*", "*.log", "?", "[ab]", "[!a]*", "k*", "**", "\\!k*", "b\\ "]
+
+
+def _random_pattern(rng: random.Random) -> str:
+    parts = [rng.choice(_NAMES + _GLOBS) for _ in range(rng.choice([1, 1, 2, 3]))]
+    pattern = "/".join(parts).replace("#h", "\\#h")
+    if rng.random() < 0.2:
+        pattern = "/" + pattern
+    if rng.random() < 0.25:
+        pattern += "/"
+    if rng.random() < 0.25:
+        pattern = "!" + pattern
+    return pattern
+
+
+def _random_tree(rng: random.Random) -> tuple[set[str], set[str]]:
+    """(directories, files): 40 random paths up to three levels deep; a path that is also
+    another's parent is a directory."""
+    paths = {"/".join(rng.choice(_NAMES) for _ in range(rng.choice([1, 2, 3])))
+             for _ in range(40)}
+    dirs = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+    return dirs, paths - dirs
+
+
+@pytest.mark.skipif(not shutil.which("git"), reason="git is not installed")
+@pytest.mark.parametrize("seed", range(200))
+def test_excluded_equals_git_check_ignore(tmp_path, seed):
+    """A generated .gitignore at the top and one in a subdirectory, a generated tree:
+    every path's answer is git's (``git check-ignore --no-index``)."""
+    rng = random.Random(seed)
+    dirs, files = _random_tree(rng)
+    sub = rng.choice(sorted(dirs)) if dirs else ""
+    top_rules = [_random_pattern(rng) for _ in range(rng.randint(1, 6))]
+    sub_rules = [_random_pattern(rng) for _ in range(rng.randint(0, 3))] if sub else []
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for d in dirs:
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (tmp_path / f).write_text("x")
+    (tmp_path / ".gitignore").write_text("\n".join(top_rules) + "\n")
+    ign = Ignore()
+    ign.add_file(tmp_path / ".gitignore")
+    if sub_rules:
+        (tmp_path / sub / ".gitignore").write_text("\n".join(sub_rules) + "\n")
+        ign.add_file(tmp_path / sub / ".gitignore", sub)
+    paths = sorted(dirs | files)
+    out = subprocess.run(["git", "-C", str(tmp_path), "check-ignore", "--no-index", "-v",
+                          "-n", "-z", "--stdin"], input="\0".join(paths) + "\0",
+                         capture_output=True, text=True).stdout.split("\0")
+    # -z -v -n: source, line, pattern, path per path; an empty source: not ignored.
+    git = {out[i + 3]: bool(out[i]) and not out[i + 2].startswith("!")
+           for i in range(0, len(out) - 3, 4)}
+    ours = {p: ign.excluded(p, p in dirs) for p in paths}
+    wrong = {p: (ours[p], git[p]) for p in paths if ours[p] != git[p]}
+    assert not wrong, f"rules {top_rules} + {sub}/: {sub_rules}: (ours, git) {wrong}"
