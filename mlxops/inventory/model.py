@@ -169,11 +169,6 @@ class Inventory:
             host.check_local_files()
         return hosts
 
-    def group_names(self, host: Host | str) -> list[str]:
-        """Ansible's ``group_names``: the host's groups, sorted, without ``all``."""
-        name = host if isinstance(host, str) else host.name
-        return list(self.hosts[name].groups)
-
     def group_hosts(self, group: str) -> list[str]:
         """Names of the hosts in a group or any of its descendants, in inventory order."""
         return [h.name for h in self.hosts.values() if group == "all" or group in h.groups]

@@ -164,15 +164,6 @@ class Batches:
         return out
 
 
-def split_batch(global_batch: int, micro_batch: int, world: int) -> tuple[int, int]:
-    """(micro, accumulation) with micro * accumulation * world == global_batch.
-
-    ``micro_batch`` is an upper bound: the largest divisor of the per-rank batch not above
-    it is used, so a world-size change keeps the global batch and adapts accumulation.
-    """
-    return split_rank(global_batch // world, micro_batch)
-
-
 def split_rank(per_rank: int, micro_batch: int) -> tuple[int, int]:
     """(micro, accumulation) of one rank's ``per_rank`` sequences: the largest divisor of
     ``per_rank`` not above ``micro_batch``, and how many of them make ``per_rank``."""

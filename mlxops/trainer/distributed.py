@@ -89,13 +89,6 @@ def is_node_writer(group: mx.distributed.Group) -> bool:
     return ids.index(h) == group.rank()
 
 
-def all_sum_cpu(x: mx.array, group: mx.distributed.Group) -> mx.array:
-    """A small reduction (metrics, flags) on the CPU stream, off the GPU's queue."""
-    if group.size() == 1:
-        return x
-    return mx.distributed.all_sum(x, group=group, stream=mx.cpu)
-
-
 def all_gather_cpu(x: mx.array, group: mx.distributed.Group) -> mx.array:
     if group.size() == 1:
         return x

@@ -3,7 +3,7 @@ import json
 import numpy as np
 
 from mlxops.trainer.config import DataConfig
-from mlxops.trainer.data import Batches, SyntheticSource, make_source, split_batch
+from mlxops.trainer.data import Batches, SyntheticSource, make_source, split_rank
 
 
 def global_batch(source, step, gb, world, micro):
@@ -34,13 +34,14 @@ def test_synthetic_is_learnable_markov_chain():
     assert all(n in src.table[p] for p, n in zip(prev[:500], nxt[:500], strict=True))
 
 
-def test_split_batch_adapts_accumulation():
-    assert split_batch(32, 8, 1) == (8, 4)
-    assert split_batch(32, 8, 2) == (8, 2)
-    assert split_batch(32, 8, 4) == (8, 1)
-    assert split_batch(24, 5, 2) == (4, 3)  # micro_batch is an upper bound
+def test_split_rank_adapts_accumulation():
+    assert split_rank(32, 8) == (8, 4)
+    assert split_rank(16, 8) == (8, 2)
+    assert split_rank(8, 8) == (8, 1)
+    assert split_rank(12, 5) == (4, 3)  # micro_batch is an upper bound: the largest divisor
+    assert split_rank(7, 4) == (1, 7)   # a prime per-rank batch: one sequence at a time
     for world in (1, 2, 4):
-        m, a = split_batch(16, 4, world)
+        m, a = split_rank(16 // world, 4)
         assert m * a * world == 16
 
 
