@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
 	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools
 
-.PHONY: demo test test-unit lint venv system-deps clean
+.PHONY: demo test test-unit test-quick lint venv system-deps clean
 
 venv: $(VENV)/.installed
 
@@ -41,7 +41,11 @@ test: venv system-deps
 	$(PY) -m pytest -q -ra
 
 test-unit: venv
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit -m "not tools"
+
+# A developer's quick subset: no sandbox, no slow scenario, no package index or linter.
+test-quick: venv
+	$(PY) -m pytest -q -m "not integration and not slow and not tools"
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 
 import pytest
 
+from mlxops import shell
 from mlxops.tasks.base import TaskContext
 from mlxops.tasks.files import ensure_file, read_file
 from mlxops.transport import LocalConnection
@@ -66,10 +68,34 @@ def test_home_relative_path(tmp_path, monkeypatch):
     assert (tmp_path / ".mlxops" / "env.sh").read_bytes() == b"x\n"
 
 
-def test_unreadable_file_fails(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root reads everything")
-    p = tmp_path / "f"
-    p.write_text("x")
-    p.chmod(0)
-    assert ensure_file(ctx(), str(p), b"y").status == "failed"
+class _Unprivileged(LocalConnection):
+    """Commands as ``nobody``: root reads every file, so as root (CI) the test drops
+    privileges instead of skipping."""
+
+    def run(self, command, **kwargs):
+        return super().run(shell.join(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                                       "--clear-groups", "/bin/sh", "-c", command]), **kwargs)
+
+
+NOBODY = 65534
+
+
+def test_unreadable_file_fails():
+    conn = LocalConnection("local")
+    # A directory anyone may enter (tmp_path's parents are root's, mode 700).
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        os.chmod(top, 0o755)
+        p = os.path.join(top, "f")
+        with open(p, "w") as f:
+            f.write("x")
+        os.chmod(p, 0)
+        if os.geteuid() == 0:
+            os.chown(p, NOBODY, NOBODY)  # its owner, without the read bit
+            conn = _Unprivileged("local")
+        context = TaskContext(host=None, conn=conn, inventory=None, hosts=[], check=False,
+                              diff=False)
+        outcome = ensure_file(context, p, b"y")
+        assert outcome.status == "failed" and "Permission denied" in outcome.message
+        os.chmod(p, 0o600)
+        with open(p, "rb") as f:
+            assert f.read() == b"x"  # nothing was written

@@ -7,9 +7,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.tools  # pip builds in isolation: setuptools comes from the package index
 def test_the_wheel_carries_templates_playbooks_and_the_node_code(tmp_path):
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
