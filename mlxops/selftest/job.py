@@ -114,7 +114,7 @@ class KillAndWatch:
                 reason = status.restarts[-1]["reason"] if status.restarts else "?"
                 raise MlxopsError(f"the job restarted before the kill: {reason}")
             if status.state == RUNNING and (status.step or 0) >= KILL_AFTER:
-                self._kill(status.step or 0)
+                self._kill()
             return
         if status.attempt < 2:
             return
@@ -129,11 +129,11 @@ class KillAndWatch:
             r.recovered_seconds = time.monotonic() - self.killed_at
             raise _Recovered
 
-    def _kill(self, step: int) -> None:
+    def _kill(self) -> None:
         rank = self.victim
-        self.on_event(f"job: kill -9 of rank {rank.rank} on {rank.host} at step {step}")
-        kill_trainer(self.record, rank.rank, rank.host, self.connector, self.hosts)
+        step = kill_trainer(self.record, rank.rank, rank.host, self.connector, self.hosts)
         self.killed_at = time.monotonic()
+        self.on_event(f"job: kill -9 of rank {rank.rank} on {rank.host} at step {step}")
         self.recovery = Recovery(rank.rank, rank.host, step)
 
 
@@ -147,7 +147,8 @@ def kill_command(pid: int, parent: int) -> str:
 
 def kill_trainer(record: JobRecord, rank: int, host_name: str, connector: Connector,
                  hosts: dict) -> int:
-    """``kill -9`` of the rank's trainer process over SSH; returns its pid.
+    """``kill -9`` of the rank's trainer process over SSH; returns the step of its last
+    heartbeat (written at most half a second before the kill).
 
     The pid is the one the trainer wrote in its heartbeat; the kill happens only while that
     process is still a child of the rank's start script (the group leader the node
@@ -166,7 +167,7 @@ def kill_trainer(record: JobRecord, rank: int, host_name: str, connector: Connec
     if not done.ok:
         raise MlxopsError(f"{host_name}: kill -9 of rank {rank} (pid {pid}, child of "
                           f"{mine.pid}) failed: {done.error_line()}")
-    return pid
+    return mine.progress.step or 0
 
 
 def run_job(spec: JobSpec, connector: Connector, hosts: dict, timeout: float,

@@ -100,7 +100,7 @@ class Recovery:
 
     rank: int
     host: str
-    killed_at_step: int
+    killed_at_step: int                      # its last heartbeat's, before the kill
     reason: str = ""
     resumed_from: int | None = None
     restart_seconds: float | None = None     # kill -> the watchdog's new attempt seen
@@ -271,8 +271,9 @@ def figures(summary: Summary) -> list[str]:
     r = summary.recovery
     if r and r.recovered_seconds is not None:
         lines.append(f"recovery: {r.recovered_seconds:.1f} s from kill -9 of rank {r.rank} "
-                     f"on {r.host} to every rank training again (new attempt after "
-                     f"{_num(r.restart_seconds)} s)")
+                     f"on {r.host} (at step {r.killed_at_step}) to every rank training "
+                     f"again from step {r.resumed_from}; the watchdog: {r.reason}, new "
+                     f"attempt after {_num(r.restart_seconds)} s")
     return lines
 
 

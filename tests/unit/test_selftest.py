@@ -202,7 +202,7 @@ def status(step: int | None, attempt: int = 1, state: str = "running", message: 
 def kills(monkeypatch) -> list:
     killed: list = []
     monkeypatch.setattr(J, "kill_trainer", lambda rec, rank, host, conn, hosts:
-                        killed.append((rank, host)) or 4242)
+                        killed.append((rank, host)) or 27)  # its heartbeat's step
     return killed
 
 
@@ -213,7 +213,7 @@ def test_the_onlooker_kills_the_last_rank_after_a_checkpoint_then_waits_for_the_
     watcher.on_status(status(J.KILL_AFTER - 1))
     assert kills == []
     watcher.on_status(status(J.KILL_AFTER + 3))
-    assert kills == [(1, "n2")] and watcher.recovery.killed_at_step == J.KILL_AFTER + 3
+    assert kills == [(1, "n2")] and watcher.recovery.killed_at_step == 27
     watcher.on_status(status(J.KILL_AFTER + 3, state="failed"))  # not restarted yet
     assert kills == [(1, "n2")] and watcher.recovery.restart_seconds is None
     reason = [{"reason": "rank 1 on n2 exited with code 137", "attempt": 1, "time": 0}]
