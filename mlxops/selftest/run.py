@@ -37,7 +37,6 @@ from typing import Any
 from mlxops import __version__
 from mlxops.bench.measure import Settings
 from mlxops.bench.run import ALL, Request, default_port, inventory_backend, run_bench
-from mlxops.checks.outcome import ERROR, FAILED, UNREACHABLE
 from mlxops.errors import EXIT_OK, EXIT_UNREACHABLE, MlxopsError, bad_input
 from mlxops.inventory import load_inventory
 from mlxops.jobs.spec import JobSpec
@@ -138,8 +137,8 @@ class _Selftest:
                         self._timed(step, steps[step.name])
                         if step.result in (S.INTERRUPTED, S.FAILED, S.UNREACHABLE):
                             blocked = f"after {step.name}: {step.result}"
-                    if step.name == S.PROVISION and not self.facts and not blocked:
-                        self._read_facts()
+                    if step.name == S.PROVISION and step.result == S.SKIPPED and not blocked:
+                        self._read_facts()  # provision's own facts are the summary's
             except KeyboardInterrupt:  # between steps (the facts): the steps say the rest
                 self.summary.interrupted = True
             finally:
@@ -163,6 +162,9 @@ class _Selftest:
     def _timed(self, step: Step, work: Callable[[Step], None]) -> None:
         self.on_event(f"{step.name} ...")
         t0 = time.monotonic()
+        # Failed until the step says otherwise: a bug raised through here still counts the
+        # step as run (the job's stop then runs on the way out).
+        step.result = S.FAILED
         try:
             work(step)
         except KeyboardInterrupt:
@@ -234,6 +236,7 @@ class _Selftest:
         self.facts.update(got.succeeded_values())
 
     def _check(self, step: Step) -> None:
+        from mlxops.checks.outcome import ERROR, FAILED, UNREACHABLE
         from mlxops.checks.report import counts
         from mlxops.checks.run import run_checks
 

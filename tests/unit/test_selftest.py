@@ -172,6 +172,67 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr
 
 
+# --- the order of the steps ----------------------------------------------------------------
+
+
+def selftest(tmp_path: Path, plan: dict, **options) -> tuple[S.Summary | BaseException, list]:
+    """Run the steps with each one's work replaced: ``plan[step]`` is the result it sets or
+    the exception it raises. Returns the summary (or what ``run`` raised) and the calls."""
+    from mlxops.selftest import run as R
+
+    inv = tmp_path / "inventory.yml"
+    inv.write_text("all:\n  hosts:\n    mac1: {ansible_host: 192.0.2.1}\n"
+                   "    mac2: {ansible_host: 192.0.2.2}\n")
+    test = R._Selftest(Options(inventory=inv, **options), lambda _: None)
+    calls: list[str] = []
+
+    def fake(name):
+        def work(step):
+            calls.append(name)
+            outcome = plan.get(name, S.OK)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            step.result = outcome
+        return work
+
+    for name in S.STEPS:
+        setattr(test, f"_{name}", fake(name))
+    test._read_facts = lambda: calls.append("facts")
+    try:
+        return test.run(), calls
+    except BaseException as exc:  # noqa: BLE001 - what run() let through
+        return exc, calls
+
+
+def test_a_failed_step_ends_the_run_and_the_job_is_always_stopped(tmp_path):
+    summary, calls = selftest(tmp_path, {"check": S.FAILED})
+    assert calls == ["trust", "provision", "check"]
+    assert [s.result for s in summary.steps] == [S.OK, S.OK, S.FAILED, S.NOT_RUN, S.NOT_RUN,
+                                                 S.NOT_RUN]
+    assert summary.step(S.BENCH).detail == "after check: failed" and summary.exit_code == 1
+
+    summary, calls = selftest(tmp_path, {"job": MlxopsError("the job ended (failed)")})
+    assert calls == ["trust", "provision", "check", "bench", "job", "stop"]
+    assert summary.step(S.JOB).problems == ["the job ended (failed)"]
+
+    summary, calls = selftest(tmp_path, {"job": KeyboardInterrupt()})
+    assert calls[-2:] == ["job", "stop"] and summary.exit_code == 130
+    assert (summary.step(S.JOB).result, summary.step(S.STOP).result) == (S.INTERRUPTED, S.OK)
+
+    bug, calls = selftest(tmp_path, {"job": KeyError("x")})
+    assert isinstance(bug, KeyError) and calls[-2:] == ["job", "stop"]
+
+
+def test_skipped_steps_and_facts_read_without_provision(tmp_path):
+    summary, calls = selftest(tmp_path, {}, skip=frozenset({"provision", "job"}))
+    assert calls == ["trust", "facts", "check", "bench"]
+    assert [s.result for s in summary.steps] == [S.OK, S.SKIPPED, S.OK, S.OK, S.SKIPPED,
+                                                 S.SKIPPED]
+    assert summary.exit_code == 0
+    summary, calls = selftest(tmp_path, {"trust": S.UNREACHABLE}, skip=frozenset({"provision"}))
+    assert calls == ["trust"] and summary.exit_code == 3
+
+
 # --- the job -------------------------------------------------------------------------------
 
 
