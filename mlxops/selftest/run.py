@@ -243,7 +243,8 @@ class _Selftest:
         report = run_checks(self.target)
         tally = counts(report)
         step.data = {"counts": tally, "checks": list(report.checks)}
-        step.detail = (f"{len(report.checks)} checks x {len(report.hosts)} hosts: "
+        step.detail = (f"{S.count(len(report.checks), 'check')} x "
+                       f"{S.count(len(report.hosts), 'host')}: "
                        + ", ".join(f"{n} {o}" for o, n in tally.items() if n))
         unreachable = set()
         for r in report.results:
@@ -267,8 +268,8 @@ class _Selftest:
         speeds = [g for x in self.summary.links for g in (x.a_to_b_gbps, x.b_to_a_gbps)
                   if g is not None]
         busbw = (self.summary.allreduce or {}).get("busbw_gbps")
-        step.detail = (f"{len(self.summary.links)} links, "
-                       + (f"{min(speeds):.3g}-{max(speeds):.3g} Gbit/s" if speeds else "none")
+        step.detail = (f"{S.count(len(self.summary.links), 'link')}"
+                       + (f", {min(speeds):.3g}-{max(speeds):.3g} Gbit/s" if speeds else "")
                        + (f"; all-reduce busbw {busbw:.3g} Gbit/s" if busbw else ""))
         step.data = {"seconds": {k: round(v, 3) for k, v in result.seconds.items()}}
         step.problems += [f"{h}: unreachable: {why}" for h, why in result.unreachable.items()]

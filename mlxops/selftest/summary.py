@@ -200,6 +200,11 @@ def ring_from(result: BenchResult) -> dict[str, Any] | None:
 # --- as text -------------------------------------------------------------------------------
 
 
+def count(n: int, noun: str) -> str:
+    """``1 host``, ``3 hosts``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _num(x: float | None, unit: str = "") -> str:
     if x is None:
         return "-"
@@ -251,7 +256,7 @@ def headline(summary: Summary) -> list[str]:
             f"{summary.duration:.1f} s",
             f"controller: mlxops {c.get('mlxops')}, {c.get('system')}, Python "
             f"{c.get('python')}, mlx {c.get('mlx') or '-'}",
-            f"inventory: {summary.inventory} ({len(summary.hosts)} hosts"
+            f"inventory: {summary.inventory} ({count(len(summary.hosts), 'host')}"
             + (f", --limit {summary.limit}" if summary.limit else "") + ")"]
 
 
