@@ -40,6 +40,7 @@ from mlxops.bench.run import ALL, Request, default_port, inventory_backend, run_
 from mlxops.errors import EXIT_OK, EXIT_UNREACHABLE, MlxopsError, bad_input
 from mlxops.inventory import load_inventory
 from mlxops.jobs.spec import JobSpec
+from mlxops.node.protocol import LAUNCHER
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook, run_play
 from mlxops.selftest import job as selftest_job
@@ -301,8 +302,11 @@ class _Selftest:
         else:
             results = selftest_job.stop_and_remove(record, self.connector, keep=keep,
                                                    forks=self.options.forks)
-            signalled = sum(len(r.data.get("signalled", [])) for r in results.values())
-            step.detail = (f"{signalled} rank(s) stopped, nothing of {selftest_job.NAME} runs"
+            signalled = [k for r in results.values() for k in r.data.get("signalled", [])]
+            ranks = sum(k != LAUNCHER for k in signalled)
+            step.detail = (f"{S.count(ranks, 'rank')}"
+                           + (" and mpirun" if LAUNCHER in signalled else "")
+                           + f" stopped, nothing of {selftest_job.NAME} runs"
                            + (f"; kept for mlxops logs/report {selftest_job.NAME}" if keep
                               else "; run directories and record removed"))
         step.problems += [f"{h}: {results[h].message or results[h].status}"
