@@ -354,4 +354,4 @@ class Connector:
             key_file=host.key_file, timeout=self.options.connect_timeout)
         known = self._known_hosts.get(host.known_hosts)
         return SSHConnection(host.name, conn, known, self.options,
-                             self._jumps.gateway(conn, known))
+                             self._jumps.gateway(conn, known, host.ssh_proxy))

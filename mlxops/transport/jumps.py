@@ -28,6 +28,7 @@ channel (``connect_kwargs["sock"]``):
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -194,6 +195,13 @@ def scan_through(gateway: JumpHost | str | None, address: str, port: int, for_ho
         raise HostUnreachable(for_host, f"cannot connect to {role}{name}: {reason}") from None
 
 
+def expand_tokens(command: str, conn: fabric.Connection) -> str:
+    """ProxyCommand's ``%h``, ``%p``, ``%r`` and ``%%`` for ``conn``'s host, port and user
+    (the tokens paramiko expands in ~/.ssh/config's)."""
+    values = {"h": conn.host, "p": str(conn.port), "r": conn.user, "%": "%"}
+    return re.sub(r"%([hpr%])", lambda m: values[m.group(1)], command)
+
+
 class Jumps:
     """The jump hosts of one run (a :class:`~mlxops.transport.connection.Connector`'s):
     each hop made once, for every host behind it."""
@@ -204,16 +212,27 @@ class Jumps:
         self._lock = threading.Lock()
         self._hops: dict[tuple[str, ...], JumpHost] = {}
 
-    def gateway(self, conn: fabric.Connection, known: KnownHosts) -> JumpHost | str | None:
+    def gateway(self, conn: fabric.Connection, known: KnownHosts,
+                override: Mapping[str, str] | None = None) -> JumpHost | str | None:
         """What the host of ``conn`` is reached through: the last of its jump hosts, its
-        ProxyCommand, or None (directly)."""
-        return self._gateway(conn.ssh_config, (conn.host,), known)
+        ProxyCommand, or None (directly). ``override``: a ``proxyjump`` or ``proxycommand``
+        that wins over ~/.ssh/config's (the inventory's ssh arguments, as on ssh's command
+        line)."""
+        options = dict(conn.ssh_config)
+        if override:
+            options.pop("proxyjump", None)
+            options.pop("proxycommand", None)
+            options.update(override)
+            if "proxycommand" in options:  # ~/.ssh/config's own are expanded by paramiko
+                options["proxycommand"] = expand_tokens(options["proxycommand"], conn)
+        return self._gateway(options, (conn.host,), known)
 
     def _gateway(self, ssh_config: Mapping[str, Any], path: tuple[str, ...],
                  known: KnownHosts) -> JumpHost | str | None:
         hops = proxy_jumps(ssh_config)
         if not hops:
-            return ssh_config.get("proxycommand") or None
+            command = ssh_config.get("proxycommand")
+            return command if command and command.lower() != "none" else None
         timeout = self._options.connect_timeout
         conns = [fabric_connection(self._config, spec, timeout=timeout) for spec in hops]
         if any(c.host in path for c in conns):

@@ -3,7 +3,8 @@ reach (``isolate_node``: the controller's packets to its port 22 are dropped in 
 namespace) is reached through another one named in ``~/.ssh/config``; the hop's key is
 verified against the same known_hosts as the node's, refused with its own fingerprint when
 unknown (recorded with ``--accept-new-host-keys``) and always when changed; ``mlxops trust``
-shows and records it. The controller's ``~/.ssh/config`` is a ``HOME`` of the test's own.
+shows and records it. The controller's ``~/.ssh/config`` is a ``HOME`` of the test's own;
+the inventory's ``ansible_ssh_common_args: -J ...`` names a hop too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +113,27 @@ def test_hosts_behind_one_jump_host_share_one_connection_to_it(sandbox_mut, tmp_
     out, _ = watcher.communicate(timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert out.strip() == "1", out
+
+
+def test_the_inventorys_ssh_arguments_name_the_jump_host(sandbox_mut, tmp_path):
+    """Ansible's way, ``ansible_ssh_common_args: -J user@hop``, and no ~/.ssh/config: the
+    hop logs in with the user's own ~/.ssh/id_ed25519, as ssh would."""
+    sandbox = sandbox_mut
+    sandbox.isolate_node("node3")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(sandbox.key_path, home / ".ssh" / "id_ed25519")
+    doc = yaml.safe_load(Path(sandbox.inventory_path).read_text())
+    doc["all"]["children"]["sandbox"]["hosts"]["node3"]["ansible_ssh_common_args"] = (
+        f"-o StrictHostKeyChecking=yes -J {sandbox.user}@{sandbox.ip('node1')}")
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    proc = mlxops(home, "run", str(inventory), "--json", "--limit", "node2,node3", "--",
+                  "sh", "-c", 'echo "$SSH_CONNECTION" | cut -d" " -f1')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert hosts["node3"]["stdout"] == f"{sandbox.ip('node1')}\n"
+    assert hosts["node2"]["stdout"] == f"{sandbox.controller_ip}\n"
 
 
 def test_provision_and_check_reach_a_node_behind_a_jump_host(sandbox_mut, tmp_path):
