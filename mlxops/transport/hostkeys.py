@@ -158,11 +158,7 @@ def open_verified(conn: fabric.Connection, host: str, known: KnownHosts, accept_
     if sock is not None:
         conn.connect_kwargs["sock"] = sock
     try:
-        try:
-            conn.open()
-        except BaseException:
-            client.close()  # a refused key leaves paramiko's transport (and thread) running
-            raise
+        _open(conn)
     except HostUnreachable:
         raise
     except paramiko.BadHostKeyException as exc:
@@ -176,6 +172,14 @@ def open_verified(conn: fabric.Connection, host: str, known: KnownHosts, accept_
     finally:
         conn.connect_kwargs.pop("sock", None)  # a channel serves one connection only
     return client.get_transport()
+
+
+def _open(conn: fabric.Connection) -> None:
+    try:
+        conn.open()
+    except BaseException:
+        conn.client.close()  # a refused key leaves paramiko's transport (and thread) running
+        raise
 
 
 def scan_host_key(address: str, port: int, timeout: float = 10.0,

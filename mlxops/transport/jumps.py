@@ -37,6 +37,7 @@ from typing import Any
 import fabric
 import paramiko
 
+from mlxops.errors import MlxopsError
 from mlxops.transport.hostkeys import (
     ConnectOptions,
     HostUnreachable,
@@ -67,8 +68,9 @@ def fabric_connection(config: fabric.Config, host: str, *, timeout: float, user:
     ``connect_kwargs`` of its own.
 
     Given no ``connect_kwargs``, Fabric writes a host's ssh_config ``IdentityFile`` into the
-    shared config's, and every connection made after it offers that key too (eight Macs'
-    keys each: past sshd's ``MaxAuthTries`` of 6, "Too many authentication failures").
+    shared config's, and every connection made after it offers that key too, before its
+    own (with a key per Mac in ~/.ssh/config, the seventh Mac would offer six wrong keys
+    first and be cut off by sshd's default ``MaxAuthTries 6``).
     """
     keys = [str(key_file)] if key_file else []
     conn = fabric.Connection(host, user=user, port=port, config=config, gateway=False,
@@ -234,7 +236,11 @@ class Jumps:
             command = ssh_config.get("proxycommand")
             return command if command and command.lower() != "none" else None
         timeout = self._options.connect_timeout
-        conns = [fabric_connection(self._config, spec, timeout=timeout) for spec in hops]
+        try:
+            conns = [fabric_connection(self._config, spec, timeout=timeout) for spec in hops]
+        except ValueError as exc:  # ~/.ssh/config's (the inventory's were checked at load)
+            raise MlxopsError(f"ssh_config: ProxyJump {ssh_config['proxyjump']!r}: want "
+                              f"[user@]host[:port] hops ({exc})") from None
         if any(c.host in path for c in conns):
             return None  # through itself (a Host pattern matching the hop): go directly
         # The first hop is reached as ssh would reach it on its own: its ssh_config applies.

@@ -17,6 +17,7 @@ import paramiko
 import pytest
 
 from mlxops.cli.trust import key_blocks
+from mlxops.errors import MlxopsError
 from mlxops.inventory import Host
 from mlxops.inventory.sshargs import proxy_options
 from mlxops.inventory.validators import Invalid
@@ -55,6 +56,8 @@ Host direct
   ProxyCommand nc %h %p
 Host keyed
   IdentityFile /keys/keyed
+Host badport
+  ProxyJump bastion:ssh
 """
 
 
@@ -123,6 +126,12 @@ def test_proxy_command_and_proxy_jump_none(config, tmp_path):
     # paramiko expands ~/.ssh/config's tokens; ProxyJump none still lets ProxyCommand be.
     assert _gateway(config, "viacmd", known) == "ssh -W 10.0.0.20:2200 bastion"
     assert _gateway(config, "direct", known) == "nc 10.0.0.30 22"
+
+
+def test_a_bad_hop_in_ssh_config_is_the_hosts_failure_not_a_bug(config, tmp_path):
+    known = KnownHosts(tmp_path / "known_hosts", system_path=None)
+    with pytest.raises(MlxopsError, match=r"ProxyJump 'bastion:ssh': want \[user@\]host"):
+        _gateway(config, "badport", known)
 
 
 def test_inventory_proxy_wins_over_ssh_config(config, tmp_path):
