@@ -1,31 +1,39 @@
 """``mlxops trust``: fetch each host's key, compare it with known_hosts, record the new ones.
 
-The same as running ``ssh-keyscan`` and checking fingerprints by hand, for a whole inventory.
-A changed key is never recorded here: that is for a person to investigate.
+The same as running ``ssh-keyscan`` and checking fingerprints by hand, for a whole inventory,
+jump hosts included: each hop on the way to a host (ProxyJump) is scanned and judged like a
+host, against the same known_hosts. A hop further on can only be reached by logging in to
+the one before it, so a host behind a hop whose key is not known yet is not scanned
+(*blocked*) until that key is recorded; then ``mlxops trust`` goes on to it. A changed key
+is never recorded here: that is for a person to investigate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import paramiko
 
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.connection import SSHConnection
 from mlxops.transport.hostkeys import KnownHosts, fingerprint
+from mlxops.transport.jumps import ROLE
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED
 
-KNOWN, NEW, KEY_CHANGED, LOCAL = "known", "new", "changed", "local"
+KNOWN, NEW, KEY_CHANGED, LOCAL, BLOCKED = "known", "new", "changed", "local", "blocked"
 
 
 @dataclass
 class HostKeyCheck:
-    host: str
+    host: str  # the inventory name; a jump host's: "jump host <its ProxyJump spec>"
     name: str = ""
     key: paramiko.PKey | None = None
     state: str = ""
     store: KnownHosts | None = None  # the known_hosts file this host's key belongs in
+    jumps: list[HostKeyCheck] = field(default_factory=list)  # the hops on the way, in order
+    proxy_command: str | None = None  # what mlxops does not verify on the way, if anything
 
     @property
     def fingerprint(self) -> str:
@@ -35,29 +43,51 @@ class HostKeyCheck:
     def key_type(self) -> str:
         return self.key.get_name() if self.key is not None else ""
 
+    @property
+    def identity(self) -> tuple[Path | None, str]:
+        """Which key this is: one known_hosts file's name for one server."""
+        return (self.store.path if self.store else None, self.name)
+
+
+def judge(known: KnownHosts, name: str, key: paramiko.PKey) -> str:
+    """``known``, ``new`` or ``changed``: ``key`` offered for ``name`` against ``known``."""
+    recorded = known.keys_for(name)
+    if key.get_name() not in recorded:
+        # A host known under another key type but offering a new type is not proof of
+        # tampering, yet not proof of identity either: treat it as new.
+        return NEW
+    return KNOWN if recorded[key.get_name()] == key else KEY_CHANGED
+
 
 def check_host_keys(hosts: Sequence, connector: Connector,
                     forks: int | None = None) -> tuple[Results, dict[str, HostKeyCheck]]:
-    """Scan every host's key and classify it as known, new or changed."""
+    """Scan every host's key, and its jump hosts' on the way, and judge each one."""
 
     def work(host) -> HostResult:
         conn = connector.connect(host)
         if not isinstance(conn, SSHConnection):
             return HostResult(host.name, SKIPPED, "local connection, no host key",
                               value=HostKeyCheck(host.name, state=LOCAL))
+        hops = []
+        for hop in conn.jump_hosts:  # scanning each one but the first opens the one before
+            key = hop.scan_host_key(host.name)
+            state = judge(hop.known_hosts, hop.host_key_name, key)
+            hops.append(HostKeyCheck(ROLE + hop.spec, hop.host_key_name, key, state,
+                                     hop.known_hosts))
+            if state != KNOWN:  # nothing behind it is reached before its key is trusted
+                return HostResult(host.name, FAILED if state == KEY_CHANGED else SKIPPED,
+                                  f"behind {ROLE}{hop.spec}, whose key is {state}",
+                                  value=HostKeyCheck(host.name, conn.host_key_name,
+                                                     state=BLOCKED, store=conn.known_hosts,
+                                                     jumps=hops))
         key = conn.scan_host_key()
         name = conn.host_key_name
-        known = conn.known_hosts.keys_for(name)
-        if key.get_name() in known:
-            state = KNOWN if known[key.get_name()] == key else KEY_CHANGED
-        else:
-            # A host known under another key type but offering a new type is not proof of
-            # tampering, yet not proof of identity either: treat it as new.
-            state = NEW
+        state = judge(conn.known_hosts, name, key)
         status = {KNOWN: OK, NEW: CHANGED, KEY_CHANGED: FAILED}[state]
         message = "HOST KEY CHANGED" if state == KEY_CHANGED else ""
         return HostResult(host.name, status, message,
-                          value=HostKeyCheck(host.name, name, key, state, conn.known_hosts))
+                          value=HostKeyCheck(host.name, name, key, state, conn.known_hosts,
+                                             hops, conn.proxy_command))
 
     results = run_parallel(hosts, work, forks=forks)
     # A changed key is a failed result that still carries its check (to show and refuse).
@@ -65,11 +95,25 @@ def check_host_keys(hosts: Sequence, connector: Connector,
     return results, checks
 
 
+def every_check(checks: dict[str, HostKeyCheck]) -> list[HostKeyCheck]:
+    """Each key once: the hosts' and their jump hosts', jump hosts first (a hop shared by
+    several hosts, or that is an inventory host too, is one key)."""
+    seen, ordered = set(), []
+    hosts = [c for c in checks.values() if c.state != BLOCKED]
+    for check in [hop for c in checks.values() for hop in c.jumps] + hosts:
+        if check.key is not None and check.identity in seen:
+            continue
+        seen.add(check.identity)
+        ordered.append(check)
+    return ordered
+
+
 def record_new_keys(checks: dict[str, HostKeyCheck]) -> list[str]:
-    """Append every new key to its known_hosts file; returns the hosts recorded."""
+    """Append every new key (jump hosts' too) to its known_hosts file, each key once;
+    returns what was recorded (host names, ``jump host <spec>``)."""
     recorded = []
-    for host, check in checks.items():
+    for check in every_check(checks):
         if check.state == NEW and check.key is not None and check.store is not None:
             check.store.record(check.name, check.key)
-            recorded.append(host)
+            recorded.append(check.host)
     return recorded

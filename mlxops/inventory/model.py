@@ -75,6 +75,13 @@ class Host:
         return self.local_path("mlxops_known_hosts")
 
     @property
+    def ssh_proxy(self) -> dict[str, str]:
+        """The jump host ``ansible_ssh_common_args`` (else ``_extra_args``) names, as
+        ssh_config options (``{"proxyjump": "bastion"}``); {} when they name none."""
+        return (self.var("ansible_ssh_common_args") or self.var("ansible_ssh_extra_args")
+                or {})
+
+    @property
     def connection(self) -> str:
         return self.var("ansible_connection")
 

@@ -15,6 +15,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from mlxops.inventory import sshargs
 from mlxops.inventory import validators as v
 from mlxops.inventory.validators import Invalid, Parser
 
@@ -100,6 +101,10 @@ register("ansible_ssh_private_key_file", None, v.local_path,
 register("ansible_connection", "ssh", v.choice("ssh", "local"),
          "'ssh', or 'local' to run on this machine without SSH")
 register("ansible_become", False, v.boolean, "run privileged steps with sudo")
+register("ansible_ssh_common_args", None, sshargs.proxy_options,
+         "ssh arguments; mlxops reads its jump host: -J, -o ProxyJump=, -o ProxyCommand=")
+register("ansible_ssh_extra_args", None, sshargs.proxy_options,
+         "more ssh arguments, read as ansible_ssh_common_args (after it)")
 register("ansible_group_priority", 1, v.integer,
          "order of same-depth groups when merging their vars (higher wins)")
 

@@ -1,7 +1,8 @@
 """Breaking sandbox nodes on purpose, and mending them: what tests of failures need.
 
 A Mac asleep (its sshd gone: connections refused), a cable pulled (its link down: packets
-vanish, connections time out), a host key unknown or changed, a slower link (shaped to a
+vanish, connections time out), a Mac only reached through another (a jump host), a host key
+unknown or changed, a slower link (shaped to a
 rate), a slower machine (a CPU quota). :meth:`Faults.restore` undoes all of them, so a
 test that breaks nodes leaves the sandbox as it found it.
 """
@@ -40,6 +41,13 @@ class Faults(SandboxState):
 
     def reconnect_node(self, name: str) -> None:
         netns.set_link(self.node_layout(name), up=True)
+
+    def isolate_node(self, name: str) -> None:
+        """Drop the controller's packets to the node's SSH port (in the node's namespace):
+        only the other nodes reach it, as a Mac behind a bastion (ProxyJump through one)."""
+        netns.block_ssh_from(self.node_layout(name), self.layout.controller_ip)
+        self._entry(name)["isolated"] = True
+        self._save()
 
     def set_rate(self, name: str, rate: str | None) -> None:
         """Shape the node's link to ``rate`` (``100mbit``; None: unshaped) both ways, now;
@@ -99,8 +107,8 @@ class Faults(SandboxState):
 
     def restore(self) -> None:
         """Undo what the per-node controls did: every link up at the rate it was made with,
-        no CPU quota, every sshd running, every current host key trusted (tests that break
-        nodes call this when done)."""
+        no CPU quota, no node isolated, every sshd running, every current host key trusted
+        (tests that break nodes call this when done)."""
         for name in self.nodes:
             self.reconnect_node(name)
             entry = self._entry(name)
@@ -110,6 +118,9 @@ class Faults(SandboxState):
                 self._save()
             if "cpu_quota" in self._entry(name):
                 self.set_cpu_quota(name, None)
+            if self._entry(name).pop("isolated", None):
+                netns.block_ssh_from(self.node_layout(name), None)
+                self._save()
             if not self.sshd_alive(name):
                 self._entry(name)["sshd_pid"] = None
                 self.start_node(name)

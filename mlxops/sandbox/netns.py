@@ -98,6 +98,29 @@ def set_link(node: NodeLayout, up: bool) -> None:
     run(["ip", "link", "set", node.veth, "up" if up else "down"])
 
 
+ISOLATE_TABLE = "mlxops_isolate"
+
+
+def block_ssh_from(node: NodeLayout, source_ip: str | None) -> None:
+    """Drop the TCP packets ``source_ip`` sends to the node's port 22, in the node's own
+    namespace (an nftables table of ours; None deletes it): the node is then reached only
+    from elsewhere, e.g. through another node as a jump host."""
+    ns = ["ip", "netns", "exec", node.netns, "nft"]
+    run([*ns, "delete", "table", "inet", ISOLATE_TABLE], check=False)
+    if source_ip is None:
+        return
+    script = (f"table inet {ISOLATE_TABLE} {{\n"
+              "  chain input {\n"
+              "    type filter hook input priority 0; policy accept;\n"
+              f"    ip saddr {ipaddress.IPv4Address(source_ip)} tcp dport 22 drop\n"
+              "  }\n"
+              "}\n")
+    proc = subprocess.run([*ns, "-f", "-"], input=script, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MlxopsError(f"nft in {node.netns}: "
+                          f"{failure_line(proc.returncode, proc.stdout, proc.stderr)}")
+
+
 def netns_pids(name: str) -> list[int]:
     if not netns_exists(name):
         return []

@@ -27,14 +27,14 @@ import paramiko
 
 from mlxops import shell
 from mlxops.transport.hostkeys import (
-    ChangedHostKey,
-    HostKeyPolicy,
+    ConnectOptions,
     HostUnreachable,
     KnownHosts,
     KnownHostsCache,
     lookup_name,
-    scan_host_key,
+    open_verified,
 )
+from mlxops.transport.jumps import JumpHost, Jumps, fabric_connection, scan_through
 
 Stdin = bytes | IO[bytes] | None
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
@@ -80,12 +80,6 @@ class Connection(Protocol):
             stdin: Stdin = None) -> CommandResult: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class ConnectOptions:
-    accept_new_host_keys: bool = False
-    connect_timeout: float = 10.0
 
 
 def _chunks(stdin: Stdin, size: int = 1 << 16):
@@ -135,18 +129,23 @@ class LocalConnection:
 
 
 class SSHConnection:
-    """One SSH host: a Fabric Connection (ssh_config, ProxyJump, keys) with verified host keys.
+    """One SSH host: a Fabric Connection (ssh_config, keys) with verified host keys, reached
+    directly, through its jump hosts (ProxyJump, each verified: :mod:`.jumps`) or through a
+    ProxyCommand.
 
     Opened on first use and kept open for the whole run; safe to use from one thread at a
     time (the executor gives each host its own worker).
     """
 
-    def __init__(self, name: str, fabric_conn: fabric.Connection, known_hosts: KnownHostsCache,
-                 known_hosts_path: str | None, options: ConnectOptions):
+    def __init__(self, name: str, fabric_conn: fabric.Connection, known_hosts: KnownHosts,
+                 options: ConnectOptions, gateway: JumpHost | str | None = None):
         self.name = name
         self._conn = fabric_conn
-        self._known_hosts = known_hosts.get(known_hosts_path)
+        self._known_hosts = known_hosts
         self._options = options
+        self._gateway = gateway
+        if isinstance(gateway, str):
+            fabric_conn.gateway = gateway  # Fabric runs a ProxyCommand itself
         self._lock = threading.Lock()
 
     @property
@@ -162,40 +161,32 @@ class SSHConnection:
         """How known_hosts names this host (after ~/.ssh/config's HostName and Port)."""
         return lookup_name(self._conn.host, self._conn.port)
 
+    @property
+    def jump_hosts(self) -> list[JumpHost]:
+        """The hops on the way here, the first one (nearest the controller) first."""
+        return self._gateway.chain() if isinstance(self._gateway, JumpHost) else []
+
+    @property
+    def proxy_command(self) -> str | None:
+        """The ssh_config ProxyCommand this host is reached through (nothing mlxops verifies
+        but the host's own key at the end of it), or None."""
+        gateway = self.jump_hosts[0].upstream if self.jump_hosts else self._gateway
+        return gateway if isinstance(gateway, str) else None
+
     def scan_host_key(self) -> paramiko.PKey:
-        """The key the server offers, fetched without authenticating (like ssh-keyscan)."""
-        try:
-            return scan_host_key(self._conn.host, self._conn.port,
-                                 timeout=self._options.connect_timeout)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            reason = str(exc) or type(exc).__name__
-            raise HostUnreachable(self.name, f"cannot connect to {self.host_key_name}: {reason}"
-                                  ) from None
+        """The key the server offers, fetched without authenticating (like ssh-keyscan);
+        through its jump hosts, which are opened, so verified, for it."""
+        return scan_through(self._gateway, self._conn.host, self._conn.port, self.name,
+                            self._options.connect_timeout)
 
     def _open_locked(self) -> paramiko.Transport:
         if self._conn.is_connected:
             return self._conn.client.get_transport()
-        client = self._conn.client
-        name = lookup_name(self._conn.host, self._conn.port)
-        # Seed the client with this host's known keys only: paramiko then negotiates the
-        # known key type and raises BadHostKeyException on a mismatch by itself.
-        for keytype, key in self._known_hosts.keys_for(name).items():
-            client.get_host_keys().add(name, keytype, key)
-        client.set_missing_host_key_policy(
-            HostKeyPolicy(self.name, self._known_hosts, self._options.accept_new_host_keys))
-        try:
-            self._conn.open()
-        except HostUnreachable:
-            raise
-        except paramiko.BadHostKeyException as exc:
-            raise ChangedHostKey(self.name, name, exc.key, exc.expected_key,
-                                 self._known_hosts.path) from None
-        except paramiko.AuthenticationException as exc:
-            raise HostUnreachable(
-                self.name, f"authentication failed for {self._conn.user}@{name}: {exc}") from None
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            reason = str(exc) or type(exc).__name__
-            raise HostUnreachable(self.name, f"cannot connect to {name}: {reason}") from None
+        sock = None
+        if isinstance(self._gateway, JumpHost):
+            sock = self._gateway.channel(self._conn.host, self._conn.port, self.name)
+        open_verified(self._conn, self.name, self._known_hosts,
+                      self._options.accept_new_host_keys, sock=sock)
         return self._conn.client.get_transport()
 
     def _session(self) -> tuple[paramiko.Transport, paramiko.Channel]:
@@ -329,6 +320,7 @@ class Connector:
         self._known_hosts = KnownHostsCache()
         # One Fabric config for all hosts: ~/.ssh/config is read once, not per host.
         self._fabric_config = fabric.Config()
+        self._jumps = Jumps(self._fabric_config, self.options)
         self._lock = threading.Lock()
         self._connections: dict[str, Connection] = {}
 
@@ -345,6 +337,7 @@ class Connector:
             connections, self._connections = list(self._connections.values()), {}
         for conn in connections:
             conn.close()
+        self._jumps.close()  # after the hosts whose channels run through them
 
     def __enter__(self) -> Connector:
         return self
@@ -355,15 +348,10 @@ class Connector:
     def _make(self, host) -> Connection:
         if host.connection == "local":
             return LocalConnection(host.name)
-        connect_kwargs = {}
-        if host.key_file:
-            connect_kwargs["key_filename"] = [str(host.key_file)]
-        conn = fabric.Connection(
-            host.address,
-            user=host.user,
+        conn = fabric_connection(
+            self._fabric_config, host.address, user=host.user,
             port=host.ssh_port,  # None unless the inventory names one: ~/.ssh/config may
-            connect_timeout=self.options.connect_timeout,
-            connect_kwargs=connect_kwargs,
-            config=self._fabric_config,
-        )
-        return SSHConnection(host.name, conn, self._known_hosts, host.known_hosts, self.options)
+            key_file=host.key_file, timeout=self.options.connect_timeout)
+        known = self._known_hosts.get(host.known_hosts)
+        return SSHConnection(host.name, conn, known, self.options,
+                             self._jumps.gateway(conn, known, host.ssh_proxy))
