@@ -49,7 +49,7 @@ from mlxops.selftest.summary import HostInfo, Step, Summary
 from mlxops.tasks import facts as node_facts
 from mlxops.tasks.facts import save_facts
 from mlxops.transport import ConnectOptions, Connector, GroupError, run_parallel
-from mlxops.trust import KEY_CHANGED, KNOWN, LOCAL, NEW, check_host_keys
+from mlxops.trust import BLOCKED, KEY_CHANGED, KNOWN, LOCAL, NEW, check_host_keys
 
 OnEvent = Callable[[str], None]
 #: What ``--skip`` may leave out (trust cannot: every other step stands on it).
@@ -204,9 +204,12 @@ class _Selftest:
                 step.problems.append(f"{host}: unknown host key {check.key_type} "
                                      f"{check.fingerprint}: compare it with the Mac's, then "
                                      f"mlxops trust {self.options.inventory}")
+            elif state == BLOCKED:
+                step.problems.append(f"{host}: behind a jump host whose key is not recorded "
+                                     f"(or changed): mlxops trust {self.options.inventory}")
         step.result = (S.UNREACHABLE if results.unreachable else
                        S.FAILED if step.problems else S.OK)
-        order = (KNOWN, NEW, KEY_CHANGED, LOCAL, S.UNREACHABLE)
+        order = (KNOWN, NEW, KEY_CHANGED, BLOCKED, LOCAL, S.UNREACHABLE)
         step.detail = ", ".join(f"{n} {s}" for s in order
                                 if (n := sum(v == s for v in states.values())))
         if accept and NEW in states.values():
