@@ -21,12 +21,11 @@ import json
 import os
 import posixpath
 import stat
-import tarfile
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxops import archive as archive_files
 from mlxops import shell
 from mlxops.errors import MlxopsError
 from mlxops.ignore import Ignore
@@ -179,20 +178,6 @@ def remote_manifest(conn: Connection, dest: str, roots: Sequence[str], python: s
         raise SyncError(f"{conn.name}: unreadable manifest of {dest}: {exc}") from None
 
 
-def _archive(files: Mapping[str, Path], names: Iterable[str]) -> tempfile.SpooledTemporaryFile:
-    buf = tempfile.SpooledTemporaryFile(max_size=64 << 20)
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in names:
-            path = files[name]
-            st = os.stat(path)
-            info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime
-            with open(path, "rb") as fh:
-                tar.addfile(info, fh)
-    buf.seek(0)
-    return buf
-
-
 def apply_command(dest: str, deleted: Sequence[str], empty_dirs: Sequence[str],
                   unpack: bool) -> str:
     steps = ["umask 022", f"mkdir -p {shell.path_word(dest)}", f"cd {shell.path_word(dest)}"]
@@ -242,7 +227,8 @@ def sync_files(conn: Connection, files: Mapping[str, Path], dest: str, *,
                    - {posixpath.normpath(r) for r in roots},
                    key=lambda p: (-p.count("/"), p))
     send = report.added + report.changed
-    archive = _archive(files, send) if send else None
+    archive = archive_files.write(archive_files.from_files((n, files[n]) for n in send)
+                                  ) if send else None
     if archive is not None:
         archive.seek(0, io.SEEK_END)
         report.bytes_sent = archive.tell()

@@ -9,7 +9,6 @@ is removed, on success, failure and Ctrl-C alike.
 
 from __future__ import annotations
 
-import fcntl
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -17,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mlxops import render, shell
+from mlxops import filelock, render, shell
 from mlxops.bench import allreduce
 from mlxops.bench.findings import findings
 from mlxops.bench.measure import Network, Node, Settings, server_deadline
@@ -100,17 +99,11 @@ def one_at_a_time() -> Iterator[None]:
     """One bench per controller at a time: two would share the internal job's name (the
     second would stop the first's all-reduce as left behind) and the ports."""
     path = bench_dir() / ".lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with filelock.exclusive(path, wait=False) as held:
+        if not held:
             raise MlxopsError(f"another mlxops bench runs from this controller ({path} is "
-                              "locked)") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+                              "locked)")
+        yield
 
 
 def run_bench(req: Request, connector: Connector, on_event: OnEvent = lambda _: None

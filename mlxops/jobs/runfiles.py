@@ -8,13 +8,10 @@ node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
-import time
 from pathlib import PurePosixPath
 
-from mlxops import shell
+from mlxops import archive, shell
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
@@ -83,16 +80,9 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
 
 
 def tar(files: dict[str, bytes]) -> bytes:
-    """``files`` as one tar archive, for ``tar -xf -`` in the run directory."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o600
-            info.mtime = int(time.time())
-            archive.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    """``files`` as one tar archive, for ``tar -xf -`` in the run directory; mode 600:
+    the rank scripts carry the job's environment."""
+    return archive.write_bytes(archive.from_bytes(files, 0o600))
 
 
 def start_command_prefix(run_dir: str, fresh: bool = False) -> str:

@@ -9,14 +9,14 @@ It is built once, under a lock, into a world-readable cache and reused by every 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
-from importlib import metadata
 from pathlib import Path
 
+from mlxops import filelock
 from mlxops.errors import MlxopsError
+from mlxops.tasks.python import controller_mlx_version
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 CACHE_DIR = Path(os.environ.get("MLXOPS_SANDBOX_CACHE", "/var/cache/mlxops-sandbox"))
@@ -24,13 +24,12 @@ CACHE_DIR = Path(os.environ.get("MLXOPS_SANDBOX_CACHE", "/var/cache/mlxops-sandb
 _MARKER = ".mlxops-complete"
 
 
-def controller_mlx_version() -> str:
-    try:
-        return metadata.version("mlx")
-    except metadata.PackageNotFoundError as exc:
+def _controller_mlx_version() -> str:
+    version = controller_mlx_version()
+    if version is None:
         raise MlxopsError(
-            "mlx is not installed on the controller; the sandbox nodes need its version"
-        ) from exc
+            "mlx is not installed on the controller; the sandbox nodes need its version")
+    return version
 
 
 def _system_python_version(python: str) -> str:
@@ -54,7 +53,7 @@ def node_python(
     log=None,
 ) -> str:
     """Path of the node interpreter, building the cached venv first if needed."""
-    version = mlx_version or controller_mlx_version()
+    version = mlx_version or _controller_mlx_version()
     venv = venv_path(version, python, cache)
     interpreter = venv / "bin" / "python"
     if (venv / _MARKER).exists() and interpreter.exists():
@@ -62,8 +61,7 @@ def node_python(
     cache.mkdir(parents=True, exist_ok=True)
     cache.chmod(0o755)
     # One builder at a time: a test session and a CLI run may race for the same venv.
-    with open(cache / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with filelock.exclusive(cache / ".lock"):
         if (venv / _MARKER).exists() and interpreter.exists():
             return str(interpreter)
         if log:

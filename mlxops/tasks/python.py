@@ -10,15 +10,13 @@ Afterwards ``facts["python"]`` describes the interpreter the node will use.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlxops import shell
+from mlxops import archive, shell
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.facts import PROBE, parse_probe
 
@@ -85,12 +83,9 @@ def wheelhouse_dir(host: Any) -> Path | None:
 
 def wheelhouse_archive(directory: Path) -> bytes:
     """The wheelhouse's files as one gzip'd tar, streamed to the node in one command."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(directory.iterdir()):
-            if path.is_file() and path.name.endswith(WHEEL_SUFFIXES):
-                tar.add(path, arcname=path.name)
-    return buf.getvalue()
+    return archive.write_bytes(archive.from_files(
+        (path.name, path) for path in sorted(directory.iterdir())
+        if path.is_file() and path.name.endswith(WHEEL_SUFFIXES)), gzip=True)
 
 
 @task("python", args=["packages"])
