@@ -95,12 +95,15 @@ class Sandbox(Faults):
         nodes.wait_all(keygens, "ssh-keygen")
         self.key_path.chmod(0o600)
         known = self._nodes_known_hosts(plan)
-        session_path = self.session_path() if self.is_mac else None
         if self.is_mac:
             darwin.install(self.dir, self.python)
+            nodes.ensure_node_tmp()
+            tmp = self.user_tmp()
+            tmp.mkdir(mode=0o700, exist_ok=True)
+            os.chown(tmp, account.pw_uid, account.pw_gid)
         for node in plan:
             nodes.prepare_node(self._files(node.name), node, account, self.key_path, known,
-                               session_path=session_path)
+                               session_env=self.session_env())
             if self.is_mac:
                 darwin.prepare_node(self.dir, node.name, account)
         for node in plan:

@@ -104,7 +104,7 @@ class NodeFiles:
 
 
 def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
-                 client_key: Path, known_hosts: str, session_path: str | None = None
+                 client_key: Path, known_hosts: str, session_env: dict[str, str] | None = None
                  ) -> None:
     """Home with ``~/.ssh`` owned by the node user, and the sshd_config.
 
@@ -128,7 +128,7 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
         os.chown(path, user.pw_uid, user.pw_gid)
         os.chmod(path, mode)
     write_node_known_hosts(files, user, known_hosts)
-    files.sshd_config.write_text(sshd_config(files, node, user.pw_name, session_path))
+    files.sshd_config.write_text(sshd_config(files, node, user.pw_name, session_env))
 
 
 def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str) -> None:
@@ -158,10 +158,12 @@ def ensure_node_tmp() -> Path:
 
 
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str,
-                path: str | None = None) -> str:
-    """``path``: the sessions' PATH (a Mac-like node's shims first); None: sshd's own."""
+                session_env: dict[str, str] | None = None) -> str:
+    """``session_env``: what the sessions get beside (or instead of) ``TMPDIR``, e.g. a
+    Mac-like node's PATH with its shims first (values hold no spaces)."""
+    env = {"TMPDIR": str(NODE_TMP), **(session_env or {})}
     return "\n".join([
-        f"SetEnv TMPDIR={NODE_TMP}" + (f" PATH={path}" if path else ""),
+        "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()),
         f"ListenAddress {node.ip}",
         "Port 22",
         f"HostKey {files.host_key}",
@@ -189,17 +191,18 @@ def sshd_config(files: NodeFiles, node: NodeLayout, user: str,
 
 def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str],
               user: str | None = None, env: dict[str, str] | None = None,
-              darwin: tuple[Path, Path] | None = None, path: str = DEFAULT_PATH
-              ) -> list[str]:
+              darwin: tuple[Path, Path] | None = None,
+              session_env: dict[str, str] | None = None) -> list[str]:
     """argv run in the node's netns with its home mounted over ``node_user``'s home,
-    as ``user`` (None = root) with a clean login-like environment (``path`` its PATH)
-    plus ``env``. ``darwin``: (the node's own directory, where to mount it) for a
-    Mac-like node, whose /proc is hidden too."""
+    as ``user`` (None = root) with a clean login-like environment (``session_env`` as the
+    node's sshd gives it) plus ``env``. ``darwin``: (the node's own directory, where to
+    mount it) for a Mac-like node, whose /proc is hidden too."""
     inner = list(argv)
     if user is not None:
         account = pwd.getpwnam(user)
         base = {"HOME": account.pw_dir, "USER": user, "LOGNAME": user,
-                "SHELL": account.pw_shell, "PATH": path, "TMPDIR": str(NODE_TMP)}
+                "SHELL": account.pw_shell, "PATH": DEFAULT_PATH, "TMPDIR": str(NODE_TMP),
+                **(session_env or {})}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
                  *inner]

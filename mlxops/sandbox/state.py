@@ -112,11 +112,17 @@ class SandboxState:
         """Nodes of the macOS flavour (mlxops/sandbox/darwin)."""
         return self.flavour == "macos"
 
-    def session_path(self) -> str:
-        """The PATH of the nodes' sessions: the Mac's tools first on a Mac-like node."""
-        if self.is_mac:
-            return f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}"
-        return nodes.DEFAULT_PATH
+    def session_env(self) -> dict[str, str]:
+        """What a Mac-like node's sessions get beside the plain nodes' environment: the
+        Mac's tools first on their PATH, and a TMPDIR of the node user's own, as macOS
+        gives each user (``/var/folders/.../T``): MLX compiles its kernels under it."""
+        if not self.is_mac:
+            return {}
+        return {"PATH": f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}",
+                "TMPDIR": str(self.user_tmp())}
+
+    def user_tmp(self) -> Path:
+        return nodes.NODE_TMP / f"user-{self.user}"
 
     def _darwin_mounts(self, name: str) -> tuple[Path, Path] | None:
         """(the node's own directory, where it is mounted) on a Mac-like node."""
@@ -220,7 +226,8 @@ class SandboxState:
         run_as = self.user if user == "node" else None if user in (None, "root") else user
         return nodes.node_argv(self.node_layout(name), self._files(name), self.user,
                                [str(a) for a in argv], user=run_as, env=env,
-                               darwin=self._darwin_mounts(name), path=self.session_path())
+                               darwin=self._darwin_mounts(name),
+                               session_env=self.session_env())
 
     def exec_in(self, name: str, argv: list[str], user: str | None = "node",
                 env: dict[str, str] | None = None, check: bool = False,
