@@ -83,7 +83,8 @@ def test_facts_are_the_recorded_mac(mac_sandbox, connector):
 
 def test_provision_tunes_the_mac_with_become_and_check_holds_it(mac_sandbox, become_inventory,
                                                                  tmp_path):
-    plain = mlxops(tmp_path, "provision", str(mac_sandbox.inventory_path), "--json")
+    plain = mlxops(tmp_path, "provision", str(mac_sandbox.inventory_path), "--tags", "macos",
+                   "--json")
     macos = {h: r["status"] for h, r in _task(plain, "macos").items()}
     assert macos == {"node1": "skipped", "node2": "skipped"}, plain.stdout[-2000:]
     assert node_state(mac_sandbox, "node1", "iogpu.wired_limit_mb") != str(WANT_LIMIT)
@@ -104,7 +105,8 @@ def test_provision_tunes_the_mac_with_become_and_check_holds_it(mac_sandbox, bec
     # Changed back behind mlxops's back: check says so, provision puts it right.
     on_node(mac_sandbox, "node2", "sudo -n sysctl -w iogpu.wired_limit_mb=0 && "
                                    "sudo -n pmset -a sleep 10")
-    broken = mlxops(tmp_path, "check", str(become_inventory), "--json", timeout=120)
+    broken = mlxops(tmp_path, "check", str(become_inventory), "--limit", "node2", "--json",
+                    timeout=120)
     assert broken.returncode == 1
     failed = {(r["host"], r["check"]) for r in _results(broken) if r["outcome"] == "failed"}
     assert failed == {("node2", "check_wired_limit"), ("node2", "check_sleep")}, failed
