@@ -272,8 +272,10 @@ def proc_row(proc: Path, pid: int) -> dict[str, str] | None:
             "rss": rss.group(1) if rss else "0"}
 
 
-def ps(args: list[str], proc: Path = REAL_PROC) -> str:
-    """``ps -A|-e|-p PIDS -o KEYWORD[=HEADER],...`` as BSD ps prints them."""
+def ps(args: list[str], proc: Path | None = None) -> str:
+    """``ps -A|-e|-p PIDS -o KEYWORD[=HEADER],...`` as BSD ps prints them (``proc``: the
+    real /proc, by default where the sandbox moved it)."""
+    proc = proc or REAL_PROC
     columns: list[tuple[str, str]] = []
     pids: list[int] | None = None
     want_all = False
