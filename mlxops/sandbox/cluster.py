@@ -91,7 +91,7 @@ class Sandbox(Faults):
         self._log(f"creating bridge {self.layout.bridge} ({self.controller_ip})")
         netns.create_bridge(self.layout)
         for node in plan:
-            netns.create_node_net(self.layout, node, rate_bits[node.name])
+            netns.create_node_net(self.layout, node, rate_bits[node.name], self.iface)
         nodes.wait_all(keygens, "ssh-keygen")
         self.key_path.chmod(0o600)
         known = self._nodes_known_hosts(plan)

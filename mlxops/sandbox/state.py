@@ -112,6 +112,11 @@ class SandboxState:
         """Nodes of the macOS flavour (mlxops/sandbox/darwin)."""
         return self.flavour == "macos"
 
+    @property
+    def iface(self) -> str:
+        """The node's network interface: a Mac's wired one is en0."""
+        return darwin.IFACE if self.is_mac else "eth0"
+
     def session_env(self) -> dict[str, str]:
         """What a Mac-like node's sessions get beside the plain nodes' environment: the
         Mac's tools first on their PATH, and a TMPDIR of the node user's own, as macOS

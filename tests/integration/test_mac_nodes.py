@@ -23,6 +23,7 @@ from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
 
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
+from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.nodecmd import run_node
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
@@ -139,6 +140,20 @@ def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_invent
     assert supervise(load_record("m-stop"), connector).state == "stopped"
 
 
+def test_an_mpi_job_gets_the_dyld_path_a_mac_needs(mac_sandbox, become_inventory, tmp_path,
+                                                    connector):
+    """On Darwin, ranks get DYLD_LIBRARY_PATH beside MLX_MPI_LIBNAME (Homebrew's libmpi);
+    here Open MPI is Debian's at /usr/bin, so the path is /usr/lib and ld.so ignores it."""
+    spec = load_job(_write_job(tmp_path, become_inventory, "m-mpi", steps=20, backend="mpi"))
+    record = launch(spec, connector, fresh=True)
+    script = (run_dir(mac_sandbox, "node2", "m-mpi") / "rank-1.sh").read_text()
+    assert "DYLD_LIBRARY_PATH=/usr/lib" in script and "MLX_MPI_LIBNAME=" in script
+    final = supervise(record, connector)
+    logs = "\n".join(prefixed(fetch(record, connector, {})))
+    assert final.state == "finished", (final.to_dict(), logs[-3000:])
+    assert _job_processes("m-mpi") == []
+
+
 def test_the_monitor_samples_a_mac_through_sysctl_vm_stat_and_ioreg(mac_sandbox, connector):
     host = load_inventory(mac_sandbox.inventory_path).hosts["node1"]
     code = f"{on_node(mac_sandbox, 'node1', 'echo $HOME').strip()}/.mlxops/code"
@@ -169,7 +184,8 @@ def _results(proc: subprocess.CompletedProcess) -> list[dict]:
     return json.loads(proc.stdout)["results"]
 
 
-def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int) -> Path:
+def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int,
+               backend: str = "ring") -> Path:
     trainer = {
         "model": {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32},
         "data": {"source": "synthetic", "seed": 0},
@@ -177,7 +193,7 @@ def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int) -> Pat
                   "checkpoint_every": 10, "keep": 2, "log_every": 1},
     }
     job = {"name": name, "inventory": str(inventory), "hosts": "node1,node2",
-           "backend": "ring", "trainer": trainer,
+           "backend": backend, "trainer": trainer,
            "restart": {"max_restarts": 2, "stall_timeout": 120}}
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))

@@ -24,6 +24,9 @@ from pathlib import Path
 from mlxops.sandbox.darwin.shim import TOOLS
 
 FLAVOURS = ("linux", "macos")
+#: A Mac-like node's network interface, as a Mac names its wired one (and as its
+#: ifconfig shows it: Open MPI's interface list, read from the kernel, must agree).
+IFACE = "en0"
 HERE = Path(__file__).resolve().parent
 BSDTAR = "/usr/bin/bsdtar"
 #: The recorded state a fresh Mac-like node starts with: macOS's own wired limit (0: the

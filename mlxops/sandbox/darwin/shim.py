@@ -214,8 +214,8 @@ def ifconfig(addresses: list[tuple[str, int]], mac: str, recorded: Path = RECORD
 
 
 def node_link() -> tuple[list[tuple[str, int]], str]:
-    """The node's IPv4 addresses on eth0 (iproute2 reads netlink, not /proc) and MAC."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "eth0"],
+    """The node's IPv4 addresses on en0 (iproute2 reads netlink, not /proc) and MAC."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", "en0"],
                          capture_output=True, text=True, check=False).stdout
     addresses = []
     for line in out.splitlines():
@@ -224,7 +224,7 @@ def node_link() -> tuple[list[tuple[str, int]], str]:
             ip, _, prefix = words[words.index("inet") + 1].partition("/")
             addresses.append((ip, int(prefix or 32)))
     try:
-        mac = Path("/sys/class/net/eth0/address").read_text().strip()
+        mac = Path("/sys/class/net/en0/address").read_text().strip()
     except OSError:
         mac = "00:00:00:00:00:00"
     return addresses, mac
