@@ -92,7 +92,8 @@ def status(state_dir: str, as_json: bool) -> None:
     box = Sandbox(state_dir)
     nodes = [{"name": n, "ip": box.ip(n), "sshd_pid": box.sshd_pid(n),
               "sshd_up": box.sshd_alive(n)} for n in box.nodes]
-    doc = {"dir": str(box.dir), "running": box.is_running(), "nodes": nodes,
+    doc = {"dir": str(box.dir), "running": box.is_running(), "flavour": box.flavour,
+           "nodes": nodes,
            "inventory": str(box.inventory_path) if nodes else None}
     if as_json:
         click.echo(json.dumps(doc))
@@ -100,7 +101,8 @@ def status(state_dir: str, as_json: bool) -> None:
     if not nodes:
         console.out.print(f"no sandbox in {box.dir}")
         return
-    console.out.print(f"sandbox in {box.dir}: inventory {box.inventory_path}")
+    mac = " (Mac-like nodes)" if box.is_mac else ""
+    console.out.print(f"sandbox in {box.dir}{mac}: inventory {box.inventory_path}")
     for node in nodes:
         state = "[green]up[/]" if node["sshd_up"] else "[red]down[/]"
         console.out.print(f"  {node['name']:<8} {node['ip']:<15} sshd {state}")
