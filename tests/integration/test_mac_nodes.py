@@ -117,7 +117,7 @@ def test_provision_tunes_the_mac_with_become_and_check_holds_it(mac_sandbox, bec
 
 def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_inventory,
                                                       tmp_path, connector):
-    spec = load_job(_write_job(tmp_path, become_inventory, "m-kill", steps=60))
+    spec = load_job(_write_job(tmp_path, become_inventory, "m-kill", steps=60, slow=True))
     record = launch(spec, connector, fresh=True)
     watchdog = BackgroundWatchdog(record, connector)
     wait_for_step(record, connector, 8, timeout=240)   # a cold kernel cache: g++ runs
@@ -131,7 +131,7 @@ def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_invent
     assert losses(mac_sandbox, "m-kill")[60] < losses(mac_sandbox, "m-kill")[1]
     assert _job_processes("m-kill") == []
 
-    spec = load_job(_write_job(tmp_path, become_inventory, "m-stop", steps=400))
+    spec = load_job(_write_job(tmp_path, become_inventory, "m-stop", steps=400, slow=True))
     record = launch(spec, connector, fresh=True)
     wait_for_step(record, connector, 5)
     assert stop_job(record, connector).exit_code == 0
@@ -185,7 +185,9 @@ def _results(proc: subprocess.CompletedProcess) -> list[dict]:
 
 
 def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int,
-               backend: str = "ring") -> Path:
+               backend: str = "ring", slow: bool = False) -> Path:
+    """``slow``: rank 1 takes 0.1 s more a step (the trainer's test hook), so that a test
+    acting at step 8 finds the job still running however fast the machine is."""
     trainer = {
         "model": {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32},
         "data": {"source": "synthetic", "seed": 0},
@@ -195,6 +197,8 @@ def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int,
     job = {"name": name, "inventory": str(inventory), "hosts": "node1,node2",
            "backend": backend, "trainer": trainer,
            "restart": {"max_restarts": 2, "stall_timeout": 120}}
+    if slow:
+        job["env"] = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.05"}
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
