@@ -147,3 +147,12 @@ def test_host_is_read_from_what_the_node_has(monkeypatch):
     assert host.system() in ("Linux", "Darwin")
     monkeypatch.setattr(host, "PROC_SELF", Path("/nonexistent/self/stat"))
     assert not host.has_proc()
+
+
+def test_node_code_asks_what_the_node_has_not_what_python_was_built_for():
+    """So that a node answering as a Mac takes a Mac's path: platform.system() is asked in
+    node/host.py alone (its fallback when there is no uname)."""
+    node = Path(host.__file__).parent
+    asking = sorted(p.name for p in node.glob("*.py")
+                    if "platform.system(" in p.read_text() or "sys.platform" in p.read_text())
+    assert asking == ["host.py"]
