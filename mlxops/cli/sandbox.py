@@ -13,6 +13,7 @@ import click
 
 from mlxops import console
 from mlxops.sandbox import Sandbox
+from mlxops.sandbox.darwin import FLAVOURS
 from mlxops.sandbox.layout import DEFAULT_PREFIX, DEFAULT_SUBNET, LOGIN_SHELLS
 
 _dir_option = click.option(
@@ -38,12 +39,16 @@ def command() -> None:
               help="IPv4 subnet: .1 is this machine (on the bridge), node i is .(10+i).")
 @click.option("--prefix", default=DEFAULT_PREFIX, show_default=True,
               help="Name prefix of the bridge, namespaces and veths (tells sandboxes apart).")
-@click.option("--login-shell", type=click.Choice(sorted(LOGIN_SHELLS)), default="bash",
-              show_default=True,
+@click.option("--login-shell", type=click.Choice(sorted(LOGIN_SHELLS)), default=None,
               help="The node user's login shell, which sshd runs every remote command "
-                   "under: zsh as on a stock Mac (its own account, mlxnodez).")
+                   "under: zsh as on a stock Mac (its own account, mlxnodez). Default: "
+                   "bash, zsh with --flavour macos.")
+@click.option("--flavour", type=click.Choice(FLAVOURS), default="linux", show_default=True,
+              help="macos: nodes that answer as a Mac where mlxops asks (uname, sw_vers, "
+                   "sysctl, pmset, vm_stat, ioreg, ifconfig, BSD ps/stat, bsdtar as tar; "
+                   "output recorded on a real Mac) and have no /proc.")
 def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: str,
-       login_shell: str) -> None:
+       login_shell: str | None, flavour: str) -> None:
     """Start NODES fake nodes and write a ready-to-use inventory.
 
     Refuses when a sandbox already runs in DIR: run `mlxops sandbox down` first. The
@@ -51,8 +56,9 @@ def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: 
     under /var/cache/mlxops-sandbox; later runs reuse it.
     """
     start = time.monotonic()
+    login_shell = login_shell or ("zsh" if flavour == "macos" else "bash")
     box = Sandbox(state_dir, subnet=subnet, prefix=prefix, login_shell=login_shell,
-                  log=lambda m: console.err.print(m))
+                  flavour=flavour, log=lambda m: console.err.print(m))
     info = box.up(nodes, rates=rates)
     elapsed = time.monotonic() - start
     out = console.out
@@ -86,7 +92,8 @@ def status(state_dir: str, as_json: bool) -> None:
     box = Sandbox(state_dir)
     nodes = [{"name": n, "ip": box.ip(n), "sshd_pid": box.sshd_pid(n),
               "sshd_up": box.sshd_alive(n)} for n in box.nodes]
-    doc = {"dir": str(box.dir), "running": box.is_running(), "nodes": nodes,
+    doc = {"dir": str(box.dir), "running": box.is_running(), "flavour": box.flavour,
+           "nodes": nodes,
            "inventory": str(box.inventory_path) if nodes else None}
     if as_json:
         click.echo(json.dumps(doc))
@@ -94,7 +101,8 @@ def status(state_dir: str, as_json: bool) -> None:
     if not nodes:
         console.out.print(f"no sandbox in {box.dir}")
         return
-    console.out.print(f"sandbox in {box.dir}: inventory {box.inventory_path}")
+    mac = " (Mac-like nodes)" if box.is_mac else ""
+    console.out.print(f"sandbox in {box.dir}{mac}: inventory {box.inventory_path}")
     for node in nodes:
         state = "[green]up[/]" if node["sshd_up"] else "[red]down[/]"
         console.out.print(f"  {node['name']:<8} {node['ip']:<15} sshd {state}")

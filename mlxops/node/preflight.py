@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxops.node import protocol
+from mlxops.node import host, protocol
 from mlxops.node.blas import find_openblas, usable_cpus
 from mlxops.node.ports import busy_ports
 from mlxops.node.rundir import checkpoint_steps
@@ -35,14 +35,15 @@ def preflight(run_dir: Path, *, ip: str, ports: list[int], mpi: bool
         python=sys.executable,
         python_version=platform.python_version(),
         mlx=mlx_version,
-        system=platform.system(),
+        system=host.system(),
         ports_busy=busy_ports(ip, ports) if ip else [],
         leftovers=leftovers(run_dir),
         checkpoints=checkpoint_steps(run_dir),
         mpirun=mpirun,
         mpi_libname=libname,
-        # macOS has Accelerate and Metal: nothing to preload there.
-        openblas=find_openblas() if platform.system() == "Linux" else None,
+        # Only an ELF interpreter can preload one: on macOS (Accelerate and Metal) there
+        # is nothing to find, by what the node has rather than by its name.
+        openblas=find_openblas(),
         cpus=usable_cpus(),
     )
 
@@ -55,7 +56,7 @@ def open_mpi() -> tuple[str | None, str | None]:
     libname = None
     if mpirun:
         ompi_info = Path(mpirun).with_name("ompi_info")
-        tool = ["otool", "-L"] if platform.system() == "Darwin" else ["ldd"]
+        tool = ["otool", "-L"] if host.has_tool("otool") else ["ldd"]
         try:
             out = subprocess.run([*tool, str(ompi_info)], capture_output=True, text=True,
                                  timeout=20, check=False).stdout

@@ -6,16 +6,18 @@ import os
 import subprocess
 from pathlib import Path
 
+from mlxops.node.host import has_proc
+
 #: (pid, ppid, pgid, state, name) of every process; state 'Z' is a zombie.
 Table = list[tuple[int, int, int, str, str]]
 
 
 def process_table() -> Table:
-    """(pid, ppid, pgid, state, name) of every process; state 'Z' is a zombie."""
+    """(pid, ppid, pgid, state, name) of every process; state 'Z' is a zombie. From
+    ``/proc`` where the node has one (no subprocess needed), else BSD ``ps`` (macOS)."""
     table = []
-    proc = Path("/proc")
-    if proc.is_dir():  # Linux: no subprocess needed
-        for entry in proc.iterdir():
+    if has_proc():
+        for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:

@@ -403,7 +403,7 @@ class PreflightAnswer(_Answer):
     python: str                          # sys.executable
     python_version: str
     mlx: str | None                      # mlx.core.__version__, None: not importable
-    system: str                          # platform.system()
+    system: str                          # the node's `uname -s` (node/host.py)
     ports_busy: list[int]                # of the ports asked about
     leftovers: list[Leftover]            # processes of this job still alive
     checkpoints: list[int]               # steps of its complete checkpoints, oldest first
@@ -577,7 +577,7 @@ class MetricsChunk(_Answer):
 @dataclass
 class SampleAnswer(_Answer):
     now: float                           # the node's clock
-    system: str                          # platform.system()
+    system: str                          # the node's `uname -s` (node/host.py)
     cpus: int | None = None
     load: list[float] | None = None      # 1, 5 and 15 minute load averages
     memory_total: int | None = None      # bytes

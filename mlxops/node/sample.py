@@ -1,19 +1,19 @@
 """What a node says for the controller's metrics mirror: the ``sample`` command
 (docs/node-protocol.md). Its memory in use and total, load and, on macOS, GPU figures
 (``vm_stat``, ``sysctl``, ``ioreg``: none needs sudo); with a run directory, the job's
-``status`` answer and the new lines of rank 0's ``metrics.jsonl``. Reads only.
+``status`` answer and the new lines of rank 0's ``metrics.jsonl``. Reads only. Which
+source is read depends on what the node has (:mod:`mlxops.node.host`).
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import re
 import subprocess
 import time
 from pathlib import Path
 
-from mlxops.node import protocol
+from mlxops.node import host, protocol
 from mlxops.node.status import status as job_status
 
 TOOL_TIMEOUT = 3.0  # seconds for vm_stat / sysctl / ioreg: a sample must not hang a feed
@@ -84,22 +84,27 @@ def _float(value: int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def memory(system: str) -> tuple[int | None, int | None]:
-    """``(total, used)`` bytes on this node; None where it cannot be read."""
-    if system == "Darwin":
-        total = _run(["sysctl", "-n", "hw.memsize"])
-        vm = _run(["vm_stat"])
-        return (int(total) if total and total.strip().isdigit() else None,
-                vm_stat_used(vm) if vm else None)
+MEMINFO = Path("/proc/meminfo")
+
+
+def memory() -> tuple[int | None, int | None]:
+    """``(total, used)`` bytes on this node: ``/proc/meminfo`` where there is one (Linux),
+    else ``sysctl hw.memsize`` and ``vm_stat`` (macOS); None where it cannot be read."""
     try:
-        return linux_memory(Path("/proc/meminfo").read_text())
+        return linux_memory(MEMINFO.read_text())
     except OSError:
-        return None, None
+        pass
+    total = _run(["sysctl", "-n", "hw.memsize"])
+    vm = _run(["vm_stat"])
+    return (int(total) if total and total.strip().isdigit() else None,
+            vm_stat_used(vm) if vm else None)
 
 
-def gpu(system: str) -> protocol.GpuSample | None:
-    if system != "Darwin":
-        return None  # MLX on Linux runs on the CPU (no GPU figures to show)
+def gpu() -> protocol.GpuSample | None:
+    """The GPU's figures where the node has ``ioreg`` (macOS); MLX on Linux runs on the
+    CPU, with no GPU figures to show."""
+    if not host.has_tool("ioreg"):
+        return None
     out = _run(["ioreg", "-r", "-d", "1", "-w", "0", "-c", "IOAccelerator"])
     return ioreg_gpu(out) if out else None
 
@@ -128,15 +133,14 @@ def metrics_chunk(path: Path, start: int, inode: int | None, max_bytes: int
 def sample(run_dir: Path | None, *, with_status: bool = False, metrics_from: int | None = None,
            metrics_inode: int | None = None,
            max_bytes: int = protocol.SAMPLE_MAX_BYTES) -> protocol.SampleAnswer:
-    system = platform.system()
-    total, used = memory(system)
+    total, used = memory()
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
-    answer = protocol.SampleAnswer(now=time.time(), system=system, cpus=os.cpu_count(),
-                                   load=load, memory_total=total, memory_used=used,
-                                   gpu=gpu(system))
+    answer = protocol.SampleAnswer(now=time.time(), system=host.system(),
+                                   cpus=os.cpu_count(), load=load, memory_total=total,
+                                   memory_used=used, gpu=gpu())
     if run_dir is not None:
         if with_status:
             answer.status = job_status(run_dir)

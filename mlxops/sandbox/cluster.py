@@ -15,7 +15,7 @@ import shutil
 import stat
 
 from mlxops.errors import UserError
-from mlxops.sandbox import cgroups, clientfiles, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, darwin, netns, nodes
 from mlxops.sandbox.faults import Faults
 from mlxops.sandbox.layout import LOGIN_SHELLS, NodeLayout, node_rates, parse_rate
 from mlxops.sandbox.python import node_python
@@ -47,6 +47,8 @@ class Sandbox(Faults):
         ``rate`` shapes every node's link; ``rates`` are ``--rate`` values, ``RATE`` or
         ``NODE=RATE`` (that node's own, winning over ``rate``)."""
         require_root()
+        if self.is_mac and darwin.prerequisite():
+            raise UserError(f"--flavour macos: {darwin.prerequisite()}")
         plan = self.layout.nodes(nodes)
         shaped = node_rates([*([rate] if rate else []), *rates], [n.name for n in plan])
         if self._state and self.is_running():
@@ -63,7 +65,8 @@ class Sandbox(Faults):
         self._state = {
             "version": STATE_VERSION, "prefix": self.layout.prefix,
             "subnet": str(self.layout.subnet), "bridge": self.layout.bridge,
-            "user": self.user, "login_shell": self.login_shell, "python": node_py,
+            "user": self.user, "login_shell": self.login_shell, "flavour": self.flavour,
+            "python": node_py,
             "rate": rate or next((r for r in rates if "=" not in r), None),
             "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
                        "sshd_pid": None, "rate": shaped[n.name]} for n in plan],
@@ -88,15 +91,24 @@ class Sandbox(Faults):
         self._log(f"creating bridge {self.layout.bridge} ({self.controller_ip})")
         netns.create_bridge(self.layout)
         for node in plan:
-            netns.create_node_net(self.layout, node, rate_bits[node.name])
+            netns.create_node_net(self.layout, node, rate_bits[node.name], self.iface)
         nodes.wait_all(keygens, "ssh-keygen")
         self.key_path.chmod(0o600)
         known = self._nodes_known_hosts(plan)
+        if self.is_mac:
+            darwin.install(self.dir, self.python)
+            nodes.ensure_node_tmp()
+            tmp = self.user_tmp()
+            tmp.mkdir(mode=0o700, exist_ok=True)
+            os.chown(tmp, account.pw_uid, account.pw_gid)
         for node in plan:
-            nodes.prepare_node(self._files(node.name), node, account, self.key_path, known)
+            nodes.prepare_node(self._files(node.name), node, account, self.key_path, known,
+                               session_env=self.session_env())
+            if self.is_mac:
+                darwin.prepare_node(self.dir, node.name, account)
         for node in plan:
             self._entry(node.name)["sshd_pid"] = nodes.start_sshd(
-                node, self._files(node.name), self.user)
+                node, self._files(node.name), self.user, darwin=self._darwin_mounts(node.name))
         self._save()
         self._wait_listening(plan)
         self._write_client_files()
@@ -130,6 +142,7 @@ class Sandbox(Faults):
         netns.delete_bridge(self.layout)
         for node in plan:
             nodes.remove_node_files(self._files(node.name))
+        darwin.remove(self.dir)
         for name in _TOP_FILES:
             (self.dir / name).unlink(missing_ok=True)
         self.state_path.unlink(missing_ok=True)

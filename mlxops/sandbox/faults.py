@@ -53,7 +53,8 @@ class Faults(SandboxState):
         """Shape the node's link to ``rate`` (``100mbit``; None: unshaped) both ways, now;
         :meth:`restore` puts back the rate it was made with."""
         entry = self._entry(name)
-        netns.shape_link(self.node_layout(name), parse_rate(rate) if rate else None)
+        netns.shape_link(self.node_layout(name), parse_rate(rate) if rate else None,
+                         self.iface)
         entry["shaped"] = rate
         self._save()
 

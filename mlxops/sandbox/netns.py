@@ -65,33 +65,36 @@ def create_bridge(layout: Layout) -> None:
     run(["ip", "link", "set", br, "up"])
 
 
-def create_node_net(layout: Layout, node: NodeLayout, rate_bits: int | None) -> None:
-    """Namespace, veth pair (host end in the bridge, eth0 inside), addresses, shaping."""
+def create_node_net(layout: Layout, node: NodeLayout, rate_bits: int | None,
+                    iface: str = "eth0") -> None:
+    """Namespace, veth pair (host end in the bridge, ``iface`` inside: eth0, or en0 on a
+    Mac-like node, as its tools and Open MPI's interface list must agree), addresses,
+    shaping."""
     ns = ["ip", "-n", node.netns]
     run(["ip", "netns", "add", node.netns])
     run(["ip", "link", "add", node.veth, "type", "veth",
-         "peer", "name", "eth0", "netns", node.netns])
+         "peer", "name", iface, "netns", node.netns])
     run(["ip", "link", "set", node.veth, "master", layout.bridge])
     run(["ip", "link", "set", node.veth, "up"])
     run([*ns, "link", "set", "lo", "up"])
-    run([*ns, "addr", "add", f"{node.ip}/{layout.subnet.prefixlen}", "dev", "eth0"])
-    run([*ns, "link", "set", "eth0", "up"])
+    run([*ns, "addr", "add", f"{node.ip}/{layout.subnet.prefixlen}", "dev", iface])
+    run([*ns, "link", "set", iface, "up"])
     if rate_bits:
-        shape_link(node, rate_bits)
+        shape_link(node, rate_bits, iface)
 
 
-def shape_link(node: NodeLayout, rate_bits: int | None) -> None:
+def shape_link(node: NodeLayout, rate_bits: int | None, iface: str = "eth0") -> None:
     """Shape the node's link to ``rate_bits`` both ways (None: unshaped). Egress of both
-    ends: the host end shapes traffic to the node, eth0 traffic from it; so a link between
-    two nodes runs at the slower of their rates."""
+    ends: the host end shapes traffic to the node, ``iface`` traffic from it; so a link
+    between two nodes runs at the slower of their rates."""
     if rate_bits is None:
         run(["tc", "qdisc", "del", "dev", node.veth, "root"], check=False)
-        run(["tc", "-n", node.netns, "qdisc", "del", "dev", "eth0", "root"], check=False)
+        run(["tc", "-n", node.netns, "qdisc", "del", "dev", iface, "root"], check=False)
         return
     shape = ["root", "tbf", "rate", f"{rate_bits}bit",
              "burst", str(tbf_burst_bytes(rate_bits)), "latency", "50ms"]
     run(["tc", "qdisc", "replace", "dev", node.veth, *shape])
-    run(["tc", "-n", node.netns, "qdisc", "replace", "dev", "eth0", *shape])
+    run(["tc", "-n", node.netns, "qdisc", "replace", "dev", iface, *shape])
 
 
 def set_link(node: NodeLayout, up: bool) -> None:

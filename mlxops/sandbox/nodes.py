@@ -34,6 +34,13 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 # failed at start ("orte_session_dir failed ... File exists").
 _NAME_BIND_AND_EXEC = ('printf %s "$1" > /proc/sys/kernel/hostname && '
                        'mount --bind "$2" "$3" && shift 3 && exec "$@"')
+# A Mac-like node (mlxops/sandbox/darwin) also mounts its own directory ($4) where its shims
+# look ($5), moves the real /proc there for the ps shim, and hides /proc under an empty
+# read-only tmpfs: a Mac has none, and node code must take the path it takes there.
+_NAME_BIND_HIDE_PROC_AND_EXEC = (
+    'printf %s "$1" > /proc/sys/kernel/hostname && mount --bind "$2" "$3" && '
+    'mount --bind "$4" "$5" && mount --bind /proc "$5/proc" && '
+    'mount -t tmpfs -o ro,mode=755 tmpfs /proc && shift 5 && exec "$@"')
 
 
 def ensure_user(user: str, login_shell: str = "/bin/bash") -> pwd.struct_passwd:
@@ -97,7 +104,8 @@ class NodeFiles:
 
 
 def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
-                 client_key: Path, known_hosts: str) -> None:
+                 client_key: Path, known_hosts: str, session_env: dict[str, str] | None = None
+                 ) -> None:
     """Home with ``~/.ssh`` owned by the node user, and the sshd_config.
 
     ``~/.ssh`` holds authorized_keys (the client key's public half) and, for node-to-node
@@ -120,7 +128,7 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
         os.chown(path, user.pw_uid, user.pw_gid)
         os.chmod(path, mode)
     write_node_known_hosts(files, user, known_hosts)
-    files.sshd_config.write_text(sshd_config(files, node, user.pw_name))
+    files.sshd_config.write_text(sshd_config(files, node, user.pw_name, session_env))
 
 
 def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str) -> None:
@@ -140,6 +148,7 @@ def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str)
 # the compiled kernels across nodes and sandboxes: a per-node one made every job's first
 # step wait for a fresh g++ run of every kernel, on every node.
 NODE_TMP = CACHE_DIR / "tmp"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def ensure_node_tmp() -> Path:
@@ -148,9 +157,13 @@ def ensure_node_tmp() -> Path:
     return NODE_TMP
 
 
-def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:
+def sshd_config(files: NodeFiles, node: NodeLayout, user: str,
+                session_env: dict[str, str] | None = None) -> str:
+    """``session_env``: what the sessions get beside (or instead of) ``TMPDIR``, e.g. a
+    Mac-like node's PATH with its shims first (values hold no spaces)."""
+    env = {"TMPDIR": str(NODE_TMP), **(session_env or {})}
     return "\n".join([
-        f"SetEnv TMPDIR={NODE_TMP}",
+        "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()),
         f"ListenAddress {node.ip}",
         "Port 22",
         f"HostKey {files.host_key}",
@@ -177,33 +190,42 @@ def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:
 
 
 def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str],
-              user: str | None = None, env: dict[str, str] | None = None) -> list[str]:
+              user: str | None = None, env: dict[str, str] | None = None,
+              darwin: tuple[Path, Path] | None = None,
+              session_env: dict[str, str] | None = None) -> list[str]:
     """argv run in the node's netns with its home mounted over ``node_user``'s home,
-    as ``user`` (None = root) with a clean login-like environment plus ``env``."""
+    as ``user`` (None = root) with a clean login-like environment (``session_env`` as the
+    node's sshd gives it) plus ``env``. ``darwin``: (the node's own directory, where to
+    mount it) for a Mac-like node, whose /proc is hidden too."""
     inner = list(argv)
     if user is not None:
         account = pwd.getpwnam(user)
         base = {"HOME": account.pw_dir, "USER": user, "LOGNAME": user,
-                "SHELL": account.pw_shell,
-                "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": str(NODE_TMP)}
+                "SHELL": account.pw_shell, "PATH": DEFAULT_PATH, "TMPDIR": str(NODE_TMP),
+                **(session_env or {})}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
                  *inner]
     elif env:
         inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
     passwd_home = pwd.getpwnam(node_user).pw_dir
+    wrapper = [_NAME_BIND_AND_EXEC, "sh", node.name, str(files.home), passwd_home]
+    if darwin is not None:
+        wrapper = [_NAME_BIND_HIDE_PROC_AND_EXEC, "sh", node.name, str(files.home),
+                   passwd_home, str(darwin[0]), str(darwin[1])]
     return ["ip", "netns", "exec", node.netns,
             "unshare", "--mount", "--uts", "--propagation", "private",
-            "sh", "-c", _NAME_BIND_AND_EXEC, "sh", node.name, str(files.home), passwd_home,
-            *inner]
+            "sh", "-c", *wrapper, *inner]
 
 
-def start_sshd(node: NodeLayout, files: NodeFiles, node_user: str) -> int:
+def start_sshd(node: NodeLayout, files: NodeFiles, node_user: str,
+               darwin: tuple[Path, Path] | None = None) -> int:
     """Start the node's sshd in the background; returns its pid (not yet listening)."""
     files.pid_file.unlink(missing_ok=True)
     with open(files.log, "ab") as log:
         proc = subprocess.Popen(
-            node_argv(node, files, node_user, [SSHD, "-D", "-e", "-f", str(files.sshd_config)]),
+            node_argv(node, files, node_user, [SSHD, "-D", "-e", "-f", str(files.sshd_config)],
+                      darwin=darwin),
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True,  # a Ctrl-C in the terminal must not reach the nodes
         )

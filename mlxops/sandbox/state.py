@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxops.errors import MlxopsError, UserError
-from mlxops.sandbox import clientfiles, netns, nodes
+from mlxops.sandbox import clientfiles, darwin, netns, nodes
 from mlxops.sandbox.layout import (
     DEFAULT_PREFIX,
     DEFAULT_SUBNET,
@@ -59,7 +59,7 @@ class SandboxState:
 
     def __init__(self, dir: str | os.PathLike | None = None, subnet: str | None = None,
                  prefix: str | None = None, user: str | None = None,
-                 login_shell: str = "bash", log=None):
+                 login_shell: str = "bash", flavour: str = "linux", log=None):
         self.dir = Path(dir) if dir is not None else default_dir()
         self.dir = self.dir.absolute()
         self._log = log or (lambda msg: None)
@@ -68,7 +68,12 @@ class SandboxState:
             self.layout = Layout.make(state["prefix"], state["subnet"])
             self.user = state["user"]
             self.login_shell = state.get("login_shell", "bash")
+            self.flavour = state.get("flavour", "linux")
         else:
+            if flavour not in darwin.FLAVOURS:
+                raise UserError(f"--flavour: {flavour!r}: want one of "
+                                f"{', '.join(darwin.FLAVOURS)}")
+            self.flavour = flavour
             if login_shell not in LOGIN_SHELLS:
                 raise UserError(f"--login-shell: {login_shell!r}: want one of "
                                 f"{', '.join(LOGIN_SHELLS)}")
@@ -101,6 +106,34 @@ class SandboxState:
 
     def _files(self, name: str) -> nodes.NodeFiles:
         return nodes.NodeFiles(self.dir, name)
+
+    @property
+    def is_mac(self) -> bool:
+        """Nodes of the macOS flavour (mlxops/sandbox/darwin)."""
+        return self.flavour == "macos"
+
+    @property
+    def iface(self) -> str:
+        """The node's network interface: a Mac's wired one is en0."""
+        return darwin.IFACE if self.is_mac else "eth0"
+
+    def session_env(self) -> dict[str, str]:
+        """What a Mac-like node's sessions get beside the plain nodes' environment: the
+        Mac's tools first on their PATH, and a TMPDIR of the node user's own, as macOS
+        gives each user (``/var/folders/.../T``): MLX compiles its kernels under it."""
+        if not self.is_mac:
+            return {}
+        return {"PATH": f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}",
+                "TMPDIR": str(self.user_tmp())}
+
+    def user_tmp(self) -> Path:
+        return nodes.NODE_TMP / f"user-{self.user}"
+
+    def _darwin_mounts(self, name: str) -> tuple[Path, Path] | None:
+        """(the node's own directory, where it is mounted) on a Mac-like node."""
+        if not self.is_mac:
+            return None
+        return darwin.node_dir(self.dir, name), darwin.mount_point(self.dir)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -197,7 +230,9 @@ class SandboxState:
         or an account name."""
         run_as = self.user if user == "node" else None if user in (None, "root") else user
         return nodes.node_argv(self.node_layout(name), self._files(name), self.user,
-                               [str(a) for a in argv], user=run_as, env=env)
+                               [str(a) for a in argv], user=run_as, env=env,
+                               darwin=self._darwin_mounts(name),
+                               session_env=self.session_env())
 
     def exec_in(self, name: str, argv: list[str], user: str | None = "node",
                 env: dict[str, str] | None = None, check: bool = False,

@@ -35,6 +35,7 @@ from mlxops.sandbox.netns import free_subnet as netns_free_subnet
 
 NODES = 8
 ZSH_NODES = 4
+MAC_NODES = 2
 _DIR_PREFIX = "/tmp/mlxops-test-sandbox-"
 
 
@@ -69,7 +70,8 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int):
+def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int,
+                     flavour: str = "linux"):
     """Make, yield and always take down one session sandbox (see the module docstring)."""
     why = prerequisites()
     if why:
@@ -80,7 +82,7 @@ def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int)
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o755)  # the node user reads its home under it
     box = Sandbox(path, prefix=f"mx{tag}{pid % 10**7}", subnet=_free_subnet(pid + subnet_offset),
-                  login_shell=login_shell)
+                  login_shell=login_shell, flavour=flavour)
 
     atexit.register(box.down)
     previous = signal.getsignal(signal.SIGTERM)
@@ -108,6 +110,19 @@ def zsh_sandbox():
     """A second session sandbox of 4 nodes whose user logs in to zsh, as on a stock Mac
     (sshd runs every remote command under it)."""
     yield from _session_sandbox("z", ZSH_NODES, "zsh", 500)
+
+
+@pytest.fixture(scope="session")
+def mac_sandbox():
+    """A session sandbox of 2 Mac-like nodes (``--flavour macos``): they log in to zsh,
+    answer uname/sw_vers/sysctl/pmset/vm_stat/ioreg/ifconfig from output recorded on a
+    Mac, have BSD ps, stat and tar, and no /proc (mlxops/sandbox/darwin)."""
+    from mlxops.sandbox.darwin import prerequisite
+
+    why = prerequisite()
+    if why:
+        pytest.skip(f"Mac-like nodes: {why}")
+    yield from _session_sandbox("m", MAC_NODES, "zsh", 700, flavour="macos")
 
 
 @pytest.fixture(scope="session")

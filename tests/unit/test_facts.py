@@ -1,8 +1,9 @@
 """Facts: recorded outputs of the one facts command in, the facts schema out.
 
-``data/facts/*.txt`` are whole outputs of :func:`facts_script` (Darwin ones written from
-real ``sw_vers``/``sysctl``/``ioreg``/``ifconfig``/``pmset``/``df`` output, the Linux one
-recorded from a sandbox node); ``*.json`` beside each is the facts it must give.
+``data/facts/*.txt`` are whole outputs of :func:`facts_script` (the Darwin ones
+illustrative: written by hand in the tools' formats, see data/facts/README.md; the Linux one
+recorded from a sandbox node); ``*.json`` beside each is the facts it must give. Output
+recorded on a real Mac goes through the same parsers in test_darwin_shims.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The macos task as data: recorded Darwin facts + vars + args in, commands out.
+"""The macos task as data: Darwin facts + vars + args in, commands out.
 
-Each ``data/macos/*.yml`` names a recorded fact output (``data/facts/<name>.txt``, parsed by
-the real parsers) and says which commands the plan must hold; no Mac is needed.
+Each ``data/macos/*.yml`` names a facts output (``data/facts/<name>.txt``, illustrative:
+see data/facts/README.md; parsed by the real parsers) and says which commands the plan must
+hold. The task itself runs against Mac-like nodes in tests/integration/test_mac_nodes.py.
 """
 
 from __future__ import annotations

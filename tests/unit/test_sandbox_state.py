@@ -90,3 +90,28 @@ def test_a_nodes_rate_is_read_back_and_older_states_have_one_for_all(tmp_path):
     state["nodes"][1]["shaped"] = "50mbit"
     (tmp_path / "state.json").write_text(json.dumps(state))
     assert Sandbox(tmp_path).rate("node2") == "50mbit"
+
+
+def test_a_mac_like_sandbox_is_read_back_with_its_tools_first_and_no_proc(tmp_path):
+    """--flavour macos (mlxops/sandbox/darwin): the sessions' PATH starts with the shims,
+    TMPDIR is the node user's own, the node's interface is en0, and every command on a node
+    runs where /proc is hidden (an older state without a flavour is a plain sandbox)."""
+    with pytest.raises(UserError, match="--flavour"):
+        SandboxState(tmp_path / "new", flavour="windows")
+    write_state(tmp_path / "plain")
+    plain = Sandbox(tmp_path / "plain")
+    assert (plain.flavour, plain.iface, plain.session_env()) == ("linux", "eth0", {})
+    write_state(tmp_path / "mac", flavour="macos", login_shell="zsh", user="root")
+    mac = Sandbox(tmp_path / "mac")
+    assert mac.is_mac and mac.iface == "en0"
+    env = mac.session_env()
+    assert env["PATH"].startswith(f"{tmp_path / 'mac' / 'darwin' / 'bin'}:")
+    assert env["TMPDIR"].endswith("/user-root")
+    argv = mac.node_argv("node1", ["ps", "-A"], user=None)
+    wrapper = argv[argv.index("-c") + 1]
+    assert "mount -t tmpfs -o ro,mode=755 tmpfs /proc" in wrapper
+    assert argv[-4:] == [str(tmp_path / "mac" / "nodes" / "node1" / "darwin"),
+                         str(tmp_path / "mac" / "darwin" / "node"), "ps", "-A"]
+    write_state(tmp_path / "plain", user="root")
+    plain_argv = Sandbox(tmp_path / "plain").node_argv("node1", ["true"], user=None)
+    assert "tmpfs" not in " ".join(plain_argv)

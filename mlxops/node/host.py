@@ -1,0 +1,44 @@
+"""What kind of machine this node is, read from what it has, never from Python's build.
+
+Node code takes a Mac's path where the node has what a Mac has, so that a node which
+answers as a Mac (the sandbox's macOS flavour, mlxops/sandbox/darwin) takes the path a Mac
+takes, and a Mac takes it for the same reason:
+
+- the system's name is what the node's ``uname -s`` prints, as the controller's facts read
+  it (``Darwin``, ``Linux``); ``platform.system()`` only when there is no ``uname``;
+- the process table is ``/proc`` where the node has one (Linux), else ``ps`` (macOS);
+- memory figures come from ``/proc/meminfo`` where it exists, else ``sysctl`` and
+  ``vm_stat``; GPU figures from ``ioreg`` where the node has it.
+
+Standard library only (synced to nodes with the other helpers).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+PROC_SELF = Path("/proc/self/stat")
+
+
+@functools.lru_cache(maxsize=1)
+def system() -> str:
+    """``Darwin``, ``Linux``, ...: the node's ``uname -s``."""
+    try:
+        done = subprocess.run(["uname", "-s"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return platform.system()
+    name = done.stdout.strip()
+    return name if done.returncode == 0 and name else platform.system()
+
+
+def has_proc() -> bool:
+    """A Linux ``/proc`` (not merely a directory of that name)."""
+    return PROC_SELF.exists()
+
+
+def has_tool(name: str) -> bool:
+    return shutil.which(name) is not None
