@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mlxops.errors import MlxopsError
-from mlxops.sandbox.layout import NodeLayout
+from mlxops.sandbox.layout import NODE_USER, NodeLayout
 from mlxops.sandbox.netns import pid_alive, run, send_signal
 from mlxops.sandbox.python import CACHE_DIR
 
@@ -113,7 +113,7 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
     (ssh_dir / "authorized_keys").write_text(client_pub)
     (ssh_dir / "id_ed25519").write_bytes(client_key.read_bytes())
     (ssh_dir / "id_ed25519.pub").write_text(client_pub)
-    ensure_node_tmp()
+    ensure_node_tmp(user.pw_name)
     for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
                        (ssh_dir / "authorized_keys", 0o600), (ssh_dir / "id_ed25519", 0o600),
                        (ssh_dir / "id_ed25519.pub", 0o644)):
@@ -142,15 +142,24 @@ def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str)
 NODE_TMP = CACHE_DIR / "tmp"
 
 
-def ensure_node_tmp() -> Path:
-    NODE_TMP.mkdir(parents=True, exist_ok=True)
-    NODE_TMP.chmod(0o1777)
-    return NODE_TMP
+def node_tmp(user: str) -> Path:
+    """The node account's $TMPDIR: :data:`NODE_TMP` for the bash account, ``tmp-<user>``
+    beside it for another (the zsh one). MLX's ``mlx/<version>/`` under it belongs to the
+    account that compiled first: shared by two accounts, every compiled step of the
+    other's ranks failed (g++: "No such file or directory"), so each has its own."""
+    return NODE_TMP if user == NODE_USER else CACHE_DIR / f"tmp-{user}"
+
+
+def ensure_node_tmp(user: str) -> Path:
+    path = node_tmp(user)
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)
+    return path
 
 
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:
     return "\n".join([
-        f"SetEnv TMPDIR={NODE_TMP}",
+        f"SetEnv TMPDIR={node_tmp(user)}",
         f"ListenAddress {node.ip}",
         "Port 22",
         f"HostKey {files.host_key}",
@@ -185,7 +194,7 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
         account = pwd.getpwnam(user)
         base = {"HOME": account.pw_dir, "USER": user, "LOGNAME": user,
                 "SHELL": account.pw_shell,
-                "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": str(NODE_TMP)}
+                "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": str(node_tmp(user))}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
                  *inner]
