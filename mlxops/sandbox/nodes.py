@@ -113,7 +113,7 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
     (ssh_dir / "authorized_keys").write_text(client_pub)
     (ssh_dir / "id_ed25519").write_bytes(client_key.read_bytes())
     (ssh_dir / "id_ed25519.pub").write_text(client_pub)
-    ensure_node_tmp(user.pw_name)
+    ensure_node_tmp(user)
     for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
                        (ssh_dir / "authorized_keys", 0o600), (ssh_dir / "id_ed25519", 0o600),
                        (ssh_dir / "id_ed25519.pub", 0o644)):
@@ -150,11 +150,39 @@ def node_tmp(user: str) -> Path:
     return NODE_TMP if user == NODE_USER else CACHE_DIR / f"tmp-{user}"
 
 
-def ensure_node_tmp(user: str) -> Path:
-    path = node_tmp(user)
+def ensure_node_tmp(user: pwd.struct_passwd) -> Path:
+    path = node_tmp(user.pw_name)
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o1777)
+    if path != NODE_TMP:
+        _seed_kernels(NODE_TMP / "mlx", path / "mlx", user)
     return path
+
+
+def _seed_kernels(source: Path, target: Path, user: pwd.struct_passwd) -> None:
+    """Copy to ``target`` (as ``user``'s) the compiled kernels under ``source`` it lacks.
+
+    Each account compiles every kernel once otherwise: measured here, a zsh-node job's
+    first steps took over a minute of g++ on 2 busy cores (long enough for a stall timeout)
+    against 10 s with the kernels there. g++ writes ``tmp_*`` files and MLX renames them
+    when done: those are skipped, and each copy is renamed into place whole."""
+    for src in sorted(source.rglob("*")) if source.is_dir() else []:
+        dst = target / src.relative_to(source)
+        if src.is_dir() or src.name.startswith("tmp_") or dst.exists():
+            continue
+        _mkdirs_as(dst.parent, user)
+        part = dst.with_name(f".seed-{os.getpid()}")  # kernel names are near NAME_MAX
+        shutil.copyfile(src, part)
+        os.chown(part, user.pw_uid, user.pw_gid)
+        os.chmod(part, src.stat().st_mode & 0o777)
+        os.replace(part, dst)
+
+
+def _mkdirs_as(folder: Path, user: pwd.struct_passwd) -> None:
+    if not folder.exists():
+        _mkdirs_as(folder.parent, user)
+        folder.mkdir()
+        os.chown(folder, user.pw_uid, user.pw_gid)
 
 
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str) -> str:

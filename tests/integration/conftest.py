@@ -53,6 +53,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.integration)
+    # The zsh scenarios last: their sandbox comes up once the bash nodes' runs compiled
+    # MLX's kernels, and starts with a copy of them (mlxops.sandbox.nodes.node_tmp).
+    items.sort(key=_on_zsh_nodes)
+
+
+def _on_zsh_nodes(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return ("zsh_sandbox" in getattr(item, "fixturenames", ())
+            or (callspec is not None and callspec.params.get("login_sandbox") == "zsh"))
 
 
 def _reap_stale_sandboxes() -> None:
