@@ -53,6 +53,7 @@ def pair(doc: dict, src: str, dst: str) -> dict:
     return next(p for p in doc["pairs"] if p["src"] == src and p["dst"] == dst)
 
 
+@pytest.mark.slow
 def test_bandwidth_matches_iperf3_on_a_200mbit_link(sandbox_mut, tmp_path):
     box = sandbox_mut
     for name in ("node1", "node2"):
@@ -77,6 +78,7 @@ def test_bandwidth_matches_iperf3_on_a_200mbit_link(sandbox_mut, tmp_path):
     nothing_left(box, ["node1", "node2"])
 
 
+@pytest.mark.slow
 def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mut, tmp_path):
     box = sandbox_mut
     for name in box.nodes:

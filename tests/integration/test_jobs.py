@@ -105,6 +105,7 @@ def test_launch_runs_to_finished_with_falling_loss(login_sandbox, tmp_path, conn
     assert steps == list(range(1, 41))  # a new run, not the old one appended to
 
 
+@pytest.mark.slow
 def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
         login_sandbox, tmp_path, connector):
     sandbox = login_sandbox
@@ -132,6 +133,7 @@ def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
         [(s, want[s], got[s]) for s in after if got[s] != want[s]]
 
 
+@pytest.mark.slow
 def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connector):
     """--exclude: 4 ranks -> 3, the same global batches, losses within 1e-4 relative."""
     # Long enough that the stop lands mid-run however fast the steps are (the fused step
