@@ -162,10 +162,11 @@ def ensure_node_tmp(user: pwd.struct_passwd) -> Path:
 def _seed_kernels(source: Path, target: Path, user: pwd.struct_passwd) -> None:
     """Copy to ``target`` (as ``user``'s) the compiled kernels under ``source`` it lacks.
 
-    Each account compiles every kernel once otherwise: measured here, a zsh-node job's
-    first steps took over a minute of g++ on 2 busy cores (long enough for a stall timeout)
-    against 10 s with the kernels there. g++ writes ``tmp_*`` files and MLX renames them
-    when done: those are skipped, and each copy is renamed into place whole."""
+    Each account compiles every kernel once otherwise: on this 2-core machine while
+    shared, the tmux monitor test on zsh nodes took 86 s without them and 10 s with them,
+    and a job's ranks, all in g++ at once, outlasted a 30 s stall timeout. g++ writes
+    ``tmp_*`` files and MLX renames them when done: those are skipped, and each copy is
+    renamed into place whole."""
     for src in sorted(source.rglob("*")) if source.is_dir() else []:
         dst = target / src.relative_to(source)
         if src.is_dir() or src.name.startswith("tmp_") or dst.exists():
