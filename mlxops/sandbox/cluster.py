@@ -97,10 +97,6 @@ class Sandbox(Faults):
         known = self._nodes_known_hosts(plan)
         if self.is_mac:
             darwin.install(self.dir, self.python)
-            nodes.ensure_node_tmp()
-            tmp = self.user_tmp()
-            tmp.mkdir(mode=0o700, exist_ok=True)
-            os.chown(tmp, account.pw_uid, account.pw_gid)
         for node in plan:
             nodes.prepare_node(self._files(node.name), node, account, self.key_path, known,
                                session_env=self.session_env())

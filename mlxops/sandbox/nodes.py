@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mlxops.errors import MlxopsError
-from mlxops.sandbox.layout import NodeLayout
+from mlxops.sandbox.layout import NODE_USER, NodeLayout
 from mlxops.sandbox.netns import pid_alive, run, send_signal
 from mlxops.sandbox.python import CACHE_DIR
 
@@ -121,7 +121,7 @@ def prepare_node(files: NodeFiles, node: NodeLayout, user: pwd.struct_passwd,
     (ssh_dir / "authorized_keys").write_text(client_pub)
     (ssh_dir / "id_ed25519").write_bytes(client_key.read_bytes())
     (ssh_dir / "id_ed25519.pub").write_text(client_pub)
-    ensure_node_tmp()
+    ensure_node_tmp(user)
     for path, mode in ((files.home, 0o755), (ssh_dir, 0o700),
                        (ssh_dir / "authorized_keys", 0o600), (ssh_dir / "id_ed25519", 0o600),
                        (ssh_dir / "id_ed25519.pub", 0o644)):
@@ -151,17 +151,55 @@ NODE_TMP = CACHE_DIR / "tmp"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def ensure_node_tmp() -> Path:
-    NODE_TMP.mkdir(parents=True, exist_ok=True)
-    NODE_TMP.chmod(0o1777)
-    return NODE_TMP
+def node_tmp(user: str) -> Path:
+    """The node account's $TMPDIR: :data:`NODE_TMP` for the bash account, ``tmp-<user>``
+    beside it for another (the zsh one). MLX's ``mlx/<version>/`` under it belongs to the
+    account that compiled first: shared by two accounts, every compiled step of the
+    other's ranks failed (g++: "No such file or directory"), so each has its own."""
+    return NODE_TMP if user == NODE_USER else CACHE_DIR / f"tmp-{user}"
+
+
+def ensure_node_tmp(user: pwd.struct_passwd) -> Path:
+    path = node_tmp(user.pw_name)
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o1777)
+    if path != NODE_TMP:
+        _seed_kernels(NODE_TMP / "mlx", path / "mlx", user)
+    return path
+
+
+def _seed_kernels(source: Path, target: Path, user: pwd.struct_passwd) -> None:
+    """Copy to ``target`` (as ``user``'s) the compiled kernels under ``source`` it lacks.
+
+    Each account compiles every kernel once otherwise: on this 2-core machine while
+    shared, the tmux monitor test on zsh nodes took 86 s without them and 10 s with them,
+    and a job's ranks, all in g++ at once, outlasted a 30 s stall timeout. g++ writes
+    ``tmp_*`` files and MLX renames them when done: those are skipped, and each copy is
+    renamed into place whole."""
+    for src in sorted(source.rglob("*")) if source.is_dir() else []:
+        dst = target / src.relative_to(source)
+        if src.is_dir() or src.name.startswith("tmp_") or dst.exists():
+            continue
+        _mkdirs_as(dst.parent, user)
+        part = dst.with_name(f".seed-{os.getpid()}")  # kernel names are near NAME_MAX
+        shutil.copyfile(src, part)
+        os.chown(part, user.pw_uid, user.pw_gid)
+        os.chmod(part, src.stat().st_mode & 0o777)
+        os.replace(part, dst)
+
+
+def _mkdirs_as(folder: Path, user: pwd.struct_passwd) -> None:
+    if not folder.exists():
+        _mkdirs_as(folder.parent, user)
+        folder.mkdir()
+        os.chown(folder, user.pw_uid, user.pw_gid)
 
 
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str,
                 session_env: dict[str, str] | None = None) -> str:
     """``session_env``: what the sessions get beside (or instead of) ``TMPDIR``, e.g. a
     Mac-like node's PATH with its shims first (values hold no spaces)."""
-    env = {"TMPDIR": str(NODE_TMP), **(session_env or {})}
+    env = {"TMPDIR": str(node_tmp(user)), **(session_env or {})}
     return "\n".join([
         "SetEnv " + " ".join(f"{k}={v}" for k, v in env.items()),
         f"ListenAddress {node.ip}",
@@ -201,8 +239,8 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
     if user is not None:
         account = pwd.getpwnam(user)
         base = {"HOME": account.pw_dir, "USER": user, "LOGNAME": user,
-                "SHELL": account.pw_shell, "PATH": DEFAULT_PATH, "TMPDIR": str(NODE_TMP),
-                **(session_env or {})}
+                "SHELL": account.pw_shell, "PATH": DEFAULT_PATH,
+                "TMPDIR": str(node_tmp(user)), **(session_env or {})}
         inner = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                  "env", "-i", *[f"{k}={v}" for k, v in {**base, **(env or {})}.items()],
                  *inner]

@@ -119,15 +119,11 @@ class SandboxState:
 
     def session_env(self) -> dict[str, str]:
         """What a Mac-like node's sessions get beside the plain nodes' environment: the
-        Mac's tools first on their PATH, and a TMPDIR of the node user's own, as macOS
-        gives each user (``/var/folders/.../T``): MLX compiles its kernels under it."""
+        Mac's tools first on their PATH. (Every node account has a TMPDIR of its own, as
+        macOS gives each user one under ``/var/folders``: :func:`nodes.node_tmp`.)"""
         if not self.is_mac:
             return {}
-        return {"PATH": f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}",
-                "TMPDIR": str(self.user_tmp())}
-
-    def user_tmp(self) -> Path:
-        return nodes.NODE_TMP / f"user-{self.user}"
+        return {"PATH": f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}"}
 
     def _darwin_mounts(self, name: str) -> tuple[Path, Path] | None:
         """(the node's own directory, where it is mounted) on a Mac-like node."""

@@ -18,6 +18,13 @@ Use it::
 
 Tests that stop nodes, cut links or change host keys take ``sandbox_mut`` instead: the
 same sandbox, restored after the test.
+
+A second session sandbox, ``zsh_sandbox`` (4 nodes), logs its user in to zsh, as a stock
+Mac does (sshd runs every remote command under the login shell). The core scenarios take
+``login_sandbox`` (or ``login_sandbox_mut``) and so run on both: ``test_x[bash]`` on the
+8 bash nodes, ``test_x[zsh]`` on the 4 zsh nodes. Each sandbox proves its login shell when
+it comes up (``$BASH_VERSION`` / ``$ZSH_VERSION`` over ssh), so a zsh test cannot pass on
+bash by mistake.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import glob
 import os
 import re
 import signal
+import subprocess
 
 import pytest
 
@@ -46,6 +54,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.integration)
+    # The zsh scenarios last: their sandbox comes up once the bash nodes' runs compiled
+    # MLX's kernels, and starts with a copy of them (mlxops.sandbox.nodes.node_tmp).
+    items.sort(key=_on_zsh_nodes)
+
+
+def _on_zsh_nodes(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return ("zsh_sandbox" in getattr(item, "fixturenames", ())
+            or (callspec is not None and callspec.params.get("login_sandbox") == "zsh"))
 
 
 def _reap_stale_sandboxes() -> None:
@@ -63,6 +80,20 @@ def _reap_stale_sandboxes() -> None:
 def _free_subnet(pid: int) -> str:
     """A /24 in 10.232-239.x.0 no address of this machine is in (pid-spread)."""
     return netns_free_subnet(range(232, 240), pid)
+
+
+# The variable only that shell sets: non-empty in what sshd ran means it ran under it.
+_SHELL_VERSION_VARIABLE = {"bash": "BASH_VERSION", "zsh": "ZSH_VERSION"}
+
+
+def login_shell_version(box, node: str) -> str:
+    """What ``$BASH_VERSION`` or ``$ZSH_VERSION`` (the box's login shell's) says over ssh,
+    as sshd runs a command: under the node user's login shell, no wrapper."""
+    variable = _SHELL_VERSION_VARIABLE[box.login_shell]
+    done = subprocess.run(["ssh", "-F", str(box.ssh_config_path), node, f'echo "${variable}"'],
+                          capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def _exit_on_sigterm(signum, frame):
@@ -90,6 +121,8 @@ def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int,
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         box.up(nodes)
+        for node in box.nodes:
+            assert login_shell_version(box, node), f"{node} does not log in to {login_shell}"
         yield box
     finally:
         box.down()
@@ -110,6 +143,22 @@ def zsh_sandbox():
     """A second session sandbox of 4 nodes whose user logs in to zsh, as on a stock Mac
     (sshd runs every remote command under it)."""
     yield from _session_sandbox("z", ZSH_NODES, "zsh", 500)
+
+
+@pytest.fixture(params=["bash", "zsh"])
+def login_sandbox(request):
+    """Each session sandbox in turn, for the core scenarios: the 8 nodes logging in to
+    bash, then the 4 logging in to zsh (a test using it fits in 4 nodes)."""
+    return request.getfixturevalue("sandbox" if request.param == "bash" else "zsh_sandbox")
+
+
+@pytest.fixture
+def login_sandbox_mut(login_sandbox):
+    """:func:`login_sandbox` for a test that breaks nodes; restored afterwards."""
+    try:
+        yield login_sandbox
+    finally:
+        login_sandbox.restore()
 
 
 @pytest.fixture(scope="session")

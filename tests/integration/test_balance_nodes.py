@@ -64,6 +64,7 @@ def losses(sandbox, name: str) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in metrics(sandbox, name)}
 
 
+@pytest.mark.slow
 def test_auto_balance_gives_a_slow_node_less_and_trains_the_same(sandbox_mut, tmp_path,
                                                                  connector):
     sandbox_mut.set_cpu_quota(SLOW, QUOTA)

@@ -4,7 +4,8 @@ all-reduce correct and within the links' rate, and nothing left running on any n
 
 Rates are set per node for the test (``sandbox.set_rate``); ``sandbox_mut`` puts the
 session sandbox's rates back afterwards. A link between two nodes runs at the slower of
-their two rates (each node's link is shaped both ways).
+their two rates (each node's link is shaped both ways). The short bench with one host
+down runs on bash and on zsh login shells (``login_sandbox_mut``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def pair(doc: dict, src: str, dst: str) -> dict:
     return next(p for p in doc["pairs"] if p["src"] == src and p["dst"] == dst)
 
 
+@pytest.mark.slow
 def test_bandwidth_matches_iperf3_on_a_200mbit_link(sandbox_mut, tmp_path):
     box = sandbox_mut
     for name in ("node1", "node2"):
@@ -76,6 +78,7 @@ def test_bandwidth_matches_iperf3_on_a_200mbit_link(sandbox_mut, tmp_path):
     nothing_left(box, ["node1", "node2"])
 
 
+@pytest.mark.slow
 def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mut, tmp_path):
     box = sandbox_mut
     for name in box.nodes:
@@ -142,19 +145,19 @@ def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mu
     nothing_left(box, box.nodes)
 
 
-def test_an_unreachable_host_is_reported_and_the_others_measured(sandbox_mut, tmp_path):
-    box = sandbox_mut
-    box.stop_node("node7")
-    proc, doc = bench_json(tmp_path, box, "--limit", "node5,node6,node7", "--streams", "1",
-                           "--seconds", "0.5", "--omit", "0", "--sizes", "4K,64K")
+def test_an_unreachable_host_is_reported_and_the_others_measured(login_sandbox_mut, tmp_path):
+    box = login_sandbox_mut
+    first, second, down = box.nodes[-3:]
+    box.stop_node(down)
+    proc, doc = bench_json(tmp_path, box, "--limit", f"{first},{second},{down}", "--streams",
+                           "1", "--seconds", "0.5", "--omit", "0", "--sizes", "4K,64K")
     assert proc.returncode == 3, proc.stderr
-    assert list(doc["unreachable"]) == ["node7"]
-    assert {(p["src"], p["dst"]) for p in doc["pairs"]} == {("node5", "node6"),
-                                                           ("node6", "node5")}
+    assert list(doc["unreachable"]) == [down]
+    assert {(p["src"], p["dst"]) for p in doc["pairs"]} == {(first, second), (second, first)}
     assert doc["allreduce_info"]["ranks"] == 2 and all(r["wrong"] == 0
                                                        for r in doc["allreduce"])
-    box.start_node("node7")
-    nothing_left(box, ["node5", "node6", "node7"])
+    box.start_node(down)
+    nothing_left(box, [first, second, down])
 
 
 def test_ctrl_c_during_the_all_reduce_leaves_nothing_running(sandbox_mut, tmp_path):

@@ -3,7 +3,8 @@ breakage fails its own check on its own node (with the fix), a node down errors 
 unreachable, and a user's check directory runs beside the shipped checks.
 
 The cluster is provisioned once for the module into its own ``mlxops_root``; a test that
-breaks a node mends it (``sandbox_mut`` for host keys and stopped nodes).
+breaks a node mends it (``sandbox_mut`` for host keys and stopped nodes). The all-green
+run (the all_sum included) runs on bash and on zsh login shells (``login_sandbox``).
 """
 
 from __future__ import annotations
@@ -47,9 +48,27 @@ def junit(path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(sandbox, tmp_path_factory):
-    """The sandbox provisioned into ~/.chk, with a job file for its checks."""
-    base = tmp_path_factory.mktemp("check")
+def provisioned(tmp_path_factory):
+    """``provisioned(sandbox)``: that sandbox provisioned into ~/.chk, with a job file for
+    its checks (a directory); provisioned once per sandbox for the module."""
+    done: dict[str, Path] = {}
+
+    def get(sandbox) -> Path:
+        if sandbox.dir not in done:
+            done[sandbox.dir] = _provision(sandbox, tmp_path_factory.mktemp("check"))
+        return done[sandbox.dir]
+    return get
+
+
+@pytest.fixture
+def cluster(sandbox, provisioned):
+    """The bash sandbox, provisioned (:func:`provisioned`)."""
+    return provisioned(sandbox)
+
+
+def _provision(sandbox, base: Path) -> Path:
+    """``base`` holds an inventory of ``sandbox`` with mlxops_root ~/.chk, provisioned, and
+    job files (ring and mpi) for its checks."""
     doc = yaml.safe_load(Path(sandbox.inventory_path).read_text())
     doc["all"]["vars"]["mlxops_root"] = ROOT
     (base / "inventory.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -84,7 +103,9 @@ def check(cluster: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[
 
 
 def test_a_provisioned_cluster_passes_with_a_users_check_beside_the_shipped_ones(
-        sandbox, cluster, tmp_path):
+        login_sandbox, provisioned, tmp_path):
+    sandbox = login_sandbox
+    cluster = provisioned(sandbox)
     mine = tmp_path / "mychecks"
     mine.mkdir()
     (mine / "test_node_user.py").write_text(textwrap.dedent(f"""
@@ -100,7 +121,8 @@ def test_a_provisioned_cluster_passes_with_a_users_check_beside_the_shipped_ones
     want = {f"{c}[{n}]" for c in CHECKS | {"test_node_user"} for n in sandbox.nodes}
     assert set(cases) == want
     assert set(cases.values()) == {"passed"}
-    assert f"8 hosts, {len(CHECKS) + 1} checks: {len(want)} passed, 0 failed" in proc.stdout
+    assert (f"{len(sandbox.nodes)} hosts, {len(CHECKS) + 1} checks: {len(want)} passed, "
+            "0 failed") in proc.stdout
 
 
 def _fake_mlx_venv(sandbox, node: str) -> None:

@@ -13,6 +13,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from job_helpers import run_dir
 
@@ -48,6 +49,7 @@ def comm_times(sandbox, tmp_path: Path, connector, wire: str) -> list[float]:
     return [r["comm_time"] for r in recs[3:]]  # after compilation and warm-up
 
 
+@pytest.mark.slow
 def test_bfloat16_halves_the_all_reduce_on_a_200mbit_link(sandbox_mut, tmp_path, connector):
     for node in HOSTS:
         sandbox_mut.set_rate(node, "200mbit")

@@ -43,7 +43,10 @@ def _ssh_wrapper(bindir: Path, sandbox) -> None:
     wrapper.chmod(0o755)
 
 
-def test_ring_hostfile_all_sum_through_mlx_launch(sandbox, tmp_path):
+def test_ring_hostfile_all_sum_through_mlx_launch(login_sandbox, tmp_path):
+    # On zsh nodes too: mlx.launch sends each rank's script (bash syntax: [[ ]], arrays)
+    # as it is, and sshd runs it under the node user's login shell.
+    sandbox = login_sandbox
     inv = load_inventory(sandbox.inventory_path)
     hosts = inv.select("node1,node2,node3")
     # Two ranks on node2: entries repeat per rank, ports stay distinct.

@@ -1,7 +1,9 @@
 """Jobs on 4 sandbox nodes: launch, stop, resume, and the watchdog's restarts.
 
 Real sshd nodes, real detached ranks, a real MLX ring between network namespaces. Each
-test runs its own job name (own ports, own run directory).
+test runs its own job name (own ports, own run directory). The core scenarios (a fresh
+launch to the end, stop + resume, kill -9 and recovery) run on bash and on zsh login
+shells (``login_sandbox``).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def trainer_pid(sandbox, name: str, rank: int, node: str) -> int:
     return int(children.stdout.split()[0])
 
 
-def test_launch_runs_to_finished_with_falling_loss(sandbox, tmp_path, connector):
+def test_launch_runs_to_finished_with_falling_loss(login_sandbox, tmp_path, connector):
+    sandbox = login_sandbox
     spec = load_job(write_job(tmp_path, sandbox, "t-finish", steps=40))
     record = launch(spec, connector)
     assert record.world_size == 4
@@ -102,8 +105,10 @@ def test_launch_runs_to_finished_with_falling_loss(sandbox, tmp_path, connector)
     assert steps == list(range(1, 41))  # a new run, not the old one appended to
 
 
+@pytest.mark.slow
 def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
-        sandbox, tmp_path, connector):
+        login_sandbox, tmp_path, connector):
+    sandbox = login_sandbox
     # Long enough that the stop lands mid-run however fast the steps are.
     steps = 120
     straight = load_job(write_job(tmp_path, sandbox, "t-straight", steps=steps))
@@ -128,6 +133,7 @@ def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
         [(s, want[s], got[s]) for s in after if got[s] != want[s]]
 
 
+@pytest.mark.slow
 def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connector):
     """--exclude: 4 ranks -> 3, the same global batches, losses within 1e-4 relative."""
     # Long enough that the stop lands mid-run however fast the steps are (the fused step
@@ -152,7 +158,8 @@ def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connect
 
 
 def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
-        sandbox, tmp_path, connector):
+        login_sandbox, tmp_path, connector):
+    sandbox = login_sandbox
     spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=80))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)

@@ -41,10 +41,13 @@ TRAINER = {
 }
 
 
+SLOTS = {"node2": 2}  # ranks 0 | 1 2 | 3
+
+
 @pytest.fixture
 def inventory(sandbox, tmp_path) -> Path:
     """The sandbox inventory with 2 slots on node2: ranks 0 | 1 2 | 3."""
-    return inventory_with_slots(sandbox, tmp_path, {"node2": 2})
+    return inventory_with_slots(sandbox, tmp_path, SLOTS)
 
 
 def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int,
@@ -93,7 +96,11 @@ def logs(record, connector) -> str:
 
 
 def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
-        sandbox, tmp_path, inventory, connector):
+        login_sandbox, tmp_path, connector):
+    # On zsh nodes too: mpirun starts each remote orted over node-to-node ssh, under the
+    # node user's login shell.
+    sandbox = login_sandbox
+    inventory = inventory_with_slots(sandbox, tmp_path, SLOTS)
     ring = launch(load_job(write_job(tmp_path, inventory, "m-ring", "ring", 16)), connector)
     assert supervise(ring, connector).state == "finished"
 

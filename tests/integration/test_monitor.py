@@ -1,7 +1,8 @@
 """Monitoring end to end: the report in headless Chromium with no network at all, the
 dashboard page requesting nothing outside its origin, and on sandbox nodes a running job
 in the dashboard (its curve growing, a restart marker after a rank is killed, a
-screenshot) and in ``mlxops monitor`` inside a real terminal (tmux).
+screenshot) and in ``mlxops monitor`` inside a real terminal (tmux), on bash and on zsh
+login shells (``login_sandbox``), its samples of every node in the mirror.
 
 Chromium is Debian's ``chromium`` and tmux Debian's ``tmux`` (``make test`` installs both as
 root); without them these tests skip, saying so.
@@ -33,6 +34,7 @@ from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
+from mlxops.monitor import files
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "unit" / "data" / "monitor"
@@ -224,8 +226,16 @@ def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp
     assert "ssh -L" in out
 
 
+def node_samples(name: str) -> list[dict]:
+    """The mirror's ``samples.jsonl`` lines' ``nodes`` (what each look found per node)."""
+    text = files.path(name, files.SAMPLES).read_text()
+    return [json.loads(line)["nodes"] for line in text.splitlines()]
+
+
 @needs_tmux
-def test_the_monitor_follows_a_running_job_in_a_real_terminal(sandbox, tmp_path, connector):
+def test_the_monitor_follows_a_running_job_in_a_real_terminal(login_sandbox, tmp_path,
+                                                              connector):
+    sandbox = login_sandbox
     record = launch(three_node_job(tmp_path, sandbox, "t-mon", steps=300), connector)
     socket_name = f"mlxops-test-{os.getpid()}"
     tmux = ["tmux", "-L", socket_name]
@@ -260,3 +270,12 @@ def test_the_monitor_follows_a_running_job_in_a_real_terminal(sandbox, tmp_path,
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         stop_job(load_record("t-mon"), connector)
+    # What the monitor fed the mirror: every look sampled every node of the job.
+    looks = node_samples("t-mon")
+    assert len(looks) >= 2, looks
+    for nodes in looks:
+        assert set(nodes) == set(HOSTS.split(",")), nodes
+        for node, figures in nodes.items():
+            assert "error" not in figures, (node, figures)
+            assert 0 < figures["memory_used"] < figures["memory_total"], (node, figures)
+            assert figures["cpus"] and len(figures["load"]) == 3, (node, figures)

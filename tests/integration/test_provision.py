@@ -2,7 +2,8 @@
 
 Every test provisions into its own ``mlxops_root`` (an inventory copy with that one var
 set) and its own ``MLXOPS_HOME``, so tests never see each other's state, nor other
-engineers' tests in the same session.
+engineers' tests in the same session. The cold run and its re-run run on bash and on zsh
+login shells (``login_sandbox``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def snapshot(sandbox) -> dict[str, str]:
     return out
 
 
-def test_cold_run_changes_then_rerun_changes_nothing(sandbox, tmp_path):
+def test_cold_run_changes_then_rerun_changes_nothing(login_sandbox, tmp_path):
+    sandbox = login_sandbox
     inv = inventory_copy(sandbox, tmp_path, "~/.prov-cold")
     proc, doc = provision(inv, tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -107,6 +107,20 @@ def test_node_python_imports_mlx_as_node_user(sandbox):
     assert res.stdout.split() == [sandbox.user, metadata.version("mlx"), "10"]
 
 
+def test_each_login_account_compiles_mlx_kernels_in_a_tmpdir_of_its_own(sandbox, zsh_sandbox):
+    # MLX's CPU backend compiles kernels under $TMPDIR/mlx/<version>/, which belongs to the
+    # account that compiled first: the bash and the zsh account must not share it.
+    compiled = f"{sandbox.python} -c 'import mlx.core as mx; " \
+               "print(mx.compile(lambda x: mx.exp(x) * 2 + 1)(mx.zeros(4)).tolist())'"
+    tmpdirs = {}
+    for box in (sandbox, zsh_sandbox):
+        res = ssh(box, "node1", f'{compiled} && stat -c %U "$TMPDIR/mlx" && echo "$TMPDIR"')
+        assert res.returncode == 0, res.stderr
+        values, owner, tmpdirs[box.user] = res.stdout.splitlines()
+        assert (values, owner) == ("[3.0, 3.0, 3.0, 3.0]", box.user)
+    assert len(set(tmpdirs.values())) == 2, tmpdirs
+
+
 def test_mlx_ring_all_sum_between_two_namespaces(sandbox):
     """A real 2-rank ring: rank 0 on node1's address, rank 1 on node2's, as launch.py
     sets it up (MLX_RANK + MLX_HOSTFILE naming a JSON list of ["ip:port"] per rank)."""
