@@ -7,7 +7,7 @@ import sys
 import click
 
 from mlxops import console
-from mlxops.cli.follow import echo_line, follow, hints, print_status
+from mlxops.cli.follow import echo_line, follow, hints, print_failures, print_status
 from mlxops.cli.options import connector_from, forks_option, host_key_options, json_option
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
@@ -145,12 +145,18 @@ def logs(name, rank, follow_, accept_new_host_keys, connect_timeout):
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
         if follow_:
             try:
-                joblogs.follow(name, connector, echo_line, rank=rank)
+                ended = joblogs.follow(name, connector, echo_line, rank=rank)
             except KeyboardInterrupt:
-                pass
-            return
-        for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
-            echo_line(line)
+                return
+        else:
+            for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
+                echo_line(line)
+            ended = gather(record, connector)
+        # The logs repeat a failure once per rank (a traceback each): say each cause once,
+        # on stderr, so that stdout stays the logs.
+        if ended.failures:
+            console.err.print("why ranks failed:")
+            print_failures(ended, console.err)
 
 
 @click.command("stop")

@@ -15,7 +15,7 @@ import shutil
 import stat
 
 from mlxops.errors import UserError
-from mlxops.sandbox import cgroups, clientfiles, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, kernels, netns, nodes
 from mlxops.sandbox.faults import Faults
 from mlxops.sandbox.layout import LOGIN_SHELLS, NodeLayout, node_rates, parse_rate
 from mlxops.sandbox.python import node_python
@@ -94,6 +94,7 @@ class Sandbox(Faults):
         known = self._nodes_known_hosts(plan)
         for node in plan:
             nodes.prepare_node(self._files(node.name), node, account, self.key_path, known)
+            kernels.link_node_cache(self._files(node.name).home, account)
         for node in plan:
             self._entry(node.name)["sshd_pid"] = nodes.start_sshd(
                 node, self._files(node.name), self.user)

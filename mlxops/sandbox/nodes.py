@@ -138,7 +138,9 @@ def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str)
 # $TMPDIR/mlx/<version>/: a /tmp/mlx made by root (a test run as root) is unwritable for
 # the node user. One cache shared by the nodes (sticky, world-writable like /tmp) keeps
 # the compiled kernels across nodes and sandboxes: a per-node one made every job's first
-# step wait for a fresh g++ run of every kernel, on every node.
+# step wait for a fresh g++ run of every kernel, on every node. (mlxops' own ranks compile
+# in their run's temporary directory instead, whose mlx/ links to the user's kernel cache:
+# mlxops/node/tempdir.py, mlxops/sandbox/kernels.py.)
 NODE_TMP = CACHE_DIR / "tmp"
 
 

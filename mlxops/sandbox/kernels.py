@@ -1,0 +1,50 @@
+"""The sandbox nodes' compiled-kernel cache: one per node user, shared by its nodes.
+
+On a cluster each node keeps the MLX CPU kernels its ranks compiled in its user's
+``<mlxops_root>/cache/mlx`` (:mod:`mlxops.node.tempdir`). A sandbox's nodes are one user
+on one machine, each with a home of its own: left alone, every node of every sandbox would
+compile every kernel again at its first job (the bundled trainer's take ~25 s of g++ on
+this repository's 2-core machine, README "Nodes that other people use too"). So each
+node's ``~/.mlxops/cache`` is a link to ``<sandbox cache>/kernels/<user>``, that user's
+own directory, mode 0700, kept across sandboxes like the node interpreter: it passes the
+nodes' rule for a kernel cache (the user's, no one else can write to it), as a cache on
+another disk of a real node would.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from pathlib import Path
+
+from mlxops.node import protocol
+from mlxops.sandbox.python import CACHE_DIR
+
+KERNELS = CACHE_DIR / "kernels"
+
+
+def user_cache(user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
+    """``<base>/<user>``: made if missing, the user's, mode 0700 (its parent root's)."""
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)
+    mine = base / user.pw_name
+    mine.mkdir(exist_ok=True)
+    os.chown(mine, user.pw_uid, user.pw_gid)
+    mine.chmod(0o700)
+    return mine
+
+
+def link_node_cache(home: Path, user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
+    """Make ``home/.mlxops/cache`` (the default ``mlxops_root``'s) a link to the user's
+    shared cache; returns the link."""
+    root = home / ".mlxops"
+    root.mkdir(exist_ok=True)
+    os.chown(root, user.pw_uid, user.pw_gid)
+    link = root / protocol.CACHE
+    if link.is_symlink():
+        link.unlink()
+    elif link.exists():
+        return link  # the node's own cache: left as it is
+    link.symlink_to(user_cache(user, base), target_is_directory=True)
+    os.lchown(link, user.pw_uid, user.pw_gid)
+    return link
