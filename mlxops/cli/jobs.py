@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.markup import escape
 
 from mlxops import console
 from mlxops.cli.follow import echo_line, follow, hints, print_failures, print_status
@@ -25,6 +26,10 @@ def _exit_for(status: JobStatus) -> int:
     if status.unreachable:
         return EXIT_UNREACHABLE
     return EXIT_OK
+
+
+def _warn(message: str) -> None:
+    console.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
 def _after_start(record, connector, detach: bool, as_json: bool) -> None:
@@ -65,7 +70,7 @@ def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_tim
     """
     spec = load_job(job)
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
-        record = launch_job(spec, connector, forks=forks, fresh=fresh)
+        record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
         _after_start(record, connector, detach, as_json)
 
 
@@ -88,7 +93,7 @@ def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
         record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
-                            previous=record)
+                            previous=record, on_warning=_warn)
         _after_start(record, connector, detach, as_json)
 
 

@@ -40,6 +40,10 @@ class RankStatus:
     failure: str | None = None       # the line of its log that says why it failed
 
 
+#: What a rank's error says when it failed because a peer rank went away (MLX's ring
+#: backend): the consequence of another rank's failure, never its cause.
+PEER_LOST = ("[ring] connection to a peer was lost",)
+
 #: Signals whose number is the same on Linux and macOS, so a node's exit code names them.
 SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 6: "SIGABRT", 9: "SIGKILL",
                 11: "SIGSEGV", 13: "SIGPIPE", 14: "SIGALRM", 15: "SIGTERM"}
@@ -60,9 +64,10 @@ def why_failed(rank: RankStatus) -> str:
 
 
 def same_cause(why: str) -> str:
-    """What two reasons must share to be one cause: numbers (pids, ports, addresses, temp
-    file names, ranks) are an instance's, not the cause's."""
-    return re.sub(r"0x[0-9a-fA-F]+|\d+", "#", why)
+    """What two reasons must share to be one cause: numbers, in decimal or hex (pids,
+    ports, addresses, host numbers, random temp file names like ``tmp_3d875d5c.cpp``), are
+    an instance's, not the cause's."""
+    return re.sub(r"[0-9a-fA-F]*[0-9][0-9a-fA-F]*", "#", why)
 
 
 def where(ranks: list[tuple[int, str]]) -> str:
@@ -124,11 +129,13 @@ class JobStatus:
             # them): name the likely cause. A rank whose script recorded death by a signal
             # comes first (its time is known), then one gone without an exit code (killed
             # with its script: when is unknown, and mpirun's clean-up after the first death
-            # looks the same), then one that raised an error; among equals, the one that
-            # ended first.
-            def blame(r: RankStatus) -> tuple[int, float]:
+            # looks the same), then one that raised an error, before one whose error says
+            # it lost a peer (it exits as fast as the peer it lost); among equals, the one
+            # that ended first.
+            def blame(r: RankStatus) -> tuple[int, bool, float]:
                 kind = 0 if r.exit is not None and r.exit < 128 else 1 if r.exit is None else 2
-                return kind, float("inf") if r.ended_ago is None else r.ended_ago
+                cause = not (r.failure and any(said in r.failure for said in PEER_LOST))
+                return kind, cause, float("inf") if r.ended_ago is None else r.ended_ago
 
             r = max(failed, key=blame)
             how = f"exited with code {r.exit}" if r.exit is not None else "vanished"

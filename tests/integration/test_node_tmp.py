@@ -13,6 +13,9 @@ import os
 import pwd
 import shutil
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,10 +25,13 @@ from job_helpers import inventory_with_slots, run_dir
 
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
+from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
+from mlxops.jobs.status import gather
+from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
-from mlxops.node.protocol import FINISHED
+from mlxops.node.protocol import FAILED, FINISHED
 from mlxops.sandbox.kernels import KERNELS
 
 TRAINER = {
@@ -106,3 +112,69 @@ def test_a_job_trains_where_another_user_ran_mlx_first(sandbox, tmp_path, connec
     cache = KERNELS / sandbox.user / "mlx"
     assert list((cache / mx.__version__ / "cpu").glob("lib*.so"))
     assert not list((foreign_tmp / "mlx" / mx.__version__ / "cpu").iterdir())
+
+
+def test_ranks_that_fail_at_start_show_one_line_per_cause(sandbox, tmp_path, connector,
+                                                          foreign_tmp):
+    """node1 and node2 are told to use the shared directory (``mlxops_env: {TMPDIR}``, the
+    user's word wins): their ranks fail at the first compiled step, and node3's and
+    node4's then lose their ring peers. Four tracebacks, two causes."""
+    doc = yaml.safe_load(sandbox.inventory_path.read_text())
+    for node in ("node1", "node2"):
+        doc["all"]["children"]["sandbox"]["hosts"][node]["mlxops_env"] = {
+            "TMPDIR": str(foreign_tmp)}
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(doc))
+    job = write_job(tmp_path, inventory, "fail-at-start", "node1,node2,node3,node4",
+                    restart={"max_restarts": 0, "stall_timeout": 600})
+    job_doc = yaml.safe_load(job.read_text())
+    job_doc["trainer"]["train"]["global_batch"] = 8
+    job.write_text(yaml.safe_dump(job_doc))
+    record = launch(load_job(job), connector)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            status = gather(record, connector)
+            if all(r.state == FAILED for r in status.ranks):
+                break
+            assert time.monotonic() < deadline, status.to_dict()
+            time.sleep(0.5)
+    finally:
+        stop_job(record, connector, mark_stopped=False)
+
+    logs_text = "\n".join(prefixed(fetch(record, connector, {})))
+    assert len(status.failures) == 2, ([f.to_dict() for f in status.failures], logs_text)
+    compile_failed, peers_lost = status.failures
+    assert compile_failed.ranks == [(0, "node1"), (1, "node2")]
+    assert compile_failed.why.startswith(
+        "RuntimeError: [Compile::eval_cpu] Failed to compile function ")
+    assert compile_failed.why.endswith(": No such file or directory compilation terminated.")
+    assert peers_lost.ranks == [(2, "node3"), (3, "node4")]
+    assert peers_lost.why.startswith("RuntimeError: [ring]"), peers_lost.why
+
+    # The watchdog's reason: the rank that failed first, its line, who shares it.
+    final = supervise(load_record("fail-at-start"), connector, poll=0.5)
+    assert final.state == FAILED
+    # (which of rank 0 and rank 1 ended first is a matter of timing)
+    why = {r.rank: r.failure for r in final.ranks}
+    assert final.message in (
+        f"gave up after 0 restarts: rank 0 on node1 exited with code 1: {why[0]} "
+        "(also node2 r1)",
+        f"gave up after 0 restarts: rank 1 on node2 exited with code 1: {why[1]} "
+        "(also node1 r0)"), final.message
+
+    # `mlxops status` and `mlxops logs`: each cause once, on one line, with its ranks.
+    env = {**os.environ, "COLUMNS": "80"}
+    shown = subprocess.run([sys.executable, "-m", "mlxops", "status", "fail-at-start"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    lines = shown.stdout.splitlines()
+    assert f"  node1 r0, node2 r1 failed: {compile_failed.why}" in lines, shown.stdout
+    assert f"  node3 r2, node4 r3 failed: {peers_lost.why}" in lines, shown.stdout
+    assert shown.stdout.count("Compile::eval_cpu") == 1 + ("Compile::eval_cpu" in
+                                                           final.message)
+    logs = subprocess.run([sys.executable, "-m", "mlxops", "logs", "fail-at-start"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert logs.stdout.count("Traceback (most recent call last):") == 4
+    assert logs.stderr.splitlines() == [
+        "why ranks failed:", f"  node1 r0, node2 r1 failed: {compile_failed.why}",
+        f"  node3 r2, node4 r3 failed: {peers_lost.why}"]
