@@ -8,7 +8,8 @@ last :data:`protocol.START_LINE` its start script printed; a log without one is 
 attempt's) and finds, in this order:
 
 1. the exception of the last Python traceback: the first unindented line after
-   ``Traceback (most recent call last):`` and the lines of its message after it;
+   ``Traceback (most recent call last):`` and the lines of its message after it (but for
+   lines another thread logged meanwhile, such as ``[ring] ...``);
 2. a C++ exception nobody caught (``terminate called after throwing an instance of 'T'``
    then ``what():  message`` on Linux, ``libc++abi: terminating due to uncaught exception
    of type T: message`` on macOS): ``T: message``; of 1 and 2, the later in the log;
@@ -23,6 +24,7 @@ The reason is made one line: whitespace runs become one space, and beyond
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from mlxops.node import protocol
@@ -41,6 +43,12 @@ TRACEBACK = "Traceback (most recent call last):"
 LIBSTDCXX = "terminate called after throwing an instance of "
 LIBCXXABI = ("libc++abi: terminating due to uncaught exception of type ",
              "libc++abi.dylib: terminating with uncaught exception of type ")
+
+
+#: A line a library's own logging printed (``[ring] Socket 3 was closed by the peer``):
+#: another thread's output, which can land among the lines of the exception's message
+#: (MLX's ring backend reports each failed send while the traceback is printed).
+LOGGED = re.compile(r"\[[A-Za-z][\w:.-]*\] ")
 
 
 def this_attempt(text: str) -> str:
@@ -71,7 +79,10 @@ def _python_exception(lines: list[str]) -> tuple[int, str] | None:
     rest = lines[starts[-1] + 1:]
     # Frames are indented ("  File ...", their source, "^^^" markers); the exception is not.
     first = next((i for i, line in enumerate(rest) if line and not line[0].isspace()), None)
-    return None if first is None else (starts[-1], one_line(rest[first:]))
+    if first is None:
+        return None
+    message = [rest[first], *(line for line in rest[first + 1:] if not LOGGED.match(line))]
+    return starts[-1], one_line(message)
 
 
 def _cpp_exception(lines: list[str]) -> tuple[int, str] | None:

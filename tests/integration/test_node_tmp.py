@@ -32,7 +32,7 @@ from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.node.protocol import FAILED, FINISHED
-from mlxops.sandbox.kernels import KERNELS
+from mlxops.sandbox.kernels import KERNELS, link_node_cache
 
 TRAINER = {
     "model": {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32},
@@ -178,3 +178,34 @@ def test_ranks_that_fail_at_start_show_one_line_per_cause(sandbox, tmp_path, con
     assert logs.stderr.splitlines() == [
         "why ranks failed:", f"  node1 r0, node2 r1 failed: {compile_failed.why}",
         f"  node3 r2, node4 r3 failed: {peers_lost.why}"]
+
+
+def test_a_node_whose_kernel_cache_is_open_to_others_is_named_and_not_linked(sandbox, tmp_path):
+    """node5's ``~/.mlxops/cache`` is a directory anyone may write to: launch says so, and
+    the rank (a ``command:`` job printing its ``TMPDIR``) still runs, in its own."""
+    home = sandbox.node_home("node5")
+    cache = home / ".mlxops" / "cache"
+    account = pwd.getpwnam(sandbox.user)
+    try:
+        cache.unlink()  # the sandbox's link to the shared cache
+        cache.mkdir(mode=0o777)
+        cache.chmod(0o777)
+        os.chown(cache, account.pw_uid, account.pw_gid)
+        job = tmp_path / "job.yml"
+        job.write_text(yaml.safe_dump({
+            "name": "open-cache", "inventory": str(sandbox.inventory_path), "hosts": "node5",
+            "command": ["python", "-c", "import os; print('TMPDIR=' + os.environ['TMPDIR'])"],
+            "restart": {"max_restarts": 0}}))
+        env = {**os.environ, "COLUMNS": "200"}
+        launched = subprocess.run([sys.executable, "-m", "mlxops", "launch", str(job)],
+                                  capture_output=True, text=True, env=env, timeout=300)
+        assert launched.returncode == 0, launched.stderr
+        assert (f"warning: node5: the kernel cache is not used ({account.pw_dir}/.mlxops/cache "
+                "is open to others (mode 777))") in launched.stderr
+        logs = subprocess.run([sys.executable, "-m", "mlxops", "logs", "open-cache"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert f"TMPDIR={account.pw_dir}/.mlxops/runs/open-cache/tmp" in logs.stdout
+        assert not (run_dir(sandbox, "node5", "open-cache") / "tmp" / "mlx").exists()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        link_node_cache(home, account)
