@@ -34,10 +34,9 @@ def user_cache(user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
     return mine
 
 
-def link_node_cache(home: Path, user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
-    """Make ``home/.mlxops/cache`` (the default ``mlxops_root``'s) a link to the user's
-    shared cache; returns the link."""
-    root = home / ".mlxops"
+def link_root_cache(root: Path, user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
+    """Make ``<root>/cache`` (an ``mlxops_root``'s, made the user's if missing) a link to the
+    user's shared cache; returns the link. A real directory there is left as it is."""
     root.mkdir(exist_ok=True)
     os.chown(root, user.pw_uid, user.pw_gid)
     link = root / protocol.CACHE
@@ -48,3 +47,8 @@ def link_node_cache(home: Path, user: pwd.struct_passwd, base: Path = KERNELS) -
     link.symlink_to(user_cache(user, base), target_is_directory=True)
     os.lchown(link, user.pw_uid, user.pw_gid)
     return link
+
+
+def link_node_cache(home: Path, user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
+    """:func:`link_root_cache` of the default ``mlxops_root``, ``home/.mlxops``."""
+    return link_root_cache(home / ".mlxops", user, base)
