@@ -70,6 +70,13 @@ def same_cause(why: str) -> str:
     return re.sub(r"[0-9a-fA-F]*[0-9][0-9a-fA-F]*", "#", why)
 
 
+def cause_of(rank: RankStatus) -> str:
+    """What a failed rank shares with the others of its cause: its log's line up to numbers
+    (:func:`same_cause`); without one, what its exit code says, exactly (exit code 3 is not
+    exit code 4)."""
+    return same_cause(rank.failure) if rank.failure else why_failed(rank)
+
+
 def where(ranks: list[tuple[int, str]]) -> str:
     """``node1 r0-1, node2 r2``: ranks (rank, host) in order, a run of ranks on one host
     said once (as ``mlxops logs`` prefixes lines: ``[node1 r0]``)."""
@@ -142,8 +149,7 @@ class JobStatus:
             problem = f"rank {r.rank} on {r.host} {how}"
             if not r.failure:
                 return problem
-            also = [(x.rank, x.host) for x in failed
-                    if x is not r and same_cause(why_failed(x)) == same_cause(r.failure)]
+            also = [(x.rank, x.host) for x in failed if x is not r and cause_of(x) == cause_of(r)]
             return f"{problem}: {r.failure}" + (f" (also {where(also)})" if also else "")
         stalled = [r for r in self.ranks if r.state == STALLED]
         if stalled:
@@ -155,11 +161,11 @@ class JobStatus:
     @property
     def failures(self) -> list[Failure]:
         """Each distinct reason the failed ranks failed (:func:`why_failed`, grouped by
-        :func:`same_cause`), once, with the ranks that share it; in rank order."""
+        :func:`cause_of`), once, with the ranks that share it; in rank order."""
         found: dict[str, Failure] = {}
         for r in sorted((r for r in self.ranks if r.state == FAILED), key=lambda r: r.rank):
-            why = why_failed(r)
-            found.setdefault(same_cause(why), Failure(why, [])).ranks.append((r.rank, r.host))
+            found.setdefault(cause_of(r), Failure(why_failed(r), [])).ranks.append(
+                (r.rank, r.host))
         return list(found.values())
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,7 +13,14 @@ from node_answers import Processes, answers
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import RestartPolicy
-from mlxops.jobs.status import RankStatus, classify, same_cause, where, why_failed
+from mlxops.jobs.status import (
+    RankStatus,
+    cause_of,
+    classify,
+    same_cause,
+    where,
+    why_failed,
+)
 from mlxops.node import protocol
 from mlxops.node.failure import (
     MAX_CHARS,
@@ -148,3 +155,6 @@ def test_why_failed_where_and_same_cause():
     assert same_cause("tmp_3d875d5c.cpp on node3, pid 42") == same_cause(
         "tmp_e095b3d1.cpp on node4, pid 4242")
     assert same_cause("[ring] connection lost") != same_cause("[ring] Couldn't connect")
+    # Without a line, the exit code is the reason, exactly.
+    assert cause_of(rank(3)) != cause_of(rank(4))
+    assert cause_of(rank(1, "error: pid 42")) == cause_of(rank(2, "error: pid 43"))
