@@ -24,7 +24,6 @@ from mlxops import shell
 from mlxops.bench.results import AllreduceRow, allreduce_rows
 from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs.launch import launch
-from mlxops.jobs.logs import fetch
 from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.jobs.status import gather
@@ -98,25 +97,13 @@ def _follow(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
         if status.state != RUNNING or status.unreachable:
             why = status.problem or status.message or ", ".join(
                 f"{h}: {r}" for h, r in status.unreachable.items()) or status.state
-            raise MlxopsError(f"all-reduce {status.state}: {why}{_last_error(record, connector)}")
+            # A failed rank's problem carries the line of its log that says why (read by
+            # its node): the logs go with the run directory, so it is said here.
+            raise MlxopsError(f"all-reduce {status.state}: {why}")
         if status.step is not None and status.step != last:
             last = status.step
             on_event(f"all-reduce: {last} size(s) done")
         time.sleep(POLL)
-
-
-def _last_error(record: JobRecord, connector: Connector) -> str:
-    """``: <the last line of the first rank log that ends in an error>`` (the logs go with
-    the run directory, so the reason is kept here)."""
-    try:
-        chunks = fetch(record, connector, {}, tail=4096)
-    except MlxopsError:
-        return ""
-    for rank, host, text in chunks:
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        if lines and ("Error" in lines[-1] or "error" in lines[-1]):
-            return f" (rank {rank} on {host}: {lines[-1][-300:]})"
-    return ""
 
 
 def _read(record: JobRecord, connector: Connector) -> list[list[dict]]:

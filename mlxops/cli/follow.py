@@ -10,12 +10,13 @@ import datetime
 import time
 
 import click
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from mlxops import console
 from mlxops.jobs.record import JobRecord, supervisor_lock
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, gather, where
 from mlxops.jobs.watch import supervise
 from mlxops.node.protocol import (
     FINISHED,
@@ -108,6 +109,7 @@ def print_status(status: JobStatus) -> None:
     if status.message:
         console.out.print(f"  {status.message}", markup=False)
     console.print_table(status_table(status))
+    print_failures(status)
     for restart in status.restarts:
         when = datetime.datetime.fromtimestamp(restart["time"]).strftime("%H:%M:%S")
         console.out.print(f"  restart at {when} (attempt {restart['attempt']}): "
@@ -117,6 +119,14 @@ def print_status(status: JobStatus) -> None:
     for host in status.stray:
         console.out.print(f"  [yellow]{host} was left behind while unreachable[/]: its old ranks "
                           f"may still run; `mlxops stop {status.name}` stops them once it answers")
+
+
+def print_failures(status: JobStatus, to: Console | None = None) -> None:
+    """Each distinct reason the failed ranks failed, once, with the ranks that share it:
+    ``node1 r0-1, node2 r2 failed: RuntimeError: ...``."""
+    for failure in status.failures:
+        (to or console.out).print(f"  {where(failure.ranks)} failed: {failure.why}",
+                                  markup=False, soft_wrap=True)  # one line, to paste
 
 
 def hints(record: JobRecord, status: JobStatus) -> None:

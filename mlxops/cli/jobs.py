@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.markup import escape
 
 from mlxops import console
-from mlxops.cli.follow import echo_line, follow, hints, print_status
+from mlxops.cli.follow import echo_line, follow, hints, print_failures, print_status
 from mlxops.cli.options import connector_from, forks_option, host_key_options, json_option
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
@@ -25,6 +26,10 @@ def _exit_for(status: JobStatus) -> int:
     if status.unreachable:
         return EXIT_UNREACHABLE
     return EXIT_OK
+
+
+def _warn(message: str) -> None:
+    console.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
 def _after_start(record, connector, detach: bool, as_json: bool) -> None:
@@ -65,7 +70,7 @@ def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_tim
     """
     spec = load_job(job)
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
-        record = launch_job(spec, connector, forks=forks, fresh=fresh)
+        record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
         _after_start(record, connector, detach, as_json)
 
 
@@ -88,7 +93,7 @@ def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
         record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
-                            previous=record)
+                            previous=record, on_warning=_warn)
         _after_start(record, connector, detach, as_json)
 
 
@@ -145,12 +150,18 @@ def logs(name, rank, follow_, accept_new_host_keys, connect_timeout):
     with connector_from(accept_new_host_keys, connect_timeout) as connector:
         if follow_:
             try:
-                joblogs.follow(name, connector, echo_line, rank=rank)
+                ended = joblogs.follow(name, connector, echo_line, rank=rank)
             except KeyboardInterrupt:
-                pass
-            return
-        for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
-            echo_line(line)
+                return
+        else:
+            for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
+                echo_line(line)
+            ended = gather(record, connector)
+        # The logs repeat a failure once per rank (a traceback each): say each cause once,
+        # on stderr, so that stdout stays the logs.
+        if ended.failures:
+            console.err.print("why ranks failed:")
+            print_failures(ended, console.err)
 
 
 @click.command("stop")

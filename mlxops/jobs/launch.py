@@ -14,7 +14,7 @@ the first host is written and its launcher spawned detached, like a rank.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mlxops.errors import UserError
 from mlxops.jobs import nodecmd
@@ -60,11 +60,14 @@ def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume:
 
 def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
            exclude: Sequence[str] = (), forks: int | None = None,
-           previous: JobRecord | None = None, fresh: bool = False) -> JobRecord:
+           previous: JobRecord | None = None, fresh: bool = False,
+           on_warning: Callable[[str], None] = lambda _: None) -> JobRecord:
     """Pre-flight, then start every rank; returns the saved record. Raises on any problem.
 
     ``fresh`` starts over: an earlier run of the same name is removed from every node, but
     only once pre-flight passed everywhere (never while a rank of it runs).
+    ``on_warning`` hears what started but slower than it should: a node whose kernel cache
+    is not safe to use (its ranks compile every MLX CPU kernel again, in their run).
     """
     if fresh and resume:
         raise UserError("--fresh starts over and resume continues: choose one")
@@ -94,6 +97,10 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         message=f"resumed from step {step}" if resume and step is not None else "",
     )
     record.save()
+    for host, answer in sorted(started.succeeded_values().items()):
+        if answer.kernel_cache_refused:
+            on_warning(f"{host}: the kernel cache is not used ({answer.kernel_cache_refused}):"
+                       " its ranks compile MLX's CPU kernels again, in their run directory")
     if started.exit_code:
         # Some ranks started, some did not: leave nothing half-running.
         stop_job(record, connector, grace=1.0, mark_stopped=False)

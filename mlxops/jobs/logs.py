@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import JobStatus, gather
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES, LAUNCHER
 from mlxops.transport import Connector, run_parallel
@@ -70,17 +70,18 @@ def prefixed(chunks: list[Chunk]) -> Iterator[str]:
 
 
 def follow(name: str, connector: Connector, emit: Callable[[str], None], *,
-           rank: int | None = None, interval: float = 1.0, tail: int = 4096) -> None:
-    """Print new lines until the job has ended (Ctrl-C stops following earlier)."""
+           rank: int | None = None, interval: float = 1.0, tail: int = 4096) -> JobStatus:
+    """Print new lines until the job has ended (Ctrl-C stops following earlier); returns
+    its status as it ended."""
     offsets: Offsets = {}
     first = True
     while True:
         record = load_record(name)  # a watchdog may have restarted it on other hosts
-        ended = gather(record, connector).state in ENDED_STATES
+        status = gather(record, connector)
         for line in prefixed(fetch(record, connector, offsets, rank=rank,
                                    tail=tail if first else 0)):
             emit(line)
         first = False
-        if ended:
-            return
+        if status.state in ENDED_STATES:
+            return status
         time.sleep(interval)

@@ -6,9 +6,11 @@ port). Each rank gets the environment ``mlx.launch`` would give its backend (rea
 ``mlx/_distributed_utils/launch.py``): ``MLX_RANK`` and ``MLX_HOSTFILE`` for ring;
 ``MLX_JACCL_COORDINATOR``, ``MLX_IBV_DEVICES`` (and ``MLX_JACCL_RING``) for jaccl; plus the
 managed ``env.sh``, the host's ``mlxops_env``, the job's ``env:`` and mlxops' own
-``MLXOPS_*`` variables that the trainer reads. On a Linux node with an OpenBLAS, it is
-preloaded (``LD_PRELOAD``) with ``OPENBLAS_NUM_THREADS`` at the cores per rank, unless
-the user set those themselves (docs/job-file.md, "What each rank gets").
+``MLXOPS_*`` variables that the trainer reads; ``TMPDIR`` is the run's own temporary
+directory (not the node's shared one: MLX compiles its CPU kernels there). On a Linux
+node with an OpenBLAS, it is preloaded (``LD_PRELOAD``) with ``OPENBLAS_NUM_THREADS`` at
+the cores per rank, unless the user set those themselves (docs/job-file.md, "What each
+rank gets").
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ class NodePaths:
         return self.run_file(protocol.process_file(rank, kind))
 
     @property
+    def tmp_dir(self) -> str:
+        """The run's own temporary directory: its ranks' ``TMPDIR``."""
+        return self.run_file(protocol.TMP_DIR)
+
+    @property
     def env_file(self) -> str:
         return f"{self.root}/env.sh"
 
@@ -106,9 +113,11 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
     MPI numbers the ranks itself, so an mpi rank gets no ``MLX_RANK``.
     ``openblas``, ``cpus``: :func:`blas_environment`, first, so that an ``LD_PRELOAD`` or
     ``OPENBLAS_NUM_THREADS`` in the host's ``mlxops_env`` or the job's ``env:`` wins.
+    ``TMPDIR`` is the run's own temporary directory (:mod:`mlxops.node.tempdir`: MLX
+    compiles its CPU kernels there), also first: a user's ``TMPDIR`` wins.
     """
-    env: dict[str, str] = blas_environment(rank=rank, ranks=ranks, openblas=openblas,
-                                           cpus=cpus)
+    env: dict[str, str] = {"TMPDIR": paths.tmp_dir}
+    env.update(blas_environment(rank=rank, ranks=ranks, openblas=openblas, cpus=cpus))
     env.update(host_env)
     env.update(job_env)
     world = len(ranks)
@@ -160,6 +169,9 @@ def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, c
             f"mv {shell.quote(pid_file + '.tmp')} {shell.quote(pid_file)}",
         ]
     lines += [
+        # Where this attempt begins in the log (appended across attempts): the node reads
+        # a failed rank's reason after it (mlxops.node.failure).
+        f'printf "%s (pid %s)\\n" {shell.quote(protocol.START_LINE)} "$$"',
         f"if [ -f {shell.quote(paths.env_file)} ]; then . {shell.quote(paths.env_file)}; fi",
         shell.export_lines(env).rstrip("\n"),
         f"export PYTHONPATH={shell.quote(paths.code)}${{PYTHONPATH:+:$PYTHONPATH}}",

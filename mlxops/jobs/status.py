@@ -12,6 +12,7 @@ look stalled. Each node's answer is a :class:`mlxops.node.protocol.StatusAnswer`
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +37,67 @@ class RankStatus:
     tokens_per_sec: float | None = None
     heartbeat_age: float | None = None
     ended_ago: float | None = None   # seconds since it exited (node clock), when it has
+    failure: str | None = None       # the line of its log that says why it failed
+
+
+#: What a rank's error says when it failed because a peer rank went away (MLX's ring
+#: backend): the consequence of another rank's failure, never its cause.
+PEER_LOST = ("[ring] connection to a peer was lost",)
+
+#: Signals whose number is the same on Linux and macOS, so a node's exit code names them.
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 6: "SIGABRT", 9: "SIGKILL",
+                11: "SIGSEGV", 13: "SIGPIPE", 14: "SIGALRM", 15: "SIGTERM"}
+
+
+def why_failed(rank: RankStatus) -> str:
+    """The line of a failed rank's log that says why (the node read it), else what its exit
+    code says."""
+    if rank.failure:
+        return rank.failure
+    if rank.exit is None:
+        return "gone without an exit code (killed with its start script)"
+    if rank.exit > 128:
+        number = rank.exit - 128
+        name = f" ({SIGNAL_NAMES[number]})" if number in SIGNAL_NAMES else ""
+        return f"killed by signal {number}{name}"
+    return f"exited with code {rank.exit}"
+
+
+def same_cause(why: str) -> str:
+    """What two reasons must share to be one cause: numbers, in decimal or hex (pids,
+    ports, addresses, host numbers, random temp file names like ``tmp_3d875d5c.cpp``), are
+    an instance's, not the cause's."""
+    return re.sub(r"[0-9a-fA-F]*[0-9][0-9a-fA-F]*", "#", why)
+
+
+def cause_of(rank: RankStatus) -> str:
+    """What a failed rank shares with the others of its cause: its log's line up to numbers
+    (:func:`same_cause`); without one, what its exit code says, exactly (exit code 3 is not
+    exit code 4)."""
+    return same_cause(rank.failure) if rank.failure else why_failed(rank)
+
+
+def where(ranks: list[tuple[int, str]]) -> str:
+    """``node1 r0-1, node2 r2``: ranks (rank, host) in order, a run of ranks on one host
+    said once (as ``mlxops logs`` prefixes lines: ``[node1 r0]``)."""
+    runs: list[list] = []  # [host, first, last]
+    for rank, host in sorted(ranks):
+        if runs and runs[-1][0] == host and runs[-1][2] == rank - 1:
+            runs[-1][2] = rank
+        else:
+            runs.append([host, rank, rank])
+    return ", ".join(f"{h} r{a}" if a == b else f"{h} r{a}-{b}" for h, a, b in runs)
+
+
+@dataclass
+class Failure:
+    """One distinct reason ranks failed, and every failed rank it was the reason of."""
+
+    why: str
+    ranks: list[tuple[int, str]]     # (rank, host)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"why": self.why, "ranks": [{"rank": r, "host": h} for r, h in self.ranks]}
 
 
 @dataclass
@@ -74,15 +136,21 @@ class JobStatus:
             # them): name the likely cause. A rank whose script recorded death by a signal
             # comes first (its time is known), then one gone without an exit code (killed
             # with its script: when is unknown, and mpirun's clean-up after the first death
-            # looks the same), then one that raised an error; among equals, the one that
-            # ended first.
-            def blame(r: RankStatus) -> tuple[int, float]:
+            # looks the same), then one that raised an error, before one whose error says
+            # it lost a peer (it exits as fast as the peer it lost); among equals, the one
+            # that ended first.
+            def blame(r: RankStatus) -> tuple[int, bool, float]:
                 kind = 0 if r.exit is not None and r.exit < 128 else 1 if r.exit is None else 2
-                return kind, float("inf") if r.ended_ago is None else r.ended_ago
+                cause = not (r.failure and any(said in r.failure for said in PEER_LOST))
+                return kind, cause, float("inf") if r.ended_ago is None else r.ended_ago
 
             r = max(failed, key=blame)
             how = f"exited with code {r.exit}" if r.exit is not None else "vanished"
-            return f"rank {r.rank} on {r.host} {how}"
+            problem = f"rank {r.rank} on {r.host} {how}"
+            if not r.failure:
+                return problem
+            also = [(x.rank, x.host) for x in failed if x is not r and cause_of(x) == cause_of(r)]
+            return f"{problem}: {r.failure}" + (f" (also {where(also)})" if also else "")
         stalled = [r for r in self.ranks if r.state == STALLED]
         if stalled:
             r = stalled[0]
@@ -90,11 +158,22 @@ class JobStatus:
                     f"{r.heartbeat_age:.0f}s (stalled)")
         return None
 
+    @property
+    def failures(self) -> list[Failure]:
+        """Each distinct reason the failed ranks failed (:func:`why_failed`, grouped by
+        :func:`cause_of`), once, with the ranks that share it; in rank order."""
+        found: dict[str, Failure] = {}
+        for r in sorted((r for r in self.ranks if r.state == FAILED), key=lambda r: r.rank):
+            found.setdefault(cause_of(r), Failure(why_failed(r), [])).ranks.append(
+                (r.rank, r.host))
+        return list(found.values())
+
     def to_dict(self) -> dict[str, Any]:
         doc = {"name": self.name, "state": self.state, "step": self.step, "steps": self.steps,
                "attempt": self.attempt, "restarts": self.restarts,
                "unreachable": self.unreachable, "message": self.message,
-               "ranks": [asdict(r) for r in self.ranks]}
+               "ranks": [asdict(r) for r in self.ranks],
+               "failures": [f.to_dict() for f in self.failures]}
         if self.launcher is not None:
             doc["launcher"] = self.launcher
         if self.stray:
@@ -164,7 +243,7 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             state, age = launcher["state"], launcher["age"]
         ranks.append(RankStatus(
             rank.rank, rank.host, state, mine.pid, mine.exit, progress.step, progress.loss,
-            progress.tokens_per_sec, age, mine.ended_ago))
+            progress.tokens_per_sec, age, mine.ended_ago, mine.failure))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher["state"] if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,

@@ -71,7 +71,7 @@ def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
               on_event: OnEvent) -> JobRecord:
     try:
         return launch(spec, connector, resume=True, exclude=previous.excluded,
-                      previous=previous)
+                      previous=previous, on_warning=on_event)
     except GroupError as exc:
         gone = exc.results.unreachable
         if not (previous.restart.exclude_unreachable and gone):
@@ -80,7 +80,7 @@ def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
     # go on without it, same global batch, from the newest checkpoint the rest share.
     on_event(f"continuing without {', '.join(gone)} (unreachable)")
     new = launch(spec, connector, resume=True, exclude=[*previous.excluded, *gone],
-                 previous=previous)
+                 previous=previous, on_warning=on_event)
     left = [previous.host(h) for h in gone]
 
     def add_strays(current: JobRecord) -> None:

@@ -147,10 +147,33 @@ def complete_checkpoints(ckpt_dir: PurePath) -> list[Path]:
 #: directories.
 CODE_DIR, RUNS_DIR = "code", "runs"
 
+#: The run's own temporary directory, ``TMPDIR`` of its ranks: the node user's, mode 0700,
+#: emptied when an attempt starts (``spawn``), removed with the run directory. A shared
+#: ``/tmp`` is not safe to compile in: MLX's CPU backend writes and g++-compiles its kernels
+#: under ``$TMPDIR/mlx/<version>/cpu/``, and where another user ran MLX first that directory
+#: is theirs (every compiled step fails) or, worse, holds libraries they built.
+TMP_DIR = "tmp"
+#: The name MLX gives its directory under ``$TMPDIR``; in the run's ``tmp/`` it is a link
+#: to the node user's kernel cache, so a job does not compile every kernel again.
+MLX_TMP = "mlx"
+#: Under ``mlxops_root``: what is kept across runs to save time (it may link elsewhere).
+CACHE = "cache"
+#: The node user's compiled-kernel cache, relative to ``mlxops_root``: used only while it
+#: is the user's and no other user can write to it.
+KERNEL_CACHE = f"{CACHE}/{MLX_TMP}"
+#: The first line a rank's start script prints to its log, each attempt (followed by
+#: `` (pid N)``): what came before it in the log is an earlier attempt's.
+START_LINE = "mlxops: started"
+
 
 def run_path(name: str) -> str:
     """``runs/<name>``: a job's run directory, relative to ``mlxops_root``."""
     return f"{RUNS_DIR}/{name}"
+
+
+def kernel_cache_path(run_dir: PurePath) -> Path:
+    """``<mlxops_root>/cache/mlx`` of the run directory ``<mlxops_root>/runs/<name>``."""
+    return Path(run_dir).parent.parent / KERNEL_CACHE
 
 
 def rank_glob(kind: str) -> str:
@@ -423,6 +446,8 @@ class PreflightAnswer(_Answer):
 class SpawnAnswer(_Answer):
     pids: dict[int, int]                 # rank -> pid of its process group
     launcher: int | None = None          # launcher.sh's pid, when asked to start it
+    kernel_cache: str | None = None      # what the run's tmp/mlx links to; None: not safe
+    kernel_cache_refused: str | None = None  # ... why not (ranks compile into tmp/mlx)
 
     @classmethod
     def from_dict(cls, doc: Any) -> SpawnAnswer:
@@ -444,6 +469,7 @@ class RankAnswer(_Answer):
     heartbeat_age: float | None          # seconds since its last progress (or its start)
     progress: Progress | None            # this attempt's heartbeat, None before the first
     log_bytes: int
+    failure: str | None = None           # ended non-zero: the line of its log saying why
 
     @classmethod
     def from_dict(cls, doc: Any) -> RankAnswer:

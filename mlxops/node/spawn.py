@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from mlxops.node import protocol
+from mlxops.node import protocol, tempdir
 from mlxops.node.rundir import clear_stopped, process_path
 
 
@@ -49,7 +49,11 @@ def spawn(run_dir: Path, rank: int | str) -> int:
 
 
 def spawn_job(run_dir: Path, ranks: list[int], launcher: bool) -> protocol.SpawnAnswer:
-    """The ``spawn`` command: a new attempt is not stopped; start its ranks (and launcher)."""
+    """The ``spawn`` command: a new attempt is not stopped and has a temporary directory
+    of its own (:mod:`mlxops.node.tempdir`: mpi ranks too, which mpirun starts later);
+    start its ranks (and launcher)."""
     clear_stopped(run_dir)
+    cache, refused = tempdir.prepare(run_dir)
     pids = {r: spawn(run_dir, r) for r in ranks}
-    return protocol.SpawnAnswer(pids, spawn(run_dir, protocol.LAUNCHER) if launcher else None)
+    return protocol.SpawnAnswer(pids, spawn(run_dir, protocol.LAUNCHER) if launcher else None,
+                                kernel_cache=cache, kernel_cache_refused=refused)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from mlxops.node import protocol
+from mlxops.node.failure import read_failure
 from mlxops.node.procs import Table, alive, process_table
 from mlxops.node.rundir import (
     checkpoint_steps,
@@ -42,13 +43,18 @@ def rank_status(run_dir: Path, rank: int, now: float,
     # Heartbeat: the trainer's last progress record, or the start when it has none yet.
     last = beat.time if beat is not None and beat.time is not None else started
     ended = mtime(exit_file)
+    is_alive = alive(pid, table)
+    code = read_int(exit_file)
+    # Why it failed, for a rank that started and ended without exit code 0.
+    failed = pid is not None and not is_alive and code != 0
     return protocol.RankAnswer(
-        rank=rank, pid=pid, alive=alive(pid, table), exit=read_int(exit_file),
+        rank=rank, pid=pid, alive=is_alive, exit=code,
         ended_ago=None if ended is None else now - ended,
         started=started,
         heartbeat_age=None if last is None else max(0.0, now - last),
         progress=beat,
         log_bytes=log.stat().st_size if log.exists() else 0,
+        failure=read_failure(log, code) if failed else None,
     )
 
 

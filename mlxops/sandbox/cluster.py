@@ -15,7 +15,7 @@ import shutil
 import stat
 
 from mlxops.errors import UserError
-from mlxops.sandbox import cgroups, clientfiles, darwin, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, darwin, kernels, netns, nodes
 from mlxops.sandbox.faults import Faults
 from mlxops.sandbox.layout import LOGIN_SHELLS, NodeLayout, node_rates, parse_rate
 from mlxops.sandbox.python import node_python
@@ -100,6 +100,7 @@ class Sandbox(Faults):
         for node in plan:
             nodes.prepare_node(self._files(node.name), node, account, self.key_path, known,
                                session_env=self.session_env())
+            kernels.link_node_cache(self._files(node.name).home, account)
             if self.is_mac:
                 darwin.prepare_node(self.dir, node.name, account)
         for node in plan:

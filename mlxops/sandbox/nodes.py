@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from mlxops.errors import MlxopsError
+from mlxops.sandbox import kernels
 from mlxops.sandbox.layout import NODE_USER, NodeLayout
 from mlxops.sandbox.netns import pid_alive, run, send_signal
 from mlxops.sandbox.python import CACHE_DIR
@@ -146,7 +147,9 @@ def write_node_known_hosts(files: NodeFiles, user: pwd.struct_passwd, text: str)
 # $TMPDIR/mlx/<version>/: a /tmp/mlx made by root (a test run as root) is unwritable for
 # the node user. One cache shared by the nodes (sticky, world-writable like /tmp) keeps
 # the compiled kernels across nodes and sandboxes: a per-node one made every job's first
-# step wait for a fresh g++ run of every kernel, on every node.
+# step wait for a fresh g++ run of every kernel, on every node. (mlxops' own ranks compile
+# in their run's temporary directory instead, whose mlx/ links to the user's kernel cache:
+# mlxops/node/tempdir.py, mlxops/sandbox/kernels.py.)
 NODE_TMP = CACHE_DIR / "tmp"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -164,35 +167,8 @@ def ensure_node_tmp(user: pwd.struct_passwd) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o1777)
     if path != NODE_TMP:
-        _seed_kernels(NODE_TMP / "mlx", path / "mlx", user)
+        kernels.seed(NODE_TMP / "mlx", path / "mlx", user)
     return path
-
-
-def _seed_kernels(source: Path, target: Path, user: pwd.struct_passwd) -> None:
-    """Copy to ``target`` (as ``user``'s) the compiled kernels under ``source`` it lacks.
-
-    Each account compiles every kernel once otherwise: on this 2-core machine while
-    shared, the tmux monitor test on zsh nodes took 86 s without them and 10 s with them,
-    and a job's ranks, all in g++ at once, outlasted a 30 s stall timeout. g++ writes
-    ``tmp_*`` files and MLX renames them when done: those are skipped, and each copy is
-    renamed into place whole."""
-    for src in sorted(source.rglob("*")) if source.is_dir() else []:
-        dst = target / src.relative_to(source)
-        if src.is_dir() or src.name.startswith("tmp_") or dst.exists():
-            continue
-        _mkdirs_as(dst.parent, user)
-        part = dst.with_name(f".seed-{os.getpid()}")  # kernel names are near NAME_MAX
-        shutil.copyfile(src, part)
-        os.chown(part, user.pw_uid, user.pw_gid)
-        os.chmod(part, src.stat().st_mode & 0o777)
-        os.replace(part, dst)
-
-
-def _mkdirs_as(folder: Path, user: pwd.struct_passwd) -> None:
-    if not folder.exists():
-        _mkdirs_as(folder.parent, user)
-        folder.mkdir()
-        os.chown(folder, user.pw_uid, user.pw_gid)
 
 
 def sshd_config(files: NodeFiles, node: NodeLayout, user: str,

@@ -15,6 +15,7 @@ controller classifies in those tests are the node's, not copies written by hand.
       ended: S                ... written S seconds ago (default 100)
       progress: {age: S, step: .., loss: .., tokens_per_sec: ..}
                               ``progress/rank-R.json``, written S seconds ago
+      log: TEXT               ``rank-R.log`` holds TEXT (a log recorded from a real rank)
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def _process(run_dir: Path, rank: int | str, about: dict[str, Any], procs: Proce
     if "exit" in about:
         _write(run_dir / protocol.process_file(rank, protocol.EXIT), f"{about['exit']}\n",
                about.get("ended", 100))
+    if "log" in about:
+        _write(run_dir / protocol.process_file(rank, protocol.LOG), about["log"], 0)
     if "progress" in about:
         beat = dict(about["progress"])
         age = beat.pop("age")

@@ -179,7 +179,9 @@ def run_script(tmp_path, env, inherited):
     # The stand-in libraries do not exist: the dynamic linker says so on stderr, and goes on.
     proc = subprocess.run(["/bin/sh", str(script)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **inherited})
-    return proc.stdout
+    start, printed = proc.stdout.split("\n", 1)  # the attempt's start line, then the program
+    assert start.startswith("mlxops: started (pid ")
+    return printed
 
 
 def test_the_preload_goes_before_what_the_ranks_session_preloads(tmp_path):

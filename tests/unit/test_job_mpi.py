@@ -80,7 +80,9 @@ def test_mpi_rank_script_records_its_pid_and_logs_to_its_own_file(tmp_path):
     proc = subprocess.run(["/bin/sh", str(run / "rank-2.sh")], capture_output=True, text=True)
     assert proc.returncode == 5 and proc.stdout == ""
     pid = int((run / "rank-2.pid").read_text())
-    assert (run / "rank-2.log").read_text().startswith("out y z ")
+    # The attempt's first line names the pid it recorded (the failure reader starts there).
+    start, out = (run / "rank-2.log").read_text().splitlines()
+    assert start == f"mlxops: started (pid {pid})" and out.startswith("out y z ")
     assert pid > 0 and (run / "rank-2.exit").read_text() == "5\n"
 
 

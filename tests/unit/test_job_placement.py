@@ -76,7 +76,9 @@ def test_rank_script_runs_with_hostile_values_verbatim_and_records_the_exit_code
     (run / "rank-0.sh").write_text(script)
     out = subprocess.run(["/bin/sh", str(run / "rank-0.sh")], capture_output=True, text=True)
     assert out.returncode == 7
-    assert out.stdout == f"{hostile}|managed|{hostile}"
+    start, program = out.stdout.split("\n", 1)  # the attempt's first line, then the program
+    assert start.startswith("mlxops: started (pid ")
+    assert program == f"{hostile}|managed|{hostile}"
     assert (run / "rank-0.exit").read_text().strip() == "7"
     assert not canary.exists()
 

@@ -138,8 +138,8 @@ class Recorder:
         assert kwargs == {"mark_stopped": False}  # the watchdog's stop is not the user's
         self.stopped.append(record)
 
-    def launch(self, spec, connector, *, resume, exclude, previous):
-        assert resume
+    def launch(self, spec, connector, *, resume, exclude, previous, on_warning):
+        assert resume and callable(on_warning)  # a node's unused kernel cache is an event
         self.launched.append(spec)
         if self.on_launch:
             self.on_launch()

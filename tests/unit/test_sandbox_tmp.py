@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 
-from mlxops.sandbox import nodes
+from mlxops.sandbox import kernels, nodes
 from mlxops.sandbox.layout import SHELL_USERS
 
 KERNEL = "Cf4IBroadcastBDf4ODivideAC_VC_f4_8248777770799913213_contiguous"  # as MLX names one
@@ -31,7 +31,7 @@ def test_a_second_account_starts_with_the_finished_kernels_it_lacks(tmp_path):
     mine.parent.mkdir(parents=True)
     mine.write_text("// the second account's own\n")
 
-    nodes._seed_kernels(source, target, me)
+    kernels.seed(source, target, me)
 
     got = sorted(p.name for p in (target / "0.32.4" / "cpu").iterdir())
     assert got == [f"{KERNEL}.cpp", f"lib{KERNEL}.so"]       # no tmp_*, no .seed-* left
@@ -42,6 +42,19 @@ def test_a_second_account_starts_with_the_finished_kernels_it_lacks(tmp_path):
 
 
 def test_nothing_to_seed_from_is_no_error(tmp_path):
-    nodes._seed_kernels(tmp_path / "none", tmp_path / "second" / "mlx",
+    kernels.seed(tmp_path / "none", tmp_path / "second" / "mlx",
                         pwd.getpwuid(os.getuid()))
     assert not (tmp_path / "second").exists()
+
+
+def test_a_node_users_kernel_cache_starts_with_what_another_user_compiled(tmp_path):
+    """kernels.user_cache: the zsh sandbox's user, whose ranks compile into its own cache
+    (<root>/cache -> kernels/<user>), starts with the bash one's finished kernels."""
+    me = pwd.getpwuid(os.getuid())
+    other = tmp_path / "kernels" / "mlxnode" / "mlx" / "0.32.4" / "cpu"
+    other.mkdir(parents=True)
+    (other / f"lib{KERNEL}.so").write_bytes(b"\x7fELF kernel")
+    mine = kernels.user_cache(me, tmp_path / "kernels")
+    assert mine == tmp_path / "kernels" / me.pw_name and mine.stat().st_mode & 0o777 == 0o700
+    seeded = mine / "mlx" / "0.32.4" / "cpu" / f"lib{KERNEL}.so"
+    assert seeded.read_bytes() == b"\x7fELF kernel" and seeded.stat().st_uid == me.pw_uid
