@@ -87,8 +87,7 @@ def plan_balance(spec: JobSpec, hosts: Sequence, calibration: dict | None = None
                  source: str = "") -> BalancePlan:
     """The split of ``hosts`` (inventory order, ``slots`` ranks each) and, with a
     ``calibration`` naming every host, predicted compute times and who does not pay."""
-    cfg = trainer_config.from_dict(dict(spec.trainer or {}))
-    batch = cfg.train.global_batch
+    batch = (spec.trainer or trainer_config.default_config()).train.global_batch
     rank_hosts = [h.name for h in render.rank_hosts(hosts)]
     speeds = _rank_speeds(calibration, rank_hosts)
     counts = _split(spec, rank_hosts, batch, speeds) or [0] * len(rank_hosts)
@@ -125,7 +124,7 @@ def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
     if spec.balance == BALANCE_EQUAL or spec.trainer is None:
         return None
     if spec.balance == BALANCE_AUTO:
-        batch = trainer_config.from_dict(dict(spec.trainer)).train.global_batch
+        batch = spec.trainer.train.global_batch
         return max(1, batch - (sum(h.slots for h in hosts) - 1))
     return plan_balance(spec, hosts).largest(host)
 

@@ -35,6 +35,8 @@ from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 from mlxops.paths import controller_home
+from mlxops.trainer import config as trainer_config
+from mlxops.trainer.config import TrainerConfig
 
 #: JobSpec fields the record keeps as fields of its own; ``JobRecord.job`` holds the rest.
 _SPEC_IN_RECORD = {"path": "job_file", "name": "name", "inventory": "inventory",
@@ -108,6 +110,12 @@ class JobRecord:
         for key in _SPEC_PATHS:
             if rest.get(key) is not None:
                 rest[key] = Path(rest[key])
+        if rest.get("trainer") is not None:
+            try:
+                rest["trainer"] = trainer_config.from_dict(rest["trainer"], "job.trainer")
+            except trainer_config.ConfigError as exc:
+                raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
+                                  f"{exc}") from None
         return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
                        backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
                        **rest)
@@ -168,7 +176,11 @@ def launched_job(spec: JobSpec) -> dict[str, Any]:
     for f in fields(JobSpec):
         if f.name not in _SPEC_IN_RECORD:
             value = getattr(spec, f.name)
-            out[f.name] = str(value) if isinstance(value, PurePath) else value
+            if isinstance(value, PurePath):
+                value = str(value)
+            elif isinstance(value, TrainerConfig):
+                value = value.to_dict()
+            out[f.name] = value
     return json.loads(json.dumps(out))  # a copy, as it will read back
 
 

@@ -46,7 +46,7 @@ from mlxops.jobs.record import (
     load_record,
     supervisor_lock,
 )
-from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world
+from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world, parse_trainer
 from mlxops.jobs.status import JobStatus
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
@@ -78,7 +78,8 @@ def job_spec(inventory: Path, hosts: str, backend: str, world: int) -> JobSpec:
                   "checkpoint_every": CHECKPOINT_EVERY, "keep": 2, "log_every": 10},
     }
     spec = JobSpec(path=inventory.resolve(), name=NAME, inventory=inventory.resolve(),
-                   hosts=hosts, backend=backend, trainer=trainer, env={MARKER: "1"},
+                   hosts=hosts, backend=backend, trainer=parse_trainer(inventory, trainer),
+                   env={MARKER: "1"},
                    restart=RestartPolicy(max_restarts=1, stall_timeout=60, poll_interval=POLL),
                    stop_grace=STOP_GRACE)
     check_world(spec, world)

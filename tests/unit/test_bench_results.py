@@ -252,7 +252,7 @@ def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, mo
     before = step_estimate(spec, plans)
     m = plans[0].plan
     assert before["gradient_bytes"] == 4 * m.params and before["allreduce"] is None
-    seq = spec.trainer["model"]["seq_len"]
+    seq = spec.trainer.model.seq_len
     assert before["compute_gflop"] == pytest.approx(
         6 * m.params * m.micro_batch * m.accumulation * seq / 1e9)
     assert "no 'mlxops bench'" in step_notes(before)[1]

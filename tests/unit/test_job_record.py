@@ -164,7 +164,7 @@ def test_a_restart_runs_the_job_as_launched_not_the_edited_file(tmp_path, monkey
     new = watch.restart(record, None, "rank 0 on a vanished", events.append)
 
     assert calls.launched == [spec]
-    assert calls.launched[0].trainer["train"]["steps"] == 100
+    assert calls.launched[0].trainer.train.steps == 100
     assert new.attempt == 2 and new.restart.max_restarts == 4
     assert [r["reason"] for r in load_record("j").restarts] == ["rank 0 on a vanished"]
     assert not any("re-reading" in e for e in events)
@@ -179,7 +179,7 @@ def test_a_record_without_the_job_says_it_rereads_the_file(tmp_path, monkeypatch
     path.write_text(yaml.safe_dump(edited))
     calls, events = Recorder(monkeypatch), []
     watch.restart(record, None, "stalled", events.append)
-    assert calls.launched[0].trainer["train"]["steps"] == 999
+    assert calls.launched[0].trainer.train.steps == 999
     assert any(f"re-reading {path.resolve()}" in e for e in events), events
 
 
