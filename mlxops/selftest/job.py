@@ -112,7 +112,7 @@ class KillAndWatch:
                               f"{status.step}, attempt {status.attempt}); see --timeout")
         if self.recovery is None:
             if status.attempt > 1:
-                reason = status.restarts[-1]["reason"] if status.restarts else "?"
+                reason = status.restarts[-1].reason if status.restarts else "?"
                 raise MlxopsError(f"the job restarted before the kill: {reason}")
             if status.state == RUNNING and (status.step or 0) >= KILL_AFTER:
                 self._kill()
@@ -122,7 +122,7 @@ class KillAndWatch:
         r = self.recovery
         if r.restart_seconds is None:
             r.restart_seconds = time.monotonic() - self.killed_at
-            r.reason = status.restarts[-1]["reason"] if status.restarts else ""
+            r.reason = status.restarts[-1].reason if status.restarts else ""
             found = re.search(r"resumed from step (\d+)", status.message or "")
             r.resumed_from = int(found.group(1)) if found else None
             self.on_event(f"job: restarted ({r.reason})")
