@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import jinja2
 
 from mlxops import paths, shell
 from mlxops.errors import bad_input
+from mlxops.inventory.variables import ring_ordered
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, JACCL_BACKENDS, JACCL_RING, MPI
 
 LAUNCH_TEMPLATE = "mlx-hostfile.json.j2"
@@ -97,20 +98,26 @@ def cluster_ip(host: Any) -> str:
     return host.ip
 
 
-def in_order(hosts: Sequence[Any], order: Sequence[str], source: object = "--order"
-             ) -> list[Any]:
-    """``hosts`` in the ring order ``order`` names them (``mlxops bench``'s best ring), so
-    that ranks, and the ring, follow it. ``order`` must name exactly these hosts."""
+def in_order(hosts: Sequence[Any], order: Sequence[str], source: object = "--order",
+             known: Collection[str] | None = None) -> list[Any]:
+    """``hosts`` in the ring order ``order`` gives (``mlxops bench``'s best ring), by the
+    rule of ``mlxops_ring_order`` (:func:`~mlxops.inventory.variables.ring_ordered`): the
+    hosts it lists first, in its order, then the others. ``known``: every host of the
+    inventory (default: ``hosts``); the order may name known hosts not selected, not
+    others."""
     by_name = {h.name: h for h in hosts}
-    if sorted(order) != sorted(by_name):
-        raise bad_input(source, "ring.order",
-                        f"orders {', '.join(order)} but the hosts selected are "
-                        f"{', '.join(by_name)}: bench (or --limit to) the same hosts")
-    return [by_name[name] for name in order]
+    known = by_name if known is None else known
+    for i, name in enumerate(order):
+        if name not in known:
+            raise bad_input(source, f"ring.order[{i}]",
+                            f"no host named {name!r} among {', '.join(known)}")
+    return [by_name[name] for name in ring_ordered(list(by_name), order)]
 
 
 def rank_hosts(hosts: Iterable[Any]) -> list[Any]:
-    """One entry per rank, in inventory order: a host with N slots appears N times."""
+    """The one rank order: one entry per rank, hosts in the order given (the inventory's,
+    so ``mlxops_ring_order``'s), a host with N slots N times in a row. Rank ``r`` runs on
+    ``rank_hosts(hosts)[r]``; :func:`mlxops.jobs.placement.place_ranks` numbers them."""
     return [h for h in hosts for _ in range(h.slots)]
 
 

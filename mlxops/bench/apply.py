@@ -22,7 +22,7 @@ def apply_order(inventory: str, limit: str | None, order: Sequence[str],
                 connector: Connector) -> Results:
     """Write every hostfile in ``order`` on each host it names; one result per host."""
     inv = load_inventory(inventory)
-    ordered = render.in_order(inv.select(limit), order, source=inventory)
+    ordered = render.in_order(inv.select(limit), order, source=inventory, known=inv.hosts)
 
     def work(host) -> HostResult:
         outcome = hostfiles_task(TaskContext(host=host, conn=connector.connect(host),

@@ -7,7 +7,6 @@ from __future__ import annotations
 from mlxops.checks import when
 from mlxops.jobs.balance import largest_share
 from mlxops.node import protocol
-from mlxops.trainer.config import load_config
 from mlxops.trainer.plan import count_params, plan_memory
 
 GB = 1024**3
@@ -31,7 +30,7 @@ def check_disk(node, cluster):
     """Free disk under ``mlxops_root`` for the checkpoints the job keeps (``train.keep``,
     plus the one being written), and room for logs."""
     job = cluster.target.job
-    config = load_config(job.trainer)
+    config = job.trainer
     ready = node.need(node.ready, NODE_ANSWER)
     checkpoint = count_params(config) * CHECKPOINT_BYTES_PER_PARAM
     kept = config.train.keep + 1 if config.train.checkpoint_every else 0

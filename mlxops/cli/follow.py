@@ -111,9 +111,9 @@ def print_status(status: JobStatus) -> None:
     console.print_table(status_table(status))
     print_failures(status)
     for restart in status.restarts:
-        when = datetime.datetime.fromtimestamp(restart["time"]).strftime("%H:%M:%S")
-        console.out.print(f"  restart at {when} (attempt {restart['attempt']}): "
-                          f"{restart['reason']}", markup=False)
+        when = datetime.datetime.fromtimestamp(restart.time).strftime("%H:%M:%S")
+        console.out.print(f"  restart at {when} (attempt {restart.attempt}): "
+                          f"{restart.reason}", markup=False)
     for host, reason in status.unreachable.items():
         console.out.print(f"  [magenta]{host} unreachable[/]: {reason}")
     for host in status.stray:

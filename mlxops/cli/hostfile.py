@@ -40,7 +40,7 @@ def command(inventory, backend, limit, output, order):
     # Nothing connects from here (mlx.launch's own ssh does not read the key file either).
     hosts = inv.select(limit, source="--limit", check_files=False)
     if order:
-        hosts = render.in_order(hosts, ring_order(order), source=order)
+        hosts = render.in_order(hosts, ring_order(order), source=order, known=inv.hosts)
     if backend == MPI:
         text = render.mpi_hostfile(hosts)
     else:

@@ -328,8 +328,7 @@ class _Builder:
             if listed not in hosts:
                 raise bad_input(path, join_key(key, i), f"no host named {listed!r} in "
                                                         f"{self.path}")
-        return {**{n: hosts[n] for n in order},
-                **{n: h for n, h in hosts.items() if n not in order}}
+        return {n: hosts[n] for n in variables.ring_ordered(list(hosts), order)}
 
     def _check_peers(self, host: Host, hosts: dict[str, Host]) -> None:
         """``mlxops_rdma`` names peers: each must be a host of this inventory."""

@@ -12,6 +12,7 @@ variables in the same file.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,16 @@ def ring_order_line(order: list[str]) -> str:
     """The inventory line (under ``all: vars``) that makes ``order`` the hosts' order, so
     the rank order everywhere: what ``mlxops bench`` and ``mlxops check`` tell users."""
     return f"mlxops_ring_order: [{', '.join(order)}]"
+
+
+def ring_ordered(names: Sequence[str], order: Sequence[str]) -> list[str]:
+    """The one rule of a ring order, whether ``mlxops_ring_order`` or a bench result's
+    (``mlxops hostfile --order``, ``mlxops bench --apply``) gives it: the ``names`` the
+    ``order`` lists first, in its order, then the others in their own order. Names of the
+    order that are not among ``names`` (hosts not selected) are left out; whether each is
+    a host at all is the caller's to check, where it can name the key."""
+    listed = [n for n in dict.fromkeys(order) if n in names]
+    return listed + [n for n in names if n not in listed]
 
 
 def _unknown(name: str) -> str:

@@ -10,7 +10,6 @@ is the trainer's own (:mod:`mlxops.trainer.balance`), so the plan is what the ra
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -60,7 +59,7 @@ class BalancePlan:
 
 
 #: ``BalancePlan.mode`` of a ``{host: weight}`` balance (the others: the modes' own words).
-WEIGHTS = "weights"
+WEIGHTS = rule.WEIGHTS
 
 
 def _mode(spec: JobSpec) -> str:
@@ -69,28 +68,25 @@ def _mode(spec: JobSpec) -> str:
 
 def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
            speeds: list[float] | None) -> list[int] | None:
-    """What the trainer would take on these ranks; None when the job would be refused
+    """What the trainer would take on these ranks, by its own rule
+    (:meth:`mlxops.trainer.balance.Balance.split`); None when the job would be refused
     (an equal split that does not divide, more ranks than sequences)."""
-    world = len(rank_hosts)
-    if world > global_batch:
+    if len(rank_hosts) > global_batch:
         return None
-    if spec.balance == BALANCE_EQUAL:
-        return None if global_batch % world else [global_batch // world] * world
-    if isinstance(spec.balance, dict):
-        return rule.split_counts(global_batch, rank_weights(spec, rank_hosts))
-    if speeds is None:
-        return rule.split_counts(global_batch, [1.0] * world)  # auto before it measured
-    return rule.auto_split(global_batch, speeds)
+    try:
+        return rule.Balance.of(rank_weights(spec, rank_hosts)).split(
+            global_batch, len(rank_hosts), speeds)
+    except ValueError:
+        return None
 
 
-def plan_balance(spec: JobSpec, hosts: Sequence, calibration: dict | None = None,
+def plan_balance(spec: JobSpec, hosts: Sequence, calibration: rule.Calibration | None = None,
                  source: str = "") -> BalancePlan:
     """The split of ``hosts`` (inventory order, ``slots`` ranks each) and, with a
     ``calibration`` naming every host, predicted compute times and who does not pay."""
-    cfg = trainer_config.from_dict(dict(spec.trainer or {}))
-    batch = cfg.train.global_batch
+    batch = (spec.trainer or trainer_config.default_config()).train.global_batch
     rank_hosts = [h.name for h in render.rank_hosts(hosts)]
-    speeds = _rank_speeds(calibration, rank_hosts)
+    speeds = calibration.speeds_for(rank_hosts) if calibration is not None else None
     counts = _split(spec, rank_hosts, batch, speeds) or [0] * len(rank_hosts)
     out = BalancePlan(_mode(spec), batch, [], source if speeds else "")
     for h in hosts:
@@ -125,22 +121,13 @@ def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
     if spec.balance == BALANCE_EQUAL or spec.trainer is None:
         return None
     if spec.balance == BALANCE_AUTO:
-        batch = trainer_config.from_dict(dict(spec.trainer)).train.global_batch
+        batch = spec.trainer.train.global_batch
         return max(1, batch - (sum(h.slots for h in hosts) - 1))
     return plan_balance(spec, hosts).largest(host)
 
 
-def _rank_speeds(calibration: dict | None, rank_hosts: Sequence[str]) -> list[float] | None:
-    """samples/s of each rank on ``rank_hosts`` by the trainer's own rule
-    (:func:`mlxops.trainer.balance.recorded_speeds`); None when it does not apply."""
-    if not calibration:
-        return None
-    return rule.recorded_speeds(rank_hosts, list(calibration.get("hosts") or []),
-                                list(calibration.get("samples_per_sec") or []))
-
-
 def recorded_calibration(spec: JobSpec, hosts: Sequence, connector: Connector
-                         ) -> tuple[dict | None, str]:
+                         ) -> tuple[rule.Calibration | None, str]:
     """The last ``calibration.json`` a run of this job wrote, from the first of its hosts
     (per the job's record) that answers; and a line saying where it came from."""
     try:
@@ -160,10 +147,11 @@ def recorded_calibration(spec: JobSpec, hosts: Sequence, connector: Connector
         if not result.ok:
             return None, ""  # that run recorded none (balance was not auto)
         try:
-            data = json.loads(result.stdout)
+            calibration = rule.Calibration.from_json(result.stdout, f"{kept.name}:{path}")
         except ValueError:
-            return None, ""
-        return data, f"measured by job {spec.name} at step {data.get('step')} on {kept.name}"
+            return None, ""  # not a record this trainer wrote: no times shown
+        return calibration, (f"measured by job {spec.name} at step {calibration.step} "
+                             f"on {kept.name}")
     return None, ""
 
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlxops import shell
+from mlxops import render, shell
 from mlxops.node import protocol
 
 
@@ -38,11 +38,12 @@ class Rank:
 
 
 def place_ranks(hosts: Sequence, base_port: int) -> list[Rank]:
+    """The ranks of ``hosts`` in the one rank order (:func:`mlxops.render.rank_hosts`),
+    each with its port and its index among its host's ranks."""
     ranks: list[Rank] = []
-    for host in hosts:
-        for local in range(host.slots):
-            n = len(ranks)
-            ranks.append(Rank(n, host.name, host.ip, base_port + n, local))
+    for n, host in enumerate(render.rank_hosts(hosts)):
+        local = sum(r.host == host.name for r in ranks)
+        ranks.append(Rank(n, host.name, host.ip, base_port + n, local))
     return ranks
 
 

@@ -21,7 +21,6 @@ from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import gather as gather_facts
 from mlxops.tasks.facts import load_cached_facts, save_facts
-from mlxops.trainer.config import load_config
 from mlxops.trainer.plan import MemoryPlan, plan_memory
 from mlxops.transport import Connector, Results, run_parallel
 
@@ -80,7 +79,7 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
     if not plans or spec.trainer is None:
         return None
     m = plans[0].plan
-    tokens = m.micro_batch * m.accumulation * load_config(dict(spec.trainer)).model.seq_len
+    tokens = m.micro_batch * m.accumulation * spec.trainer.model.seq_len
     nbytes = 4 * m.params
     out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
                            "gradient_bytes": nbytes, "allreduce": None}

@@ -35,6 +35,8 @@ from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 from mlxops.paths import controller_home
+from mlxops.trainer import config as trainer_config
+from mlxops.trainer.config import TrainerConfig
 
 #: JobSpec fields the record keeps as fields of its own; ``JobRecord.job`` holds the rest.
 _SPEC_IN_RECORD = {"path": "job_file", "name": "name", "inventory": "inventory",
@@ -64,6 +66,27 @@ class HostRecord:
         return NodePaths(self.root, job)
 
 
+@dataclass(frozen=True)
+class Restart:
+    """One restart by the watchdog: when, why, and the attempt it ended."""
+
+    time: float        # seconds since the epoch
+    reason: str        # the problem it restarted on ("rank 1 on mac2 exited with code 137")
+    attempt: int       # the attempt that was stopped (the next one is attempt + 1)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "restart") -> Restart:
+        """ValueError naming ``where`` and the field that is missing or of the wrong kind."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: not a mapping: {data!r}")
+        for f, kind in (("time", (int, float)), ("reason", str), ("attempt", int)):
+            if f not in data:
+                raise ValueError(f"{where}: missing field {f!r}")
+            if not isinstance(data[f], kind) or isinstance(data[f], bool):
+                raise ValueError(f"{where}: field {f!r}: unexpected value {data[f]!r}")
+        return cls(float(data["time"]), data["reason"], data["attempt"])
+
+
 @dataclass
 class JobRecord:
     name: str
@@ -81,7 +104,7 @@ class JobRecord:
     # port): what a restart needs. None in records written before mlxops kept it.
     job: dict[str, Any] | None = None
     excluded: list[str] = field(default_factory=list)
-    restarts: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
     # Hosts left behind while unreachable (restart.exclude_unreachable): their ranks may
     # still run there; stop and the watchdog kill them once the host answers again.
     stray: list[HostRecord] = field(default_factory=list)
@@ -108,6 +131,12 @@ class JobRecord:
         for key in _SPEC_PATHS:
             if rest.get(key) is not None:
                 rest[key] = Path(rest[key])
+        if rest.get("trainer") is not None:
+            try:
+                rest["trainer"] = trainer_config.from_dict(rest["trainer"], "job.trainer")
+            except trainer_config.ConfigError as exc:
+                raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
+                                  f"{exc}") from None
         return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
                        backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
                        **rest)
@@ -123,6 +152,8 @@ class JobRecord:
         data["hosts"] = [HostRecord(**h) for h in data["hosts"]]
         data["stray"] = [HostRecord(**h) for h in data.get("stray", [])]
         data["ranks"] = [Rank(**r) for r in data["ranks"]]
+        data["restarts"] = [Restart.from_dict(r, f"restarts[{i}]")
+                            for i, r in enumerate(data.get("restarts", []))]
         # Records before the policy was one object kept its fields flat (stall_timeout, ...).
         policy = data.pop("restart", None) or {}
         for f in fields(RestartPolicy):
@@ -168,7 +199,11 @@ def launched_job(spec: JobSpec) -> dict[str, Any]:
     for f in fields(JobSpec):
         if f.name not in _SPEC_IN_RECORD:
             value = getattr(spec, f.name)
-            out[f.name] = str(value) if isinstance(value, PurePath) else value
+            if isinstance(value, PurePath):
+                value = str(value)
+            elif isinstance(value, TrainerConfig):
+                value = value.to_dict()
+            out[f.name] = value
     return json.loads(json.dumps(out))  # a copy, as it will read back
 
 
@@ -190,6 +225,8 @@ def _read(name: str) -> JobRecord | None:
         raise MlxopsError(f"{path}: unreadable job record: {exc}") from None
     try:
         return JobRecord.from_dict(data)
+    except ValueError as exc:  # a field named by its reader
+        raise MlxopsError(f"{path}: unreadable job record: {exc}") from None
     except (KeyError, TypeError, AttributeError) as exc:
         raise MlxopsError(f"{path}: unreadable job record: {type(exc).__name__}: {exc}"
                           ) from None

@@ -21,7 +21,7 @@ from mlxops.jobs.placement import (
     ring_hostfile,
 )
 from mlxops.jobs.preflight import HostPrep
-from mlxops.jobs.spec import BLAS_AUTO, JobSpec, trainer_section
+from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_config
 from mlxops.node import protocol
 
 
@@ -44,7 +44,7 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
     paths = NodePaths(prep.root, spec.name)
     files: dict[str, bytes] = {}
     if spec.trainer is not None:
-        config = dict(trainer_section(spec, [r.host for r in ranks]), out=paths.run_dir)
+        config = rank_config(spec, [r.host for r in ranks]).to_dict() | {"out": paths.run_dir}
         files[protocol.TRAINER_CONFIG] = json.dumps(config, indent=1).encode()
         argv = [prep.python, "-m", "mlxops.trainer", "--config",
                 paths.run_file(protocol.TRAINER_CONFIG)]

@@ -3,13 +3,16 @@
 Read with the one YAML reader (:mod:`mlxops.yamlfile`: a key written twice is refused).
 Every error is one line naming the file and the key, e.g.
 ``jobs/tiny.yml: restart.stall_timeout: must be a positive number, got 'soon'``.
-The ``trainer:`` section is validated by the trainer's own rules
-(:mod:`mlxops.trainer.config`), once on its own at load and once the job's hosts, and so
-its number of ranks, are known (:func:`check_world`).
+The ``trainer:`` section is parsed once, here, by the trainer's own rules
+(:mod:`mlxops.trainer.config`) into its config type: every later reader (launch, plan,
+check, the rank files, the record) takes that :class:`TrainerConfig`, never the mapping.
+What needs the job's hosts, and so its number of ranks, is checked once they are known
+(:func:`check_world`); the ranks' own copy gets ``train.balance`` (:func:`rank_config`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import shlex
@@ -23,6 +26,7 @@ from mlxops import shell
 from mlxops.errors import bad_input
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.trainer import config as trainer_config
+from mlxops.trainer.config import TrainerConfig
 from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -68,7 +72,7 @@ class JobSpec:
     inventory: Path
     hosts: str = "all"
     backend: str = DEFAULT_BACKEND
-    trainer: dict[str, Any] | None = None      # the bundled trainer's config, or
+    trainer: TrainerConfig | None = None       # the bundled trainer's config, or
     command: list[str] | None = None           # the user's own command (words)
     workdir: Path | None = None                # synced to <root>/code/jobs/<name>/
     env: dict[str, str] = field(default_factory=dict)
@@ -133,7 +137,7 @@ def load_job(path: str | Path) -> JobSpec:
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
                                          "trainer) or 'command:' (your own program)")
     if trainer is not None:
-        trainer = _validate_trainer(path, trainer)
+        trainer = parse_trainer(path, trainer)
     if command is not None:
         command = _command_words(path, command)
     workdir = data.get("workdir")
@@ -215,15 +219,14 @@ def rank_weights(spec: JobSpec, rank_hosts: Sequence[str]) -> str | list[float]:
     return [spec.balance[h] / per_host[h] for h in rank_hosts]
 
 
-def trainer_section(spec: JobSpec, rank_hosts: Sequence[str]) -> dict[str, Any]:
-    """The job's ``trainer:`` as its ranks get it: ``train.balance`` set from ``balance:``."""
-    trainer = dict(spec.trainer or {})
-    train = dict(trainer.get("train") or {})
-    weights = rank_weights(spec, rank_hosts)
-    if weights != BALANCE_EQUAL:
-        train["balance"] = weights
-    trainer["train"] = train
-    return trainer
+def rank_config(spec: JobSpec, rank_hosts: Sequence[str]) -> TrainerConfig:
+    """The job's trainer config as its ranks get it: ``train.balance`` set from
+    ``balance:``. A copy: the job's own config is unchanged."""
+    if spec.trainer is None:
+        raise ValueError(f"{spec.name} runs its own command, not the bundled trainer")
+    config = copy.deepcopy(spec.trainer)
+    config.train.balance = rank_weights(spec, rank_hosts)
+    return config
 
 
 def _alerts(path: Path, data: Any) -> dict[str, float]:
@@ -306,8 +309,8 @@ def _command_words(path: Path, command: Any) -> list[str]:
     return words
 
 
-def _validate_trainer(path: Path, trainer: Any) -> dict[str, Any]:
-    """The trainer's own loader validates the section (it names the key that is wrong)."""
+def parse_trainer(path: Path, trainer: Any) -> TrainerConfig:
+    """The trainer's own loader parses the section (it names the key that is wrong)."""
     if not isinstance(trainer, dict):
         raise bad_input(path, "trainer", "must be a mapping (model:, data:, train:)")
     if "out" in trainer:
@@ -315,11 +318,6 @@ def _validate_trainer(path: Path, trainer: Any) -> dict[str, Any]:
     if isinstance(trainer.get("train"), dict) and "balance" in trainer["train"]:
         raise bad_input(path, "trainer.train.balance", "is set by mlxops from the job's "
                                                        "'balance:' (equal, auto or host: weight)")
-    _trainer_config(path, trainer)
-    return trainer
-
-
-def _trainer_config(path: Path, trainer: dict[str, Any]) -> trainer_config.TrainerConfig:
     try:
         return trainer_config.from_dict(dict(trainer), where="trainer")
     except trainer_config.ConfigError as exc:
@@ -341,8 +339,7 @@ def check_world(spec: JobSpec, world: int, rank_hosts: Sequence[str] | None = No
     ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
     if spec.trainer is None:
         return  # the user's own command: its rules are its own
-    trainer = trainer_section(spec, rank_hosts) if rank_hosts is not None else spec.trainer
-    cfg = _trainer_config(spec.path, trainer)
+    cfg = rank_config(spec, rank_hosts) if rank_hosts is not None else spec.trainer
     try:
         trainer_config.check_world(cfg, world, where="trainer")
     except trainer_config.ConfigError as exc:

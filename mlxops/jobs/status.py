@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxops.jobs import nodecmd
-from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.jobs.record import JobRecord, Restart, inventory_hosts
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
 from mlxops.transport import Connector, run_parallel
@@ -106,7 +106,7 @@ class JobStatus:
     state: str
     ranks: list[RankStatus]
     attempt: int = 1
-    restarts: list[dict[str, Any]] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)   # host -> reason
     steps: int | None = None
     message: str = ""
@@ -170,7 +170,7 @@ class JobStatus:
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"name": self.name, "state": self.state, "step": self.step, "steps": self.steps,
-               "attempt": self.attempt, "restarts": self.restarts,
+               "attempt": self.attempt, "restarts": [asdict(r) for r in self.restarts],
                "unreachable": self.unreachable, "message": self.message,
                "ranks": [asdict(r) for r in self.ranks],
                "failures": [f.to_dict() for f in self.failures]}

@@ -18,7 +18,14 @@ from collections.abc import Callable
 
 from mlxops.errors import MlxopsError
 from mlxops.jobs.launch import launch
-from mlxops.jobs.record import JobRecord, JobStopped, inventory_hosts, load_record, update
+from mlxops.jobs.record import (
+    JobRecord,
+    JobStopped,
+    Restart,
+    inventory_hosts,
+    load_record,
+    update,
+)
 from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
@@ -41,7 +48,7 @@ def restart(record: JobRecord, connector: Connector, reason: str,
     """
     on_event(f"restarting ({reason})")
     stop_job(record, connector, mark_stopped=False)
-    entry = {"time": time.time(), "reason": reason, "attempt": record.attempt}
+    entry = Restart(time=time.time(), reason=reason, attempt=record.attempt)
 
     def begin(current: JobRecord) -> None:
         if current.state == STOPPED:

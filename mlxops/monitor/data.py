@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlxops.jobs.record import JobRecord, load_record
@@ -86,10 +86,9 @@ def restarts(record: JobRecord, metrics: Sequence[dict[str, Any]]) -> list[dict[
     out = []
     for r in record.restarts:
         before = [m["step"] for m in metrics
-                  if isinstance(m.get("time"), (int, float)) and m["time"] <= r["time"]
+                  if isinstance(m.get("time"), (int, float)) and m["time"] <= r.time
                   and isinstance(m.get("step"), int)]
-        out.append({"time": r["time"], "reason": r.get("reason", ""),
-                    "attempt": r.get("attempt"), "step": max(before, default=None)})
+        out.append({**asdict(r), "step": max(before, default=None)})
     return out
 
 

@@ -30,7 +30,8 @@ SCRIPTS = ("chart.js", "view.js", "report.js")
 def plan(record: JobRecord) -> list[dict[str, Any]] | None:
     """``mlxops plan``'s figures per host from the facts provision cached (no host asked);
     None for a ``command:`` job or when no host has cached facts."""
-    trainer = (record.job or {}).get("trainer")
+    spec = record.job_spec()
+    trainer = spec.trainer if spec is not None else None
     if trainer is None:
         return None
     rows = []

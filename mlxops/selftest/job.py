@@ -46,7 +46,7 @@ from mlxops.jobs.record import (
     load_record,
     supervisor_lock,
 )
-from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world
+from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world, parse_trainer
 from mlxops.jobs.status import JobStatus
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
@@ -78,7 +78,8 @@ def job_spec(inventory: Path, hosts: str, backend: str, world: int) -> JobSpec:
                   "checkpoint_every": CHECKPOINT_EVERY, "keep": 2, "log_every": 10},
     }
     spec = JobSpec(path=inventory.resolve(), name=NAME, inventory=inventory.resolve(),
-                   hosts=hosts, backend=backend, trainer=trainer, env={MARKER: "1"},
+                   hosts=hosts, backend=backend, trainer=parse_trainer(inventory, trainer),
+                   env={MARKER: "1"},
                    restart=RestartPolicy(max_restarts=1, stall_timeout=60, poll_interval=POLL),
                    stop_grace=STOP_GRACE)
     check_world(spec, world)
@@ -111,7 +112,7 @@ class KillAndWatch:
                               f"{status.step}, attempt {status.attempt}); see --timeout")
         if self.recovery is None:
             if status.attempt > 1:
-                reason = status.restarts[-1]["reason"] if status.restarts else "?"
+                reason = status.restarts[-1].reason if status.restarts else "?"
                 raise MlxopsError(f"the job restarted before the kill: {reason}")
             if status.state == RUNNING and (status.step or 0) >= KILL_AFTER:
                 self._kill()
@@ -121,7 +122,7 @@ class KillAndWatch:
         r = self.recovery
         if r.restart_seconds is None:
             r.restart_seconds = time.monotonic() - self.killed_at
-            r.reason = status.restarts[-1]["reason"] if status.restarts else ""
+            r.reason = status.restarts[-1].reason if status.restarts else ""
             found = re.search(r"resumed from step (\d+)", status.message or "")
             r.resumed_from = int(found.group(1)) if found else None
             self.on_event(f"job: restarted ({r.reason})")

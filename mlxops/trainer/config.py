@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from . import balance
+
 
 class ConfigError(ValueError):
     """An invalid config: a one-line message naming the file and the key. Exit code 2."""
@@ -126,8 +128,8 @@ def default_config() -> TrainerConfig:
     return TrainerConfig()
 
 
-#: ``train.balance``'s modes (a job's ``balance:`` takes the same words).
-BALANCE_EQUAL, BALANCE_AUTO = "equal", "auto"
+#: ``train.balance``'s modes (a job's ``balance:`` takes the same words): trainer/balance.py's.
+BALANCE_EQUAL, BALANCE_AUTO = balance.EQUAL, balance.AUTO
 BALANCE_MODES = (BALANCE_EQUAL, BALANCE_AUTO)
 
 

@@ -16,7 +16,7 @@ from mlxops.node import protocol
 
 from . import balance, checkpoint, consistency, hooks
 from .checkpoint import write_atomic
-from .config import BALANCE_AUTO, ConfigError, TrainerConfig, check_world, diff_resume_keys
+from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
 from .data import Batches, make_source, split_rank
 from .distributed import (
     all_gather_cpu,
@@ -73,8 +73,8 @@ class Trainer:
         # until then, and with equal, every rank takes as many sequences as it can equally.
         self.speeds: list[float] | None = None
         self.speed_hosts: list[str] | None = None  # the host of each rank speeds are for
-        weights = t.balance if isinstance(t.balance, list) else [1.0] * self.world
-        self._split(balance.split_counts(t.global_batch, weights))
+        self.balance = balance.Balance.of(t.balance)
+        self._split(self.balance.split(t.global_batch, self.world))
         self.dtype = mx.bfloat16 if t.dtype == "bfloat16" else mx.float32
 
         mx.random.seed(t.seed)
@@ -95,7 +95,7 @@ class Trainer:
         self._last_tps = 0.0
         self._start(resume)
         self._calibration: list[float] | None = None
-        if t.balance == BALANCE_AUTO and self.world > 1 and self.speeds is None:
+        if self.balance.measures and self.world > 1 and self.speeds is None:
             self._calibration = []  # compute seconds per step, measured from the 2nd step
         self._compile()
 
@@ -152,7 +152,7 @@ class Trainer:
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
         self.repairs = state.get("consistency_repairs", 0)
-        if self.cfg.train.balance == BALANCE_AUTO and state.get("balance_speeds"):
+        if self.balance.measures and state.get("balance_speeds"):
             self._recorded_speeds(state)
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
@@ -191,7 +191,7 @@ class Trainer:
                       f"fit the ranks now (hosts {hosts}); measuring again")
             return
         self.speeds, self.speed_hosts = speeds, hosts
-        self._split(balance.auto_split(self.cfg.train.global_batch, speeds))
+        self._split(self.balance.split(self.cfg.train.global_batch, self.world, speeds))
         self._log(f"balance: auto: the speeds measured before (samples/s per rank "
                   f"{_rounded(speeds)}): split {self.counts}")
 
@@ -307,7 +307,7 @@ class Trainer:
         speeds = all_gather_cpu(mx.array([mine], dtype=mx.float32), self.group).tolist()
         self.speeds, self.speed_hosts = speeds, host_names(self.group)
         before = self.counts
-        after = balance.auto_split(self.cfg.train.global_batch, speeds)
+        after = self.balance.split(self.cfg.train.global_batch, self.world, speeds)
         if after != before:
             self._split(after)
         self._log(f"balance: auto: samples/s per rank {_rounded(speeds)}: split {before} -> "
@@ -315,10 +315,9 @@ class Trainer:
                   f"{balance.step_seconds(before, speeds) * 1e3:.0f} -> "
                   f"{balance.step_seconds(self.counts, speeds) * 1e3:.0f} ms/step)")
         if self.writer:
-            write_atomic(self.out / protocol.CALIBRATION, json.dumps({
-                "step": self.step, "world_size": self.world, "hosts": self.speed_hosts,
-                "samples_per_sec": speeds, "batch_split": self.counts,
-                "time": time.time()}) + "\n")
+            write_atomic(self.out / protocol.CALIBRATION, balance.Calibration(
+                step=self.step, world_size=self.world, hosts=self.speed_hosts,
+                samples_per_sec=speeds, batch_split=self.counts, time=time.time()).to_json())
 
     def _check_consistency(self, step: int) -> None:
         """Compare every rank's state; on a mismatch take rank 0's (before a checkpoint of

@@ -169,9 +169,9 @@ def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
     restarts = load_record("t-kill").restarts
-    assert len(restarts) == 1 and "rank 2 on node3" in restarts[0]["reason"]
+    assert len(restarts) == 1 and "rank 2 on node3" in restarts[0].reason
     # The restart is recorded once every other rank has been stopped.
-    assert restarts[0]["time"] - killed_at < 10
+    assert restarts[0].time - killed_at < 10
     assert job_processes("t-kill") == []
 
 
@@ -184,7 +184,7 @@ def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connecto
     os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
-    reasons = [r["reason"] for r in load_record("t-stall").restarts]
+    reasons = [r.reason for r in load_record("t-stall").restarts]
     assert len(reasons) == 1 and "stalled" in reasons[0], reasons
     assert job_processes("t-stall") == []
 

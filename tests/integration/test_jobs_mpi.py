@@ -182,5 +182,5 @@ def test_a_dead_or_stuck_mpi_rank_is_restarted_by_the_watchdog(
     assert final.state == "finished", (final.to_dict(), watchdog.events,
                                        logs(record, connector))
     restarts = load_record(name).restarts
-    assert len(restarts) == 1 and reason in restarts[0]["reason"], restarts
+    assert len(restarts) == 1 and reason in restarts[0].reason, restarts
     assert no_leftovers(name) == []

@@ -127,7 +127,7 @@ def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_invent
     os.kill(_trainer_pid(mac_sandbox, "m-kill", 1, "node2"), signal.SIGKILL)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
-    assert "rank 1 on node2" in load_record("m-kill").restarts[0]["reason"]
+    assert "rank 1 on node2" in load_record("m-kill").restarts[0].reason
     assert losses(mac_sandbox, "m-kill")[60] < losses(mac_sandbox, "m-kill")[1]
     assert _job_processes("m-kill") == []
 

@@ -33,6 +33,41 @@ def test_the_equal_split_has_weight_exactly_one():
     assert balance.step_seconds([6, 2], [3.0, 1.0]) == 2.0
 
 
+def test_one_split_rule_for_every_mode():
+    assert balance.Balance.of("equal").split(12, 3) == [4, 4, 4]
+    with pytest.raises(ValueError, match="equally"):
+        balance.Balance.of("equal").split(7, 2)
+    assert balance.Balance.of([3, 1]).split(8, 2) == [6, 2]
+    with pytest.raises(ValueError, match="2 weights for 3 ranks"):
+        balance.Balance.of([3, 1]).split(8, 3)
+    auto = balance.Balance.of("auto")
+    assert auto.measures and not balance.Balance.of("equal").measures
+    assert auto.split(7, 2) == [4, 3]                     # before it measured: near-equal
+    assert auto.split(8, 2, [300.0, 100.0]) == [6, 2]      # by the speeds
+    assert auto.split(8, 2, [105.0, 100.0]) == [4, 4]      # a gain under MIN_GAIN: kept
+    with pytest.raises(ValueError, match="fast"):
+        balance.Balance.of("fast")
+
+
+def test_the_calibration_record_round_trips_and_names_what_is_missing():
+    record = balance.Calibration(step=4, world_size=2, hosts=["a", "b"],
+                                 samples_per_sec=[300.0, 100.0], batch_split=[6, 2],
+                                 time=1700000000.5)
+    assert balance.Calibration.from_json(record.to_json()) == record
+    assert record.speeds_for(["b"]) == [100.0]  # without a (an --exclude): b's own speed
+    assert record.speeds_for(["a", "a"]) is None  # a measured with one rank, now two
+    assert record.speeds_for(["a", "b"]) == [300.0, 100.0]
+    data = json.loads(record.to_json())
+    for name in data:
+        partial = {k: v for k, v in data.items() if k != name}
+        with pytest.raises(ValueError, match=rf"^x/calibration.json: missing field '{name}'$"):
+            balance.Calibration.from_json(json.dumps(partial), "x/calibration.json")
+    with pytest.raises(ValueError, match=r"field 'hosts': unexpected value \['a', 2\]"):
+        balance.Calibration.from_json(json.dumps({**data, "hosts": ["a", 2]}))
+    with pytest.raises(ValueError, match="not JSON"):
+        balance.Calibration.from_json("{")
+
+
 def test_config_rules():
     cfg = load_config({"train": {"global_batch": 7, "balance": [2, 1.5]}})
     assert cfg.train.balance == [2.0, 1.5]
@@ -107,11 +142,11 @@ def test_auto_measures_the_ranks_and_gives_the_slow_one_less(equal):
     slow = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.03"}  # rank 1: +30 ms per sequence
     proc = ok(run_trainer(cfg, ranks=2, env=slow))
     assert "balance: auto: samples/s per rank" in proc.stdout
-    calibration = json.loads((out / "calibration.json").read_text())
-    assert calibration["step"] == 4 and calibration["world_size"] == 2
-    fast, slow_speed = calibration["samples_per_sec"]
+    calibration = balance.Calibration.from_json((out / "calibration.json").read_text())
+    assert calibration.step == 4 and calibration.world_size == 2
+    fast, slow_speed = calibration.samples_per_sec
     assert fast > 2 * slow_speed
-    split = calibration["batch_split"]
+    split = calibration.batch_split
     assert split[0] > split[1] >= 1 and sum(split) == 8
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [tuple(r["batch_split"]) for r in recs] == [(4, 4)] * 4 + [tuple(split)] * 16
@@ -161,5 +196,5 @@ def test_auto_keeps_a_hosts_speeds_across_world_sizes_while_its_rank_count_holds
     _recorded_as(out, [here] * 3, [300.0, 200.0, 100.0])
     again = ok(run_trainer(cfg_of["reshaped"], "--resume", ranks=2))
     assert "do not fit the ranks now" in again.stdout and "measuring again" in again.stdout
-    assert json.loads((out / "calibration.json").read_text())["step"] == 14
+    assert balance.Calibration.from_json((out / "calibration.json").read_text()).step == 14
     _close(losses(out), ref, range(1, 21))

@@ -178,9 +178,58 @@ def test_hostfile_follows_a_saved_order(tmp_path, monkeypatch):
     mpi = runner.invoke(cli, ["hostfile", str(inventory), "-b", "mpi", "--order", str(path)])
     assert [line.split()[0] for line in mpi.output.splitlines() if line and
             not line.startswith("#")] == ["192.0.2.3", "192.0.2.1", "192.0.2.4", "192.0.2.2"]
+    # The rule of mlxops_ring_order: hosts not selected are left out of the order...
     fewer = runner.invoke(cli, ["hostfile", str(inventory), "--limit", "studio1,studio2",
                                 "--order", str(path)])
-    assert fewer.exit_code == 2 and f"{path}: ring.order:" in fewer.output
+    assert fewer.exit_code == 0, fewer.output
+    assert [h["ips"][0] for h in json.loads(fewer.output)["hosts"]] == [
+        "192.0.2.1", "192.0.2.2"]
+    # ...and a name that is no host of the inventory is refused, naming it.
+    other = save(result(hosts=[*HOSTS[:3], "mac-gone"],
+                        ring=RingResult(order=[HOSTS[2], "mac-gone", HOSTS[0], HOSTS[1]],
+                                        bottleneck_gbps=1.0, exact=True, bound_gbps=1.0,
+                                        inventory_bottleneck_gbps=1.0)))
+    gone = runner.invoke(cli, ["hostfile", str(inventory), "--order", str(other)])
+    assert gone.exit_code == 2
+    assert f"{other}: ring.order[1]: no host named 'mac-gone' among " in gone.output
+
+
+@pytest.mark.parametrize("order", [
+    [HOSTS[2], HOSTS[0], HOSTS[3], HOSTS[1]], [HOSTS[3], HOSTS[1]], [HOSTS[1]],
+])
+@pytest.mark.parametrize("limit", [None, "studio1,studio2", "macbook-pro,mini-rack-07,studio1"])
+def test_a_saved_order_and_mlxops_ring_order_give_one_rank_order(tmp_path, monkeypatch, order,
+                                                                 limit):
+    """``hostfile --order`` and ``mlxops_ring_order`` follow one rule, and a job's ranks
+    (placement) and every hostfile (render) number the hosts alike."""
+    from mlxops import render
+    from mlxops.inventory import load_inventory
+    from mlxops.jobs.placement import place_ranks
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path))
+    hosts = "".join(f"    {h}: {{ansible_host: 192.0.2.{i + 1}, mlxops_slots: {1 + i % 2}}}\n"
+                    for i, h in enumerate(HOSTS))
+    plain, ordered = tmp_path / "plain.yml", tmp_path / "ordered.yml"
+    plain.write_text("all:\n  hosts:\n" + hosts)
+    ordered.write_text(f"all:\n  vars:\n    mlxops_ring_order: [{', '.join(order)}]\n"
+                       "  hosts:\n" + hosts)
+    path = save(result(ring=RingResult(order=order, bottleneck_gbps=1.0, exact=True,
+                                       bound_gbps=1.0, inventory_bottleneck_gbps=1.0)))
+    limited = ["--limit", limit] if limit else []
+    runner = CliRunner()
+    by_result = runner.invoke(cli, ["hostfile", str(plain), "--order", str(path), *limited])
+    by_inventory = runner.invoke(cli, ["hostfile", str(ordered), *limited])
+    assert by_result.exit_code == by_inventory.exit_code == 0, by_result.output
+    assert by_result.output == by_inventory.output
+    selected = load_inventory(ordered).select(limit, check_files=False)
+    names = [h.name for h in selected]
+    assert names[:len([n for n in order if n in names])] == [n for n in order if n in names]
+    rendered = [h["ips"][0] for h in json.loads(by_inventory.output)["hosts"]]
+    ranks = place_ranks(selected, 30000)
+    assert [r.host for r in ranks] == [h.name for h in render.rank_hosts(selected)]
+    assert [r.ip for r in ranks] == rendered
+    assert [r.local_rank for r in ranks] == [sum(q.host == r.host for q in ranks[:r.rank])
+                                        for r in ranks]
 
 
 def test_findings_name_a_slow_host_a_slow_link_and_an_asymmetric_pair():
@@ -252,7 +301,7 @@ def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, mo
     before = step_estimate(spec, plans)
     m = plans[0].plan
     assert before["gradient_bytes"] == 4 * m.params and before["allreduce"] is None
-    seq = spec.trainer["model"]["seq_len"]
+    seq = spec.trainer.model.seq_len
     assert before["compute_gflop"] == pytest.approx(
         6 * m.params * m.micro_batch * m.accumulation * seq / 1e9)
     assert "no 'mlxops bench'" in step_notes(before)[1]

@@ -22,6 +22,7 @@ from mlxops.jobs.runfiles import run_files
 from mlxops.jobs.spec import JobSpec
 from mlxops.node import blas, protocol
 from mlxops.node import preflight as node_preflight
+from mlxops.trainer.config import TrainConfig, TrainerConfig
 
 LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 
@@ -195,7 +196,8 @@ def test_the_preload_goes_before_what_the_ranks_session_preloads(tmp_path):
 
 def spec(blas: str = "auto", backend: str = "ring") -> JobSpec:
     return JobSpec(path=Path("/jobs/j.yml"), name="j", inventory=Path("/inv.yml"),
-                   backend=backend, trainer={"train": {"steps": 2}}, blas=blas)
+                   backend=backend, trainer=TrainerConfig(train=TrainConfig(steps=2)),
+                   blas=blas)
 
 
 def scripts(job: JobSpec, answers: dict[str, dict], hosts) -> dict[str, str]:

@@ -12,7 +12,8 @@ from rich.console import Console
 from mlxops import console
 from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.jobs.balance import plan_balance
-from mlxops.jobs.spec import load_job
+from mlxops.jobs.spec import load_job, rank_config
+from mlxops.trainer.balance import Balance, Calibration
 
 
 def spec_with(tmp_path, balance, global_batch=8, hosts=("studio", "air")):
@@ -32,7 +33,32 @@ def hosts(*name_slots):
 
 def calibration(**speeds):
     names = [h for h, v in speeds.items() for _ in v]
-    return {"step": 4, "hosts": names, "samples_per_sec": [x for v in speeds.values() for x in v]}
+    measured = [float(x) for v in speeds.values() for x in v]
+    return Calibration(step=4, world_size=len(names), hosts=names, samples_per_sec=measured,
+                       batch_split=[1] * len(names), time=0.0)
+
+
+@pytest.mark.parametrize("balance, global_batch, slots, measured", [
+    ("equal", 8, (1, 1), None), ("equal", 9, (2, 1), None), ("equal", 7, (1, 1), None),
+    ({"studio": 3, "air": 1}, 8, (2, 1), None), ("auto", 9, (1, 2), None),
+    ("auto", 12, (1, 1), {"studio": [200.0], "air": [20.0]}),
+    ("auto", 12, (1, 1), {"studio": [105.0], "air": [100.0]}),
+    ({"studio": 1, "air": 2}, 5, (1, 1), {"studio": [200.0], "air": [20.0]}),
+])
+def test_the_plan_shows_the_split_the_trainer_takes(tmp_path, balance, global_batch, slots,
+                                                   measured):
+    spec = spec_with(tmp_path, balance, global_batch)
+    the_hosts = hosts(("studio", slots[0]), ("air", slots[1]))
+    plan = plan_balance(spec, the_hosts, calibration(**measured) if measured else None)
+    rank_hosts = [h.name for h in the_hosts for _ in range(h.slots)]
+    # the ranks' config, as mlxops writes it, through the trainer's own rule
+    config = rank_config(spec, rank_hosts)
+    speeds = calibration(**measured).speeds_for(rank_hosts) if measured else None
+    try:
+        trainer = Balance.of(config.train.balance).split(global_batch, len(rank_hosts), speeds)
+    except ValueError:
+        trainer = [0] * len(rank_hosts)  # refused: the plan shows no split
+    assert [n for h in plan.hosts for n in h.sequences] == trainer
 
 
 def test_host_weights_split_without_speeds(tmp_path):

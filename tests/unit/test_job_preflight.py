@@ -13,11 +13,12 @@ from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight, rdma_devices
 from mlxops.jobs.spec import JobSpec
 from mlxops.node.protocol import Leftover
+from mlxops.trainer.config import TrainerConfig
 
 
 def spec(backend: str = "ring") -> JobSpec:
     return JobSpec(path=Path("/jobs/j.yml"), name="j", inventory=Path("/inv.yml"),
-                   backend=backend, trainer={})
+                   backend=backend, trainer=TrainerConfig())
 
 
 def preps(**answers):

@@ -11,19 +11,20 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mlxops.errors import UserError
+from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs import watch
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import (
     HostRecord,
     JobRecord,
     JobStopped,
+    Restart,
     inventory_hosts,
     launched_job,
     load_record,
@@ -75,7 +76,7 @@ def test_a_record_from_before_the_policy_was_one_object_loads(tmp_path):
     assert old.restart == RestartPolicy(max_restarts=5, stall_timeout=30.0, poll_interval=1.5,
                                         exclude_unreachable=True)
     assert old.stop_grace == 7.0 and old.state == STOPPED and old.attempt == 2
-    assert old.restarts[0]["reason"] == "rank 1 on mac2 exited with code 137"
+    assert old.restarts[0].reason == "rank 1 on mac2 exited with code 137"
     assert old.job is None and old.job_spec() is None and old.stopped_at is None
     # Written again, it takes the new shape, and reads back the same.
     update("old-job", lambda record: None)
@@ -164,9 +165,9 @@ def test_a_restart_runs_the_job_as_launched_not_the_edited_file(tmp_path, monkey
     new = watch.restart(record, None, "rank 0 on a vanished", events.append)
 
     assert calls.launched == [spec]
-    assert calls.launched[0].trainer["train"]["steps"] == 100
+    assert calls.launched[0].trainer.train.steps == 100
     assert new.attempt == 2 and new.restart.max_restarts == 4
-    assert [r["reason"] for r in load_record("j").restarts] == ["rank 0 on a vanished"]
+    assert [r.reason for r in load_record("j").restarts] == ["rank 0 on a vanished"]
     assert not any("re-reading" in e for e in events)
 
 
@@ -179,7 +180,7 @@ def test_a_record_without_the_job_says_it_rereads_the_file(tmp_path, monkeypatch
     path.write_text(yaml.safe_dump(edited))
     calls, events = Recorder(monkeypatch), []
     watch.restart(record, None, "stalled", events.append)
-    assert calls.launched[0].trainer["train"]["steps"] == 999
+    assert calls.launched[0].trainer.train.steps == 999
     assert any(f"re-reading {path.resolve()}" in e for e in events), events
 
 
@@ -248,7 +249,7 @@ def test_updates_from_many_writers_lose_nothing(tmp_path):
 
     def writer(who: int) -> None:
         for i in range(25):
-            update("j", lambda r, i=i: r.restarts.append({"who": who, "i": i}))
+            update("j", lambda r, i=i: r.restarts.append(Restart(i, f"writer {who}", i)))
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
     for t in threads:
@@ -280,3 +281,20 @@ def test_a_key_file_gone_since_launch_is_bad_input_before_connecting(tmp_path):
     (tmp_path / "inv.yml").write_text(yaml.safe_dump(inventory))
     with pytest.raises(UserError, match=r"inv\.yml: .*ansible_ssh_private_key_file"):
         inventory_hosts(record)
+
+
+def test_a_restart_is_a_record_that_round_trips_and_names_what_is_missing(tmp_path):
+    restart = Restart(time=1700000000.5, reason="rank 1 on a exited with code 137", attempt=2)
+    record_for(load_job(write_job(tmp_path)), restarts=[restart]).save()
+    data = json.loads(record_path("j").read_text())
+    assert data["restarts"] == [asdict(restart)]
+    assert load_record("j").restarts == [restart]
+    for name in ("time", "reason", "attempt"):
+        partial = {k: v for k, v in asdict(restart).items() if k != name}
+        with pytest.raises(ValueError, match=rf"^restarts\[0\]: missing field '{name}'$"):
+            Restart.from_dict(partial, "restarts[0]")
+    data["restarts"][0].pop("reason")
+    record_path("j").write_text(json.dumps(data))
+    with pytest.raises(MlxopsError, match=r"record.json: unreadable job record: "
+                                          r"restarts\[0\]: missing field 'reason'$"):
+        load_record("j")

@@ -12,8 +12,8 @@ from mlxops.jobs.spec import (
     check_balance,
     check_world,
     load_job,
+    rank_config,
     rank_weights,
-    trainer_section,
 )
 
 INVENTORY = {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1"}}}}
@@ -159,7 +159,8 @@ def test_bad_job_files(case):
 def test_merge_keys_load_as_ansible_loads_them():
     spec = load_job(DATA / "good" / "merged.yml")
     # the first merged mapping wins over the second, the mapping's own keys over both
-    assert spec.trainer["train"] == {"steps": 30, "lr": 0.01, "warmup": 2, "global_batch": 6}
+    train = spec.trainer.train
+    assert (train.steps, train.lr, train.warmup, train.global_batch) == (30, 0.01, 2, 6)
     assert (spec.restart.max_restarts, spec.restart.stall_timeout) == (1, 9.0)
 
 
@@ -194,14 +195,15 @@ def test_balance_weights_become_the_trainers_per_rank_weights(tmp_path):
     assert spec.balance == {"a": 3.0, "b": 1.0}
     # a host's weight is shared by its ranks
     assert rank_weights(spec, ["a", "a", "b"]) == [1.5, 1.5, 1.0]
-    section = trainer_section(spec, ["a", "a", "b"])
-    assert section["train"] == {"steps": 10, "balance": [1.5, 1.5, 1.0]}
-    assert spec.trainer["train"] == {"steps": 10}  # the job's own section is unchanged
+    config = rank_config(spec, ["a", "a", "b"])
+    assert (config.train.steps, config.train.balance) == (10, [1.5, 1.5, 1.0])
+    # the job's own config is unchanged
+    assert (spec.trainer.train.steps, spec.trainer.train.balance) == (10, "equal")
     check_balance(spec, _hosts(("a", 2), ("b", 1)))
     for mode in ("equal", "auto"):
         other = load_job(write(tmp_path, with_(balance=mode)))
         assert rank_weights(other, ["a", "b"]) == mode
-    assert "balance" not in trainer_section(load_job(write(tmp_path, GOOD)), ["a"])["train"]
+    assert rank_config(load_job(write(tmp_path, GOOD)), ["a"]).train.balance == "equal"
 
 
 def test_balance_names_exactly_the_jobs_hosts(tmp_path):

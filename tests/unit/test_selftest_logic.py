@@ -21,7 +21,7 @@ import pytest
 from mlxops.bench.results import AllreduceRow, BenchResult, PairResult
 from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs.placement import Rank
-from mlxops.jobs.record import HostRecord, JobRecord
+from mlxops.jobs.record import HostRecord, JobRecord, Restart
 from mlxops.jobs.spec import check_world
 from mlxops.jobs.status import JobStatus, RankStatus
 from mlxops.selftest import job as J
@@ -239,7 +239,7 @@ def test_skipped_steps_and_facts_read_without_provision(tmp_path):
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16])
 def test_the_job_is_valid_for_any_world_size(world):
     spec = J.job_spec(Path("/x/inventory.yml"), "all", "ring", world)
-    cfg = trainer_config.from_dict(dict(spec.trainer), where="trainer")
+    cfg = spec.trainer
     trainer_config.check_world(cfg, world)
     check_world(spec, world)
     assert spec.name == J.NAME and spec.env == {J.MARKER: "1"}
@@ -277,10 +277,10 @@ def test_the_onlooker_kills_the_last_rank_after_a_checkpoint_then_waits_for_the_
     assert kills == [(1, "n2")] and watcher.recovery.killed_at_step == 27
     watcher.on_status(status(J.KILL_AFTER + 3, state="failed"))  # not restarted yet
     assert kills == [(1, "n2")] and watcher.recovery.restart_seconds is None
-    reason = [{"reason": "rank 1 on n2 exited with code 137", "attempt": 1, "time": 0}]
+    reason = [Restart(time=0, reason="rank 1 on n2 exited with code 137", attempt=1)]
     watcher.on_status(status(None, 2, message="resumed from step 20", restarts=reason))
     r = watcher.recovery
-    assert (r.reason, r.resumed_from, r.recovered_seconds) == (reason[0]["reason"], 20, None)
+    assert (r.reason, r.resumed_from, r.recovered_seconds) == (reason[0].reason, 20, None)
     with pytest.raises(J._Recovered):
         watcher.on_status(status(21, 2, message="resumed from step 20", restarts=reason))
     assert r.recovered_seconds >= r.restart_seconds >= 0
@@ -289,7 +289,7 @@ def test_the_onlooker_kills_the_last_rank_after_a_checkpoint_then_waits_for_the_
 
 def test_the_onlooker_refuses_a_restart_before_the_kill_and_a_deadline(kills):
     watcher = J.KillAndWatch(record(), None, {}, time.monotonic() + 60, lambda _: None)
-    crash = [{"reason": "rank 0 on n1 exited with code 1", "attempt": 1, "time": 0}]
+    crash = [Restart(time=0, reason="rank 0 on n1 exited with code 1", attempt=1)]
     with pytest.raises(MlxopsError, match="restarted before the kill: rank 0 on n1"):
         watcher.on_status(status(3, 2, restarts=crash))
     late = J.KillAndWatch(record(), None, {}, time.monotonic() - 1, lambda _: None)
