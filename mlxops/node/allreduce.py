@@ -26,7 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxops.node import protocol
-from mlxops.node.benchproto import allreduce_result
+from mlxops.node.protocol.bench import allreduce_result
 
 SECOND_WARMUP_BELOW = 1.0   # seconds: a size whose first call took less gets a second one
 BEAT_EVERY = 5.0            # seconds between heartbeats during a size's timed calls
