@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+
+from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
 
 from .config import ConfigError, describe_options, load_config
+
+_METRICS_FIELDS = textwrap.fill(", ".join(METRICS_FIELDS), width=90,
+                                initial_indent=" " * 27, subsequent_indent=" " * 27)
 
 EPILOG = f"""\
 config keys (section.key, default, meaning); the file is JSON, or YAML if PyYAML is installed:
 {describe_options()}
 
 files under out:
-  metrics.jsonl            rank 0: one JSON object per logged step (step, loss, tokens_per_sec,
-                           time, step_time, compute_time, comm_time, memory, world_size,
-                           consistency_repairs, ...)
+  metrics.jsonl            rank 0: one JSON object per logged step, with
+{_METRICS_FIELDS}
   progress/rank-<r>.json   every rank, after a step at most every 0.5 s (running|finished)
   calibration.json         train.balance auto: the samples/s it measured and the split taken
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest

@@ -17,7 +17,10 @@ state spelt here is spelt nowhere else. The contract is written out for people i
 * :mod:`.answers`: each command's answer, a record the node prints as one line of JSON and
   the controller reads back with :func:`parse_answer`.
 
-This module re-exports their names, so callers write ``protocol.STATUS``.
+* :mod:`.metrics`: the trainer's ``metrics.jsonl`` line.
+
+This module re-exports the names of the first five, so callers write ``protocol.STATUS``;
+the records of one writer and few readers are imported from their own module.
 """
 
 from mlxops.node.protocol.answers import (
