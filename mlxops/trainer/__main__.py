@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
+from mlxops.node.protocol.rankenv import VARIABLES as _VAR
 
 from .config import ConfigError, describe_options, load_config
 
@@ -25,11 +26,12 @@ files under out:
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
 
 environment:
-  MLXOPS_WORLD_SIZE   expected number of ranks (else derived from mlx.launch's variables);
+  {_VAR["world_size"]:<19} expected number of ranks (else derived from mlx.launch's variables);
                       above 1, mx.distributed.init(strict=True) must yield exactly that many
-  MLXOPS_BACKEND      distributed backend (default "any")
-  MLXOPS_LOCAL_RANK   rank index within its host; local rank 0 writes that node's checkpoints
+  {_VAR["backend"]:<19} distributed backend (default "any")
+  {_VAR["local_rank"]:<19} rank index within its host; local rank 0 writes that node's checkpoints
                       (absent: hostnames are all-gathered, the lowest rank per host writes)
+  {_VAR["host"]:<19} the rank's host as the inventory names it (else the hostname)
   test hooks:         MLXOPS_TRAINER_CKPT_DELAY=SECONDS sleeps mid checkpoint write;
                       MLXOPS_TRAINER_FAKE_OOM=STEP (or RANK:STEP) simulates one
                       allocation failure there (on every rank, or on that one);
