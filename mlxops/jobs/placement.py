@@ -82,10 +82,10 @@ class NodePaths:
 
     @property
     def env_file(self) -> str:
-        return f"{self.root}/env.sh"
+        return f"{self.root}/{protocol.ENV_FILE}"
 
     def workdir(self) -> str:
-        return f"{self.code}/jobs/{self.name}"
+        return f"{self.code}/{protocol.job_code_path(self.name)}"
 
 
 def blas_environment(*, rank: Rank, ranks: Sequence[Rank], openblas: str | None,

@@ -98,9 +98,22 @@ def complete_checkpoints(ckpt_dir: PurePath) -> list[Path]:
     return sorted(found, key=lambda d: checkpoint_step(d.name) or 0)
 
 
-#: Under a node's ``mlxops_root``: the synced code (``PYTHONPATH``) and the jobs' run
-#: directories.
+# --- the node root ---------------------------------------------------------------------
+# Under a node's ``mlxops_root``, each written by one provision task or by launch, and
+# found by every other reader through these names.
+
+#: The synced code (``PYTHONPATH``; ``tasks/sync.py``) and the jobs' run directories.
 CODE_DIR, RUNS_DIR = "code", "runs"
+#: Under ``code/``: a job's synced ``workdir``, ``code/jobs/<name>``.
+JOB_CODE_DIR = "jobs"
+#: The managed environment every rank sources (``tasks/env.py``), mode 0600.
+ENV_FILE = "env.sh"
+#: The cluster's hostfiles, one per backend (``tasks/hostfiles.py``).
+HOSTFILES_DIR = "hostfiles"
+#: The venv ``mlxops provision`` makes (``tasks/python.py``); its interpreter, when there,
+#: wins over ``mlxops_python``.
+VENV_DIR = "venv"
+VENV_PYTHON = f"{VENV_DIR}/bin/python"
 
 #: The run's own temporary directory, ``TMPDIR`` of its ranks: the node user's, mode 0700,
 #: emptied when an attempt starts (``spawn``), removed with the run directory. A shared
@@ -124,6 +137,11 @@ START_LINE = "mlxops: started"
 def run_path(name: str) -> str:
     """``runs/<name>``: a job's run directory, relative to ``mlxops_root``."""
     return f"{RUNS_DIR}/{name}"
+
+
+def job_code_path(name: str) -> str:
+    """``jobs/<name>``: a job's synced workdir, relative to ``code/``."""
+    return f"{JOB_CODE_DIR}/{name}"
 
 
 def kernel_cache_path(run_dir: PurePath) -> Path:
