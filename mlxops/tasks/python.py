@@ -107,7 +107,7 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if action == "missing":
         return Outcome.failed(f"mlxops_python {ctx.host.python!r} not found on the node")
     have = (facts.get("python") or {}).get("mlx")
-    what = f"mlx {have or 'missing'} -> {pin} in {facts['root']}/venv"
+    what = f"mlx {have or 'missing'} -> {pin} in {facts['root']}/{VENV_DIR}"
     if ctx.check:
         return Outcome.changed(f"would install {what}")
     wheels = wheelhouse_dir(ctx.host)

@@ -64,7 +64,8 @@ def check_args(args: Mapping[str, Any]) -> None:
     if job is not None and not (isinstance(job, str) and _JOB_NAME.match(job)):
         raise ValueError(f"job: want letters, digits, '.', '_' or '-', got {job!r}")
     if workdir is not None and not job:
-        raise ValueError("job: needed with workdir (the node directory is code/jobs/<job>)")
+        raise ValueError("job: needed with workdir (the node directory is "
+                         f"{CODE_DIR}/{job_code_path('<job>')})")
 
 
 @task("sync", args=["workdir", "job"])

@@ -19,6 +19,7 @@ from mlxops.node.protocol.rankenv import (
     LAUNCHER_WORLD_SIZES,
     MLX_HOSTFILE,
     MLX_IBV_DEVICES,
+    VARIABLES,
     RankEnv,
 )
 
@@ -74,7 +75,8 @@ def init_group(expected: int, backend: str | None = None) -> mx.distributed.Grou
         group = mx.distributed.init(backend=backend)
     if group.size() != expected:
         raise DistributedError(
-            f"expected world size {expected} (MLXOPS_WORLD_SIZE / launcher environment) but "
+            f"expected world size {expected} ({VARIABLES['world_size']} / launcher "
+            "environment) but "
             f"the {backend!r} group has {group.size()} ranks"
         )
     return group
