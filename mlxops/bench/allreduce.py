@@ -28,8 +28,8 @@ from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.jobs.status import gather
 from mlxops.jobs.stop import stop_job
-from mlxops.node.benchproto import BENCH_JOB, allreduce_result
 from mlxops.node.protocol import FINISHED, RUNNING
+from mlxops.node.protocol.bench import BENCH_JOB, allreduce_result
 from mlxops.transport import Connector, run_parallel
 
 OnEvent = Callable[[str], None]

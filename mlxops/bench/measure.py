@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from mlxops.bench.results import LoopbackResult, PairResult
 from mlxops.jobs import nodecmd
 from mlxops.jobs.placement import NodePaths
-from mlxops.node import benchproto
-from mlxops.node.benchproto import BOTH, DOWN, UP, ClientAnswer, ServeAnswer
+from mlxops.node.protocol import bench as benchproto
+from mlxops.node.protocol.bench import BOTH, DOWN, UP, ClientAnswer, ServeAnswer
 from mlxops.transport import Connector, Results, run_parallel
 
 OnEvent = Callable[[str], None]

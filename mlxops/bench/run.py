@@ -28,8 +28,8 @@ from mlxops.inventory import load_inventory
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import preflight
 from mlxops.jobs.spec import JobSpec
-from mlxops.node.benchproto import BENCH_JOB
 from mlxops.node.protocol import DEFAULT_BACKEND
+from mlxops.node.protocol.bench import BENCH_JOB
 from mlxops.transport import Connector, GroupError, run_parallel
 
 OnEvent = Callable[[str], None]

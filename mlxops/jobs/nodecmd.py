@@ -37,14 +37,14 @@ def preflight_command(root: str, python: str, manifest_args: str,
     # A venv made by `mlxops provision` (<root>/venv) wins over mlxops_python.
     resolve = (
         f"mkdir -p {shell.path_word(root)} && cd {shell.path_word(root)} && pwd && "
-        "{ if [ -x venv/bin/python ]; then P=\"$PWD/venv/bin/python\"; "
+        f"{{ if [ -x {protocol.VENV_PYTHON} ]; then P=\"$PWD/{protocol.VENV_PYTHON}\"; "
         f"else P=$(command -v {shell.quote(python)}); fi; "
         '[ -n "$P" ] || exit 127; } && printf \'%s\\n\' "$P"'
     )
     ask = shell.join(["-m", "mlxops.node", *preflight_args])
     return (f"{resolve} && echo {SECTION} && \"$P\" {manifest_args} && echo && echo {SECTION}"
-            f" && {{ PYTHONPATH=code {shell.env_assignments(HELPER_ENV)} \"$P\" {ask} 2>/dev/null"
-            " || true; }")
+            f" && {{ PYTHONPATH={protocol.CODE_DIR} {shell.env_assignments(HELPER_ENV)}"
+            f" \"$P\" {ask} 2>/dev/null || true; }}")
 
 
 def parse_preflight(host: str, result: CommandResult, python: str

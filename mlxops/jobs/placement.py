@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from mlxops import render, shell
 from mlxops.node import protocol
+from mlxops.node.protocol import rankenv
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,10 @@ class NodePaths:
 
     @property
     def env_file(self) -> str:
-        return f"{self.root}/env.sh"
+        return f"{self.root}/{protocol.ENV_FILE}"
 
     def workdir(self) -> str:
-        return f"{self.code}/jobs/{self.name}"
+        return f"{self.code}/{protocol.job_code_path(self.name)}"
 
 
 def blas_environment(*, rank: Rank, ranks: Sequence[Rank], openblas: str | None,
@@ -123,27 +124,21 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
     env.update(job_env)
     world = len(ranks)
     if backend == protocol.MPI:
-        for name in ("MLX_RANK", "MLX_HOSTFILE"):
+        for name in (rankenv.MLX_RANK, rankenv.MLX_HOSTFILE):
             env.pop(name, None)
         env.update(mpi_env or {})
     else:
-        env["MLX_RANK"] = str(rank.rank)
-    env.update({
-        "MLXOPS_WORLD_SIZE": str(world),
-        "MLXOPS_LOCAL_RANK": str(rank.local_rank),
-        "MLXOPS_BACKEND": backend,
-        "MLXOPS_RUN_DIR": paths.run_dir,
-        "MLXOPS_RESUME": "1" if resume else "0",
-        "MLXOPS_HOST": rank.host,
-    })
+        env[rankenv.MLX_RANK] = str(rank.rank)
+    env.update(rankenv.RankEnv(world_size=world, local_rank=rank.local_rank, backend=backend,
+                               run_dir=paths.run_dir, resume=resume, host=rank.host).to_env())
     if world > 1:
         if backend == protocol.RING:
-            env["MLX_HOSTFILE"] = paths.run_file(protocol.RING_HOSTFILE)
+            env[rankenv.MLX_HOSTFILE] = paths.run_file(protocol.RING_HOSTFILE)
         elif backend in protocol.JACCL_BACKENDS:
-            env["MLX_JACCL_COORDINATOR"] = f"{ranks[0].ip}:{ranks[0].port}"
-            env["MLX_IBV_DEVICES"] = paths.run_file(protocol.IBV_DEVICES)
+            env[rankenv.MLX_JACCL_COORDINATOR] = f"{ranks[0].ip}:{ranks[0].port}"
+            env[rankenv.MLX_IBV_DEVICES] = paths.run_file(protocol.IBV_DEVICES)
             if backend == protocol.JACCL_RING:
-                env["MLX_JACCL_RING"] = "1"
+                env[rankenv.MLX_JACCL_RING] = "1"
     return env
 
 

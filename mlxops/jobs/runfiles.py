@@ -23,6 +23,7 @@ from mlxops.jobs.placement import (
 from mlxops.jobs.preflight import HostPrep
 from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_config
 from mlxops.node import protocol
+from mlxops.node.protocol import rankenv
 
 
 def mpi_environment(launcher: protocol.PreflightAnswer) -> dict[str, str]:
@@ -31,7 +32,7 @@ def mpi_environment(launcher: protocol.PreflightAnswer) -> dict[str, str]:
     ``lib`` beside mpirun's ``bin``) when a libmpi was found."""
     if not launcher.mpi_libname:
         return {}
-    env = {"MLX_MPI_LIBNAME": launcher.mpi_libname}
+    env = {rankenv.MLX_MPI_LIBNAME: launcher.mpi_libname}
     if launcher.system == "Darwin" and launcher.mpirun:
         env["DYLD_LIBRARY_PATH"] = str(PurePosixPath(launcher.mpirun).parent.parent / "lib")
     return env

@@ -101,6 +101,17 @@ class Failure:
 
 
 @dataclass
+class LauncherStatus:
+    """An mpi job's launcher (mpirun on its first host), classified like a rank."""
+
+    host: str
+    state: str                       # a rank state (UNREACHABLE: its host did not answer)
+    pid: int | None = None
+    exit: int | None = None
+    age: float | None = None         # seconds since it started (node clock), when known
+
+
+@dataclass
 class JobStatus:
     name: str
     state: str
@@ -110,7 +121,7 @@ class JobStatus:
     unreachable: dict[str, str] = field(default_factory=dict)   # host -> reason
     steps: int | None = None
     message: str = ""
-    launcher: dict[str, Any] | None = None   # mpi: {"host", "state", "pid", "exit"}
+    launcher: LauncherStatus | None = None   # mpi only
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
 
     @property
@@ -123,13 +134,13 @@ class JobStatus:
     def problem(self) -> str | None:
         """Why the watchdog should restart, or None."""
         failed = [r for r in self.ranks if r.state == FAILED]
-        launcher = self.launcher or {}
-        if launcher.get("state") == FAILED and self.state == FAILED and \
+        launcher = self.launcher
+        if launcher and launcher.state == FAILED and self.state == FAILED and \
                 not any(r.pid is not None for r in failed):
             # mpirun itself failed (e.g. could not reach a node): no rank to blame.
-            how = (f"exited with code {launcher['exit']}" if launcher.get("exit") is not None
+            how = (f"exited with code {launcher.exit}" if launcher.exit is not None
                    else "vanished")
-            return (f"mpirun on {launcher['host']} {how} "
+            return (f"mpirun on {launcher.host} {how} "
                     "(see launcher.log in the job's run directory there)")
         if failed:
             # When one rank dies its peers fail too (their all-reduce breaks, or mpirun kills
@@ -175,7 +186,7 @@ class JobStatus:
                "ranks": [asdict(r) for r in self.ranks],
                "failures": [f.to_dict() for f in self.failures]}
         if self.launcher is not None:
-            doc["launcher"] = self.launcher
+            doc["launcher"] = asdict(self.launcher)
         if self.stray:
             doc["stray"] = self.stray
         return doc
@@ -237,28 +248,28 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
                            stopped=answer.stopped or record.state == STOPPED,
                            stall_timeout=record.restart.stall_timeout)
         age = mine.heartbeat_age
-        if (launcher and launcher["state"] in (RUNNING, STALLED) and mine.pid is None
+        if (launcher and launcher.state in (RUNNING, STALLED) and mine.pid is None
                 and mine.exit is None and state in (FAILED, STOPPED)):
             # Not started yet: mpirun is still bringing it up (ssh, orted) - or hangs at it.
-            state, age = launcher["state"], launcher["age"]
+            state, age = launcher.state, launcher.age
         ranks.append(RankStatus(
             rank.rank, rank.host, state, mine.pid, mine.exit, progress.step, progress.loss,
             progress.tokens_per_sec, age, mine.ended_ago, mine.failure))
     return JobStatus(record.name,
-                     job_state(record, ranks, launcher["state"] if launcher else None),
+                     job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
                      record.message, launcher, [h.name for h in record.stray])
 
 
 def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
-              ) -> dict[str, Any] | None:
+              ) -> LauncherStatus | None:
     """An mpi job's launcher (mpirun on the first host), classified like a rank."""
     if record.backend != protocol.MPI or not record.ranks:
         return None
     host = record.ranks[0].host
     answer = answers.get(host)
     if answer is None:
-        return {"host": host, "state": UNREACHABLE, "pid": None, "exit": None}
+        return LauncherStatus(host, UNREACHABLE)
     mine = answer.launcher or protocol.LauncherAnswer(pid=None, alive=False, exit=None,
                                                       started=None, age=None, ended_ago=None)
     # Its "heartbeat" is its start: it only matters while it has not started every rank.
@@ -268,7 +279,7 @@ def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
     if state == FAILED and mine.exit is None and all(
             r.exit == 0 for a in answers.values() for r in a.ranks):
         state = FINISHED  # every rank finished; how mpirun ended does not matter
-    return {"host": host, "state": state, "pid": mine.pid, "exit": mine.exit, "age": mine.age}
+    return LauncherStatus(host, state, mine.pid, mine.exit, mine.age)
 
 
 def gather(record: JobRecord, connector: Connector, forks: int | None = None,

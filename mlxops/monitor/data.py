@@ -19,10 +19,8 @@ from mlxops.jobs.record import JobRecord, load_record
 from mlxops.monitor import alerts, files
 from mlxops.monitor.files import METRICS, SAMPLES, JsonlTail, MirrorState
 from mlxops.node.protocol import ENDED_STATES
+from mlxops.node.protocol.metrics import SERIES, MetricsLine, read_lines
 
-#: The metrics.jsonl fields the document keeps as columns (docs/trainer.md).
-METRIC_FIELDS = ("step", "time", "loss", "tokens_per_sec", "step_time", "compute_time",
-                 "comm_time", "active_memory", "peak_memory", "world_size")
 SPLIT_LINES = 20   # the compute / all-reduce split is of the last lines: how the run goes now
 
 
@@ -31,7 +29,7 @@ class Mirror:
     """A job's mirror as read now."""
 
     record: JobRecord
-    metrics: list[dict[str, Any]]
+    metrics: list[MetricsLine]
     samples: list[dict[str, Any]]
     state: MirrorState
 
@@ -42,7 +40,7 @@ class MirrorReader:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._metrics = JsonlTail(files.path(name, METRICS))
+        self._metrics = JsonlTail(files.path(name, METRICS), read_lines)
         self._samples = JsonlTail(files.path(name, SAMPLES))
 
     def read(self) -> Mirror:
@@ -54,8 +52,8 @@ class MirrorReader:
         return Mirror(record, self._metrics.read(), self._samples.read(), state)
 
 
-def columns(lines: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, list[Any]]:
-    return {n: [line.get(n) for line in lines] for n in names}
+def columns(lines: Sequence[MetricsLine], names: Sequence[str]) -> dict[str, list[Any]]:
+    return {n: [getattr(line, n) for line in lines] for n in names}
 
 
 def decimate(cols: dict[str, list[Any]], points: int | None) -> dict[str, list[Any]]:
@@ -80,14 +78,12 @@ def _state(record: JobRecord, last: dict[str, Any] | None) -> str:
     return last.get("state") or record.state
 
 
-def restarts(record: JobRecord, metrics: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def restarts(record: JobRecord, metrics: Sequence[MetricsLine]) -> list[dict[str, Any]]:
     """The record's restarts, each with the last step logged before it (its place on the
     curves; None before the first line)."""
     out = []
     for r in record.restarts:
-        before = [m["step"] for m in metrics
-                  if isinstance(m.get("time"), (int, float)) and m["time"] <= r.time
-                  and isinstance(m.get("step"), int)]
+        before = [m.step for m in metrics if m.time <= r.time]
         out.append({**asdict(r), "step": max(before, default=None)})
     return out
 
@@ -140,17 +136,17 @@ def _nodes(record: JobRecord, samples: Sequence[dict[str, Any]]) -> list[dict[st
     return out
 
 
-def summary(record: JobRecord, metrics: Sequence[dict[str, Any]],
+def summary(record: JobRecord, metrics: Sequence[MetricsLine],
             last: dict[str, Any] | None) -> dict[str, Any]:
-    losses = _numbers([m.get("loss") for m in metrics])
-    tps = _numbers([m.get("tokens_per_sec") for m in metrics])
+    losses = [m.loss for m in metrics]
+    tps = [m.tokens_per_sec for m in metrics]
     recent = metrics[-SPLIT_LINES:]
-    compute = sum(_numbers([m.get("compute_time") for m in recent]))
-    comm = sum(_numbers([m.get("comm_time") for m in recent]))
-    times = _numbers([m.get("time") for m in metrics] + [(last or {}).get("time")])
+    compute = sum(m.compute_time for m in recent)
+    comm = sum(m.comm_time for m in recent)
+    times = _numbers([m.time for m in metrics] + [(last or {}).get("time")])
     step = (last or {}).get("step")
     if step is None and metrics:
-        step = metrics[-1].get("step")
+        step = metrics[-1].step
     return {
         "step": step, "steps": record.steps,
         "loss_first": losses[0] if losses else None,
@@ -161,7 +157,7 @@ def summary(record: JobRecord, metrics: Sequence[dict[str, Any]],
         "compute_time": compute / len(recent) if recent else None,
         "comm_time": comm / len(recent) if recent else None,
         "compute_share": compute / (compute + comm) if compute + comm > 0 else None,
-        "peak_memory": max(_numbers([m.get("peak_memory") for m in metrics]), default=None),
+        "peak_memory": max((m.peak_memory for m in metrics), default=None),
         "elapsed": max(times) - record.created if times else None,
         "restarts": len(record.restarts),
     }
@@ -187,7 +183,7 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
     record, metrics, samples = mirror.record, mirror.metrics, mirror.samples
     last = samples[-1] if samples else None
     limits = alerts.thresholds(record.job)
-    cols = columns(metrics, METRIC_FIELDS)
+    cols = columns(metrics, SERIES)
     ranks = _ranks(samples)
     nodes = _nodes(record, samples)
     if points:

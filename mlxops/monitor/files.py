@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -94,13 +95,15 @@ class JsonlTail:
     """The lines of a JSONL file, read incrementally: only what was appended since the last
     read is parsed; a file replaced (another inode) or shorter is read again from 0."""
 
-    def __init__(self, target: Path) -> None:
+    def __init__(self, target: Path,
+                 parse: Callable[[str], list[Any]] = parse_lines) -> None:
         self.path = target
-        self.lines: list[dict[str, Any]] = []
+        self.parse = parse       # complete lines -> their records
+        self.lines: list[Any] = []
         self._offset = 0
         self._inode: int | None = None
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[Any]:
         try:
             handle = open(self.path, "rb")
         except OSError:
@@ -114,6 +117,6 @@ class JsonlTail:
             data = handle.read()
         end = data.rfind(b"\n") + 1
         if end:
-            self.lines = self.lines + parse_lines(data[:end].decode(errors="replace"))
+            self.lines = self.lines + self.parse(data[:end].decode(errors="replace"))
             self._offset += end
         return self.lines

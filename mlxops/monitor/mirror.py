@@ -30,6 +30,7 @@ from mlxops.monitor import files
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES
+from mlxops.node.protocol.metrics import step_of
 from mlxops.transport import Connector, Results, run_parallel
 
 INTERVAL = 5.0                 # seconds between the watchdog's feeds (a problem feeds at once)
@@ -48,9 +49,9 @@ def merge_reset(kept: str, fresh: str) -> str:
     lines before the first step of ``fresh`` (none when ``fresh`` starts at the first
     step), then ``fresh``."""
     new = files.parse_lines(fresh)
-    if not new or not isinstance(new[0].get("step"), int):
+    first = step_of(new[0]) if new else None
+    if first is None:
         return kept if not fresh.strip() else fresh
-    first = new[0]["step"]
     before = [line for line in kept.splitlines(keepends=True)
               if _step(line) is not None and _step(line) < first]
     return "".join(before) + fresh
@@ -58,10 +59,10 @@ def merge_reset(kept: str, fresh: str) -> str:
 
 def _step(line: str) -> int | None:
     try:
-        step = json.loads(line).get("step")
-    except (ValueError, AttributeError):
+        doc = json.loads(line)
+    except ValueError:
         return None
-    return step if isinstance(step, int) else None
+    return step_of(doc) if isinstance(doc, dict) else None
 
 
 def thin(target: Path, max_bytes: int = SAMPLES_MAX_BYTES) -> bool:

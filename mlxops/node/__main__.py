@@ -10,10 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from mlxops.node import benchproto, protocol
+from mlxops.node import protocol
 from mlxops.node.logs import read_logs
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
+from mlxops.node.protocol import bench as benchproto
 from mlxops.node.reach import reach
 from mlxops.node.ready import ready
 from mlxops.node.rundir import keep_checkpoints_up_to
@@ -55,7 +56,7 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
 
 
 def bench_answer(args: argparse.Namespace) -> protocol.Answer:
-    """The bench's commands (``mlxops.node.benchproto``)."""
+    """The bench's commands (``mlxops.node.protocol.bench``)."""
     from mlxops.node import netclient, netserver  # only the bench needs them
 
     try:

@@ -26,7 +26,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxops.node import protocol
-from mlxops.node.benchproto import allreduce_result
+from mlxops.node.protocol.bench import allreduce_result
+from mlxops.node.protocol.rankenv import RankEnv
 
 SECOND_WARMUP_BELOW = 1.0   # seconds: a size whose first call took less gets a second one
 BEAT_EVERY = 5.0            # seconds between heartbeats during a size's timed calls
@@ -95,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-iters", type=int, default=3)
     p.add_argument("--max-iters", type=int, default=200)
     args = p.parse_args(argv)
-    world = int(os.environ.get("MLXOPS_WORLD_SIZE") or 1)
-    backend = os.environ.get("MLXOPS_BACKEND") or "any"
-    run_dir = Path(os.environ.get("MLXOPS_RUN_DIR") or ".")
+    env = RankEnv.from_env()
+    world = env.world_size or 1
+    backend = env.backend or "any"
+    run_dir = Path(env.run_dir or ".")
     group = mx.distributed.init(strict=world > 1, backend=backend)
     if group.size() != world:
         sys.exit(f"expected {world} ranks, the {backend} group has {group.size()}")

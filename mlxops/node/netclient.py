@@ -20,19 +20,6 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from mlxops.node.benchproto import (
-    BOTH,
-    DOWN,
-    IPERF3_TOOL,
-    LATENCY_BYTES,
-    LATENCY_ROUNDS,
-    LATENCY_WARMUP,
-    MLXOPS_TOOL,
-    UP,
-    ClientAnswer,
-    LatencyAnswer,
-    RunAnswer,
-)
 from mlxops.node.netserver import find_iperf3
 from mlxops.node.netwire import (
     Streams,
@@ -44,6 +31,19 @@ from mlxops.node.netwire import (
     recv_exact,
     send_line,
     window,
+)
+from mlxops.node.protocol.bench import (
+    BOTH,
+    DOWN,
+    IPERF3_TOOL,
+    LATENCY_BYTES,
+    LATENCY_ROUNDS,
+    LATENCY_WARMUP,
+    MLXOPS_TOOL,
+    UP,
+    ClientAnswer,
+    LatencyAnswer,
+    RunAnswer,
 )
 
 START_TIMEOUT = 15.0       # the server's "ok" and "go"

@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlxops.node.benchproto import (
+from mlxops.node.netwire import Streams, WireError, read_line, recv_exact, send_line, window
+from mlxops.node.procs import group_alive, process_table
+from mlxops.node.protocol.bench import (
     BOTH,
     DOWN,
     MODES,
@@ -40,8 +42,6 @@ from mlxops.node.benchproto import (
     ServeAnswer,
     StopServerAnswer,
 )
-from mlxops.node.netwire import Streams, WireError, read_line, recv_exact, send_line, window
-from mlxops.node.procs import group_alive, process_table
 from mlxops.node.rundir import read_int
 
 ACCEPT_POLL = 0.5

@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlxops import render
+from mlxops.node.protocol.layout import ENV_FILE
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.files import ensure_file
-
-ENV_FILE = "env.sh"
 
 
 def env_path(host: Any) -> str:

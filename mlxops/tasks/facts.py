@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import shell
+from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
 from mlxops.tasks.base import Outcome, TaskContext, task
 
@@ -44,7 +45,8 @@ PROBE = (
     "print(json.dumps({'version': v, 'mlx': m}))\n"
 )
 
-# The constant part of the script. `$py` and `$root` are set before it from quoted values.
+# The constant part of the script. `$py`, `$root` and `$venv` are set before it from quoted
+# values.
 _BODY = r"""
 probe() { p=$(command -v "$1" 2>/dev/null) || return 0
   case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
@@ -52,7 +54,7 @@ probe() { p=$(command -v "$1" 2>/dev/null) || return 0
 echo '@@mlxops:uname'; uname -s; uname -m; uname -n
 echo '@@mlxops:home'; printf '%s\n' "$HOME"
 echo '@@mlxops:python'; probe "$py"
-echo '@@mlxops:venv'; [ -x "$root/venv/bin/python" ] && probe "$root/venv/bin/python"
+echo '@@mlxops:venv'; [ -x "$root/$venv" ] && probe "$root/$venv"
 echo '@@mlxops:df'; df -Pk "$HOME" 2>/dev/null
 if [ "$(uname -s)" = Darwin ]; then
   echo '@@mlxops:sw_vers'; sw_vers 2>/dev/null
@@ -75,6 +77,7 @@ def facts_script(python: str, root: str) -> str:
     """The one command that gathers every fact (``python``: mlxops_python, ``root``: the
     node path mlxops_root, ``~/`` kept for the node to expand)."""
     return (f"py={shell.quote(python)}; root={shell.path_word(root)}; "
+            f"venv={shell.quote(VENV_PYTHON)}; "
             f"PROBE={shell.quote(PROBE)}\n" + _BODY)
 
 

@@ -15,11 +15,11 @@ from typing import Any
 from mlxops import render
 from mlxops.errors import UserError
 from mlxops.node.protocol import JACCL, JACCL_BACKENDS, JACCL_RING, MPI, RING
+from mlxops.node.protocol.layout import HOSTFILES_DIR
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.files import ensure_file
 from mlxops.transport.results import CHANGED, FAILED
 
-HOSTFILES_DIR = "hostfiles"
 FILE_NAMES = {RING: "ring.json", MPI: "mpi.txt", JACCL: "jaccl.json",
               JACCL_RING: "jaccl-ring.json"}
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import archive, shell
+from mlxops.node.protocol.layout import VENV_DIR, VENV_PYTHON
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.facts import PROBE, parse_probe
 
@@ -59,14 +60,14 @@ def install_command(facts: Mapping[str, Any], pin: str, packages: Sequence[str],
     """Make ``<root>/venv`` (unless it is there) and pip-install the pin into it, then
     probe it. ``wheelhouse``: a node directory to install from offline."""
     root = facts["root"]
-    venv_python = f"{root}/venv/bin/python"
+    venv_python = f"{root}/{VENV_PYTHON}"
     base = (facts.get("python") or {}).get("path") or venv_python
     pip = [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if wheelhouse:
         pip += ["--no-index", "--find-links", wheelhouse]
     pip += [requirement(facts.get("system"), pin), *packages]
     make_venv = (f"{{ test -x {shell.quote(venv_python)} || "
-                 f"{shell.join([base, '-m', 'venv', f'{root}/venv'])}; }}")
+                 f"{shell.join([base, '-m', 'venv', f'{root}/{VENV_DIR}'])}; }}")
     return shell.and_then([
         shell.join(["mkdir", "-p", root]),
         make_venv,
@@ -106,7 +107,7 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if action == "missing":
         return Outcome.failed(f"mlxops_python {ctx.host.python!r} not found on the node")
     have = (facts.get("python") or {}).get("mlx")
-    what = f"mlx {have or 'missing'} -> {pin} in {facts['root']}/venv"
+    what = f"mlx {have or 'missing'} -> {pin} in {facts['root']}/{VENV_DIR}"
     if ctx.check:
         return Outcome.changed(f"would install {what}")
     wheels = wheelhouse_dir(ctx.host)

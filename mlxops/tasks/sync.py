@@ -17,10 +17,10 @@ from typing import Any
 
 from mlxops import paths
 from mlxops.ignore import Ignore
+from mlxops.node.protocol.layout import CODE_DIR, job_code_path
 from mlxops.sync import DEFAULT_EXCLUDES, SyncError, collect, sync_files
 from mlxops.tasks.base import Outcome, TaskContext, task
 
-CODE_DIR = "code"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -45,7 +45,7 @@ def bundle(workdir: Path | None = None, job: str | None = None
     if workdir is not None:
         if not job or not _JOB_NAME.match(job):
             raise ValueError(f"job name {job!r}: want letters, digits, '.', '_' or '-'")
-        prefix = f"jobs/{job}"
+        prefix = job_code_path(job)
         job_files, job_ignore = collect(Path(workdir), DEFAULT_EXCLUDES, prefix=prefix)
         files.update(job_files)
         ignore.extend(job_ignore)
@@ -64,7 +64,8 @@ def check_args(args: Mapping[str, Any]) -> None:
     if job is not None and not (isinstance(job, str) and _JOB_NAME.match(job)):
         raise ValueError(f"job: want letters, digits, '.', '_' or '-', got {job!r}")
     if workdir is not None and not job:
-        raise ValueError("job: needed with workdir (the node directory is code/jobs/<job>)")
+        raise ValueError("job: needed with workdir (the node directory is "
+                         f"{CODE_DIR}/{job_code_path('<job>')})")
 
 
 @task("sync", args=["workdir", "job"])

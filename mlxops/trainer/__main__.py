@@ -4,27 +4,34 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
+
+from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
+from mlxops.node.protocol.rankenv import VARIABLES as _VAR
 
 from .config import ConfigError, describe_options, load_config
+
+_METRICS_FIELDS = textwrap.fill(", ".join(METRICS_FIELDS), width=90,
+                                initial_indent=" " * 27, subsequent_indent=" " * 27)
 
 EPILOG = f"""\
 config keys (section.key, default, meaning); the file is JSON, or YAML if PyYAML is installed:
 {describe_options()}
 
 files under out:
-  metrics.jsonl            rank 0: one JSON object per logged step (step, loss, tokens_per_sec,
-                           time, step_time, compute_time, comm_time, memory, world_size,
-                           consistency_repairs, ...)
+  metrics.jsonl            rank 0: one JSON object per logged step, with
+{_METRICS_FIELDS}
   progress/rank-<r>.json   every rank, after a step at most every 0.5 s (running|finished)
   calibration.json         train.balance auto: the samples/s it measured and the split taken
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
 
 environment:
-  MLXOPS_WORLD_SIZE   expected number of ranks (else derived from mlx.launch's variables);
+  {_VAR["world_size"]:<19} expected number of ranks (else derived from mlx.launch's variables);
                       above 1, mx.distributed.init(strict=True) must yield exactly that many
-  MLXOPS_BACKEND      distributed backend (default "any")
-  MLXOPS_LOCAL_RANK   rank index within its host; local rank 0 writes that node's checkpoints
+  {_VAR["backend"]:<19} distributed backend (default "any")
+  {_VAR["local_rank"]:<19} rank index within its host; local rank 0 writes that node's checkpoints
                       (absent: hostnames are all-gathered, the lowest rank per host writes)
+  {_VAR["host"]:<19} the rank's host as the inventory names it (else the hostname)
   test hooks:         MLXOPS_TRAINER_CKPT_DELAY=SECONDS sleeps mid checkpoint write;
                       MLXOPS_TRAINER_FAKE_OOM=STEP (or RANK:STEP) simulates one
                       allocation failure there (on every rank, or on that one);

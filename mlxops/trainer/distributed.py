@@ -15,6 +15,14 @@ import zlib
 
 import mlx.core as mx
 
+from mlxops.node.protocol.rankenv import (
+    LAUNCHER_WORLD_SIZES,
+    MLX_HOSTFILE,
+    MLX_IBV_DEVICES,
+    VARIABLES,
+    RankEnv,
+)
+
 
 class DistributedError(RuntimeError):
     """The group did not come up as expected. Exit code 1."""
@@ -29,9 +37,10 @@ def expected_world_size(env: dict[str, str] | None = None) -> int:
     ``OMPI_COMM_WORLD_SIZE``. Nothing set means a single process.
     """
     env = dict(os.environ) if env is None else env
-    if env.get("MLXOPS_WORLD_SIZE"):
-        return int(env["MLXOPS_WORLD_SIZE"])
-    for var in ("MLX_HOSTFILE", "MLX_IBV_DEVICES"):
+    mine = RankEnv.from_env(env).world_size
+    if mine is not None:
+        return mine
+    for var in (MLX_HOSTFILE, MLX_IBV_DEVICES):
         path = env.get(var)
         if path:
             try:
@@ -47,14 +56,14 @@ def expected_world_size(env: dict[str, str] | None = None) -> int:
                 continue
             if isinstance(hosts, list):
                 return max(1, len(hosts))
-    for var in ("MLX_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+    for var in LAUNCHER_WORLD_SIZES:
         if env.get(var):
             return int(env[var])
     return 1
 
 
 def init_group(expected: int, backend: str | None = None) -> mx.distributed.Group:
-    backend = backend or os.environ.get("MLXOPS_BACKEND") or "any"
+    backend = backend or RankEnv.from_env().backend or "any"
     if expected > 1:
         try:
             group = mx.distributed.init(strict=True, backend=backend)
@@ -66,7 +75,8 @@ def init_group(expected: int, backend: str | None = None) -> mx.distributed.Grou
         group = mx.distributed.init(backend=backend)
     if group.size() != expected:
         raise DistributedError(
-            f"expected world size {expected} (MLXOPS_WORLD_SIZE / launcher environment) but "
+            f"expected world size {expected} ({VARIABLES['world_size']} / launcher "
+            "environment) but "
             f"the {backend!r} group has {group.size()} ranks"
         )
     return group
@@ -78,9 +88,9 @@ def is_node_writer(group: mx.distributed.Group) -> bool:
     mlxops exports ``MLXOPS_LOCAL_RANK`` (rank index within its host). Otherwise the
     hostnames are all-gathered and the lowest rank of each host writes.
     """
-    local = os.environ.get("MLXOPS_LOCAL_RANK")
-    if local is not None and local != "":
-        return int(local) == 0
+    local = RankEnv.from_env().local_rank
+    if local is not None:
+        return local == 0
     if group.size() == 1:
         return True
     h = zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
@@ -98,7 +108,7 @@ def all_gather_cpu(x: mx.array, group: mx.distributed.Group) -> mx.array:
 def host_names(group: mx.distributed.Group) -> list[str]:
     """Every rank's host, in rank order: ``MLXOPS_HOST`` (the inventory name mlxops gives
     each rank), else the machine's hostname; at most 64 bytes each."""
-    name = (os.environ.get("MLXOPS_HOST") or socket.gethostname()).encode()[:64]
+    name = (RankEnv.from_env().host or socket.gethostname()).encode()[:64]
     row = mx.array(list(name.ljust(64, b"\0")), dtype=mx.uint8)[None]
     rows = all_gather_cpu(row, group).tolist()
     return [bytes(r).rstrip(b"\0").decode(errors="replace") for r in rows]

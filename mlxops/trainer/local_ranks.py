@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from mlxops.node.protocol.rankenv import MLX_HOSTFILE, MLX_RANK
+
 #: How long the other ranks get to print their last lines after one has failed, before
 #: they are killed (a rank whose peer died waits in a collective forever).
 FAILURE_GRACE = 2.0
@@ -61,7 +63,7 @@ def run_ranks(cmd: Sequence[str], ranks: int, *, env: Mapping[str, str] | None =
             out = open(tmp / f"rank-{rank}.out", "w+")  # noqa: SIM115 - closed below
             err = open(tmp / f"rank-{rank}.err", "w+")  # noqa: SIM115
             files += [out, err]
-            rank_env = {**base, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+            rank_env = {**base, MLX_RANK: str(rank), MLX_HOSTFILE: str(hostfile)}
             procs.append(subprocess.Popen(
                 list(cmd), cwd=cwd, env=rank_env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=err, start_new_session=True))

@@ -13,6 +13,7 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
+from mlxops.node.protocol.metrics import MetricsLine, step_of
 
 from . import balance, checkpoint, consistency, hooks
 from .checkpoint import write_atomic
@@ -173,7 +174,7 @@ class Trainer:
         if not path.exists():
             return
         kept = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+                if line.strip() and (step_of(json.loads(line)) or 0) <= step]
         write_atomic(path, "".join(line + "\n" for line in kept))
 
     def _recorded_speeds(self, state: dict[str, Any]) -> None:
@@ -355,19 +356,18 @@ class Trainer:
         split = [w for w in window if w[1] is not None]
         share = sum(w[1] for w in split) / sum(w[0] for w in split)
         compute, comm = step_time * share, step_time * (1 - share)
-        rec = {
-            "step": self.step, "loss": loss, "tokens_per_sec": tokens_per_step / step_time,
-            "time": time.time(), "step_time": step_time, "compute_time": compute,
-            "comm_time": comm, "world_size": self.world, "micro_batch": self.micro,
-            "accumulation": self.accum, "lr": self.optimizer.learning_rate.item(),
-            "active_memory": mx.get_active_memory(), "peak_memory": mx.get_peak_memory(),
-            "consistency_repairs": self.repairs, "batch_split": self.counts,
-        }
+        rec = MetricsLine(
+            step=self.step, loss=loss, tokens_per_sec=tokens_per_step / step_time,
+            time=time.time(), step_time=step_time, compute_time=compute, comm_time=comm,
+            world_size=self.world, micro_batch=self.micro, accumulation=self.accum,
+            lr=self.optimizer.learning_rate.item(), active_memory=mx.get_active_memory(),
+            peak_memory=mx.get_peak_memory(), consistency_repairs=self.repairs,
+            batch_split=self.counts)
         with open(self.out / protocol.METRICS, "a") as f:
-            f.write(json.dumps(rec) + "\n")
-        print(f"step {self.step} | loss {loss:.4f} | {rec['tokens_per_sec']:.0f} tok/s | "
+            f.write(rec.line())
+        print(f"step {self.step} | loss {loss:.4f} | {rec.tokens_per_sec:.0f} tok/s | "
               f"{step_time * 1e3:.1f} ms/step (compute {compute * 1e3:.1f}, all-reduce+update "
-              f"{comm * 1e3:.1f}) | peak mem {rec['peak_memory'] / GB:.2f} GB", flush=True)
+              f"{comm * 1e3:.1f}) | peak mem {rec.peak_memory / GB:.2f} GB", flush=True)
 
     def _checkpoint(self) -> None:
         if not self.writer:

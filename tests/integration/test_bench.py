@@ -23,7 +23,7 @@ import pytest
 import yaml
 from cli_helpers import mlxops
 
-from mlxops.node.benchproto import BENCH_JOB
+from mlxops.node.protocol.bench import BENCH_JOB
 
 pytestmark = pytest.mark.skipif(not shutil.which("iperf3"), reason="iperf3 not installed "
                                 "(apt-get install iperf3; make test does as root)")

@@ -115,7 +115,7 @@ def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
     final = supervise(record, connector, on_event=print)
     assert final.state == "finished", (final.to_dict(), logs(record, connector))
     assert all(r.state == "finished" and r.step == 16 for r in final.ranks)
-    assert final.launcher and final.launcher["exit"] == 0
+    assert final.launcher and final.launcher.exit == 0
     # Each rank records its own pid (mpirun started it) and logs to its own file.
     for rank, node in ((1, "node2"), (2, "node2"), (3, "node3")):
         assert (run_dir(sandbox, node, "m-mpi") / f"rank-{rank}.pid").exists()

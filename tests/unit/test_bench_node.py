@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from mlxops.node import benchproto, protocol
-from mlxops.node.benchproto import BOTH, DOWN, UP
+from mlxops.node import protocol
 from mlxops.node.netclient import bandwidth_run, iperf3_argv, iperf3_result, measure_latency
 from mlxops.node.netserver import Server, listen
 from mlxops.node.netwire import nearest_rank
 from mlxops.node.procs import group_alive
+from mlxops.node.protocol import bench as benchproto
+from mlxops.node.protocol.bench import BOTH, DOWN, UP
 
 ROOT = Path(__file__).resolve().parents[2]
 

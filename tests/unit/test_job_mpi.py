@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from mlxops.jobs.placement import (
 )
 from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import RestartPolicy
-from mlxops.jobs.status import classify
+from mlxops.jobs.status import LauncherStatus, classify
 
 CASE = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_launch.yml").read_text())
 
@@ -106,6 +107,8 @@ def test_classify_an_mpi_job_with_its_launcher(name, tmp_path):
     assert status.state == case["job"]
     assert status.problem == case["problem"]
     assert status.to_dict()["launcher"]["host"] == "a"
+    # The launcher's status says the same fields whatever its state (docs/formats.md).
+    assert set(status.to_dict()["launcher"]) == {f.name for f in fields(LauncherStatus)}
 
 
 def test_preflight_wants_mpirun_on_the_first_host_and_at_the_same_path_everywhere():

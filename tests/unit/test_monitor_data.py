@@ -59,10 +59,11 @@ def test_the_reader_parses_only_what_was_added(tmp_path, monkeypatch):
     reader = recorded(tmp_path, monkeypatch, "running")
     first = reader.read()
     path = tmp_path / "home" / "jobs" / "tiny-lm" / "metrics.jsonl"
+    recorded_line = json.loads(path.read_text().splitlines()[-1])
     with open(path, "a") as f:
-        f.write(json.dumps({"step": 999, "loss": 0.5}) + "\n" + '{"step": 10')
+        f.write(json.dumps({**recorded_line, "step": 999}) + "\n" + '{"step": 10')
     again = reader.read()
-    assert len(again.metrics) == len(first.metrics) + 1 and again.metrics[-1]["step"] == 999
+    assert len(again.metrics) == len(first.metrics) + 1 and again.metrics[-1].step == 999
     assert len(first.metrics) == 48   # what was read before is left as it was
 
 

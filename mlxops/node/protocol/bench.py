@@ -2,7 +2,7 @@
 
 Standard library only, synced with the rest of ``mlxops/node``. :mod:`mlxops.node.protocol`
 parses these commands and reads their answers (its ``parser()`` and ``parse_answer``); this
-module only keeps the bench's names, argument lists and answers out of its way. For people:
+module keeps the bench's names, argument lists and answers out of its way. For people:
 docs/node-protocol.md, "Bench commands".
 
 * ``bench-serve`` starts the measuring server detached: latency echo and bandwidth streams on
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxops.node.protocol import _Answer
+from mlxops.node.protocol.decode import Record
 
 #: The internal job of the all-reduce sweep; its run directory holds the server's files too.
 BENCH_JOB = "mlxops-bench"
@@ -98,7 +98,7 @@ def add_parsers(sub: Any) -> None:
 
 
 @dataclass
-class ServeAnswer(_Answer):
+class ServeAnswer(Record):
     pid: int                             # the server (a process group leader)
     port: int
     iperf3: str | None = None            # iperf3's path when the node has it
@@ -106,7 +106,7 @@ class ServeAnswer(_Answer):
 
 
 @dataclass
-class LatencyAnswer(_Answer):
+class LatencyAnswer(Record):
     """Round-trip times in microseconds: nearest-rank percentiles of ``count`` samples."""
 
     count: int
@@ -118,7 +118,7 @@ class LatencyAnswer(_Answer):
 
 
 @dataclass
-class RunAnswer(_Answer):
+class RunAnswer(Record):
     """One bandwidth run. Gbit/s are decimal (1e9 bit/s), each counted by its receiver
     over the receiver's own window (the first ``omit`` seconds left out)."""
 
@@ -131,26 +131,19 @@ class RunAnswer(_Answer):
 
 
 @dataclass
-class ClientAnswer(_Answer):
+class ClientAnswer(Record):
     latency: LatencyAnswer | None
     runs: list[RunAnswer] = field(default_factory=list)
 
-    @classmethod
-    def from_dict(cls, doc: Any) -> ClientAnswer:
-        got = cls._fields(doc)
-        got["latency"] = None if got["latency"] is None else LatencyAnswer.from_dict(
-            got["latency"])
-        got["runs"] = [RunAnswer.from_dict(r) for r in got.get("runs", [])]
-        return cls(**got)
 
 
 @dataclass
-class StopServerAnswer(_Answer):
+class StopServerAnswer(Record):
     pid: int | None                      # from the pid file, None when there was none
     was_running: bool
     alive: bool                          # still alive after SIGTERM and SIGKILL: failed
 
 
-ANSWERS: dict[str, type[_Answer]] = {
+ANSWERS: dict[str, type[Record]] = {
     BENCH_SERVE: ServeAnswer, BENCH_CLIENT: ClientAnswer, BENCH_STOP: StopServerAnswer,
 }
