@@ -17,11 +17,11 @@ from mlxops.bench import allreduce
 from mlxops.checks.state import NodeState, inspect
 from mlxops.checks.target import Target
 from mlxops.errors import MlxopsError
-from mlxops.jobs.nodecmd import run_node
 from mlxops.node import protocol
 from mlxops.sync import SyncReport
 from mlxops.tasks.facts import load_cached_facts
 from mlxops.transport import Connector, run_parallel
+from mlxops.transport.nodecmd import run_node
 from mlxops.transport.results import OK
 
 #: How long a node listens for its peers (and tries theirs). A healthy cluster answers in

@@ -18,7 +18,6 @@ from typing import Any
 from mlxops.checks.outcome import NotReady
 from mlxops.checks.target import Target
 from mlxops.inventory import Host
-from mlxops.jobs.nodecmd import NodeCommandError, run_node
 from mlxops.node import protocol
 from mlxops.sync import SyncError, SyncReport, remote_manifest, sync_files
 from mlxops.tasks.env import env_path
@@ -27,6 +26,7 @@ from mlxops.tasks.files import read_file
 from mlxops.tasks.hostfiles import hostfile_path
 from mlxops.tasks.sync import code_path
 from mlxops.transport import ChangedHostKey, Connector, UnknownHostKey
+from mlxops.transport.nodecmd import NodeCommandError, run_node
 from mlxops.transport.results import FAILED, OK
 
 #: The host answered, but with a host key mlxops does not trust (unknown or changed).

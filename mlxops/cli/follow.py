@@ -18,6 +18,7 @@ from mlxops import console
 from mlxops.jobs.record import JobRecord, supervisor_lock
 from mlxops.jobs.status import JobStatus, gather, where
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import (
     FINISHED,
     RUNNING,
@@ -73,7 +74,13 @@ def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobSt
             progress.console.print(f"[yellow]watchdog:[/] {message}")
 
         if supervising:
-            return supervise(record, connector, on_status=on_status, on_event=on_event)
+            feeder = Feeder(record.name, connector)  # for monitor, dashboard and report
+
+            def show_and_feed(status: JobStatus) -> None:
+                on_status(status)
+                feeder.on_status(status)
+
+            return supervise(record, connector, on_status=show_and_feed, on_event=on_event)
         while True:
             status = gather(record, connector)
             on_status(status)

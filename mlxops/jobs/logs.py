@@ -10,12 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES, LAUNCHER
-from mlxops.transport import Connector, run_parallel
+from mlxops.transport import Connector, nodecmd, run_parallel
 
 Key = int | str                      # a rank, or LAUNCHER
 Offsets = dict[Key, int]

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from mlxops import render
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
-from mlxops.jobs import nodecmd
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
 from mlxops.sync import parse_manifest, python_manifest_args
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 
 class PreflightError(MlxopsError):

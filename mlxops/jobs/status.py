@@ -16,11 +16,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
-from mlxops.transport import Connector, run_parallel
+from mlxops.transport import Connector, nodecmd, run_parallel
 
 LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
 

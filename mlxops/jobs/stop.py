@@ -11,12 +11,11 @@ stop looked, its own record of them is refused and it stops them itself.
 
 from __future__ import annotations
 
-from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, update
 from mlxops.jobs.record import mark_stopped as mark_stopped_record
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, RING
-from mlxops.transport import Connector, HostResult, Results, run_parallel
+from mlxops.transport import Connector, HostResult, Results, nodecmd, run_parallel
 from mlxops.transport.results import OK
 
 

@@ -22,7 +22,6 @@ from mlxops.jobs.record import JobRecord, JobStopped, inventory_hosts, load_reco
 from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
-from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
 
@@ -105,9 +104,13 @@ def _finished(current: JobRecord) -> None:
 
 def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = lambda _: None,
               on_event: OnEvent = lambda _: None, poll: float | None = None) -> JobStatus:
-    """Watch until the job finishes, fails for good, or is stopped; restart on problems."""
+    """Watch until the job finishes, fails for good, or is stopped; restart on problems.
+
+    ``on_status`` gets every status gathered: the terminal's progress bar, and the metrics
+    mirror's :class:`~mlxops.monitor.mirror.Feeder` (the monitor sits above the jobs, so
+    whoever starts the watchdog passes its feeder in).
+    """
     hosts = inventory_hosts(record)
-    mirror = Feeder(record.name, connector)
     unreachable_since: dict[str, float] = {}
     next_reap = 0.0
     while True:
@@ -117,8 +120,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 on_event(f"{name} is back: stopped the ranks it still ran")
             next_reap = time.monotonic() + STRAY_RETRY
         status = gather(record, connector, hosts=hosts)
-        on_status(status)
-        mirror.tick(record, status, hosts)  # for monitor, dashboard and report
+        on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
             return status

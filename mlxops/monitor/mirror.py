@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from mlxops.filelock import exclusive
-from mlxops.jobs import nodecmd
-from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, classify
 from mlxops.monitor import files
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 INTERVAL = 5.0                 # seconds between the watchdog's feeds (a problem feeds at once)
 SAMPLES_MAX_BYTES = 16 << 20   # then the older samples are thinned (:func:`thin`)
@@ -166,20 +165,35 @@ def _feed(record: JobRecord, connector: Connector, status: JobStatus | None,
 
 class Feeder:
     """The watchdog's feeds: at most every ``interval`` seconds, and at once when the job
-    ended or has a problem (the last lines before a restart or the end are kept)."""
+    ended or has a problem (the last lines before a restart or the end are kept).
+
+    :meth:`on_status` is the watchdog's status hook (``supervise(on_status=...)``): the
+    watchdog knows nothing of the monitor, whoever starts it passes the feeder in.
+    """
 
     def __init__(self, name: str, connector: Connector, interval: float = INTERVAL) -> None:
         self.name = name
         self.connector = connector
         self.interval = interval
         self._last = 0.0
+        self._hosts: dict[str, Any] | None = None
 
-    def tick(self, record: JobRecord, status: JobStatus, hosts: dict[str, Any] | None = None
-             ) -> None:
+    def _due(self, status: JobStatus) -> bool:
         now = time.monotonic()
         urgent = status.state in ENDED_STATES or status.problem is not None
         if not urgent and now - self._last < self.interval:
-            return
+            return False
         self._last = now
-        feed(record, self.connector, status=status, hosts=hosts)
+        return True
+
+    def on_status(self, status: JobStatus) -> None:
+        """Feed from the status the watchdog just gathered, with the job's record as it
+        is now (a restart rewrites it) and its hosts as the inventory had them at the
+        first feed (as the watchdog connects to them)."""
+        if not self._due(status):
+            return
+        record = load_record(self.name)
+        if self._hosts is None:
+            self._hosts = inventory_hosts(record)
+        feed(record, self.connector, status=status, hosts=self._hosts)
 

@@ -36,7 +36,6 @@ from pathlib import Path
 
 from mlxops import shell
 from mlxops.errors import MlxopsError, UserError
-from mlxops.jobs import nodecmd
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch
 from mlxops.jobs.record import (
@@ -50,10 +49,11 @@ from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world
 from mlxops.jobs.status import JobStatus
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.mirror import Feeder
 from mlxops.node import protocol
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.selftest.summary import Recovery
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 OnEvent = Callable[[str], None]
 NAME = "mlxops-selftest"
@@ -187,7 +187,13 @@ def run_job(spec: JobSpec, connector: Connector, hosts: dict, timeout: float,
         with supervisor_lock(NAME) as mine:
             if not mine:
                 raise MlxopsError(f"another mlxops process supervises {NAME}")
-            final = supervise(record, connector, on_status=watcher.on_status,
+            feeder = Feeder(NAME, connector)  # the mirror, as `mlxops watch` feeds it
+
+            def watch_and_feed(status: JobStatus) -> None:
+                watcher.on_status(status)
+                feeder.on_status(status)
+
+            final = supervise(record, connector, on_status=watch_and_feed,
                               on_event=lambda m: on_event(f"job: watchdog: {m}"), poll=POLL)
         why = final.message or final.problem or ""
         raise MlxopsError(f"the job ended ({final.state}) before it was killed and recovered"

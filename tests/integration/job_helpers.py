@@ -14,6 +14,7 @@ from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import JobRecord, load_record
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import RUNNING, STALLED
 
 
@@ -78,7 +79,9 @@ class BackgroundWatchdog:
 
     def _run(self, record: JobRecord, connector) -> None:
         try:
-            self._outcome["status"] = supervise(record, connector, on_event=self.events.append)
+            feeder = Feeder(record.name, connector)  # as `mlxops watch` feeds the mirror
+            self._outcome["status"] = supervise(record, connector, on_status=feeder.on_status,
+                                                on_event=self.events.append)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             self._outcome["error"] = exc
 

@@ -24,7 +24,6 @@ from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
-from mlxops.jobs.nodecmd import run_node
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import gather
@@ -35,6 +34,7 @@ from mlxops.node.sample import ioreg_gpu, vm_stat_used
 from mlxops.sandbox import darwin
 from mlxops.sandbox.darwin.shim import recorded_sysctl
 from mlxops.tasks.facts import gather as gather_facts
+from mlxops.transport.nodecmd import run_node
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 MAC = recorded_sysctl(RECORDED)

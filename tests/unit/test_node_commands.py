@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mlxops.jobs.nodecmd import NodeCommandError, run_node
 from mlxops.node import protocol
 from mlxops.node.__main__ import main
 from mlxops.node.procs import alive, descendants, process_table
 from mlxops.transport import LocalConnection
+from mlxops.transport.nodecmd import NodeCommandError, run_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
