@@ -50,8 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
 from mlxops.devtools.local_ranks import run_ranks  # noqa: E402
+from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
 
 BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
 MATMUL = """

@@ -14,8 +14,8 @@ from mlxops.cli.options import connector_from, host_key_options, json_option
 from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.errors import EXIT_FAILED
 from mlxops.jobs.balance import balance_plan
-from mlxops.jobs.plan import NodePlan, plan_job, step_estimate
 from mlxops.jobs.spec import load_job
+from mlxops.planning import NodePlan, plan_job, step_estimate
 
 GB = 1024**3
 
