@@ -19,7 +19,7 @@ from collections.abc import Callable
 from mlxops.errors import MlxopsError
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import JobRecord, JobStopped, inventory_hosts, load_record, update
-from mlxops.jobs.spec import JobSpec, load_job
+from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.status import JobStatus, gather
 from mlxops.jobs.stop import reap_strays, stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
@@ -38,6 +38,7 @@ def restart(record: JobRecord, connector: Connector, reason: str,
     new attempt starts (nothing is started), or while its ranks were starting (they are
     stopped again here). Either way nothing of the job runs afterwards.
     """
+    spec = record.job_spec()  # the job as launched: refused before anything is stopped
     on_event(f"restarting ({reason})")
     stop_job(record, connector, mark_stopped=False)
     entry = {"time": time.time(), "reason": reason, "attempt": record.attempt}
@@ -48,22 +49,12 @@ def restart(record: JobRecord, connector: Connector, reason: str,
         current.restarts.append(entry)
 
     previous = update(record.name, begin)
-    spec = _spec_as_launched(previous, on_event)
     try:
         return _relaunch(spec, previous, connector, on_event)
     except JobStopped as exc:
         on_event("stopped (mlxops stop) while the ranks were starting: stopping them again")
         stop_job(exc.record, connector, mark_stopped=False)
         raise
-
-
-def _spec_as_launched(record: JobRecord, on_event: OnEvent) -> JobSpec:
-    spec = record.job_spec()
-    if spec is None:
-        on_event(f"the record keeps no copy of the job (written by an older mlxops): "
-                 f"re-reading {record.job_file}")
-        spec = load_job(record.job_file)
-    return spec
 
 
 def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
