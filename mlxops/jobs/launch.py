@@ -40,8 +40,9 @@ def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume:
         paths = NodePaths(prep.root, spec.name)
         archive = tar(run_files(spec, prep, ranks, resume, rdma, preps))
         # mpi: mpirun starts the ranks; this only writes the files (and clears `stopped`).
-        mine = [] if mpi else [r.rank for r in ranks if r.host == host.name]
-        args = protocol.spawn_args(paths.run_dir, mine, launcher=mpi and host.name == launcher)
+        host_ranks = [] if mpi else [r.rank for r in ranks if r.host == host.name]
+        args = protocol.spawn_args(paths.run_dir, host_ranks,
+                                   launcher=mpi and host.name == launcher)
         return nodecmd.run_node(connector.connect(host), prep.python, paths.code, args,
                                 stdin=archive,
                                 prefix=start_command_prefix(paths.run_dir, fresh))

@@ -37,17 +37,17 @@ def fetch(record: JobRecord, connector: Connector, offsets: Offsets, *, rank: in
     def work(host) -> tuple[list[Chunk], Offsets]:
         h = record.host(host.name)
         paths = h.paths(record.name)
-        mine: list[Key] = [r.rank for r in record.ranks_on(host.name)]
+        log_keys: list[Key] = [r.rank for r in record.ranks_on(host.name)]
         if record.backend == protocol.MPI and record.ranks and record.ranks[0].host == host.name:
-            mine.append(LAUNCHER)
-        known = {r: offsets[r] for r in mine if r in offsets}
+            log_keys.append(LAUNCHER)
+        known = {r: offsets[r] for r in log_keys if r in offsets}
         answer = nodecmd.run_node(connector.connect(host), h.python, paths.code,
                                   protocol.logs_args(paths.run_dir, rank=rank, offsets=known,
                                                      tail=tail))
         chunks: list[Chunk] = []
         moved: Offsets = {}
         for key, chunk in answer.logs.items():
-            if key not in mine:
+            if key not in log_keys:
                 continue  # a script of an earlier attempt's layout
             moved[key] = chunk.offset
             if chunk.text:

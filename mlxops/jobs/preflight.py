@@ -68,8 +68,8 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
 
     def work(host) -> HostPrep:
         conn = connector.connect(host)
-        mine = [r for r in ranks if r.host == host.name]
-        ports = [r.port for r in mine] if spec.backend == protocol.RING else []
+        host_ranks = [r for r in ranks if r.host == host.name]
+        ports = [r.port for r in host_ranks] if spec.backend == protocol.RING else []
         questions = {"ip": host.ip if ports else "", "ports": ports,
                      "mpi": spec.backend == protocol.MPI}
         # One round trip when the code is current: resolve, manifest and the questions

@@ -244,8 +244,8 @@ def _locked(name: str) -> Iterator[None]:
 @contextmanager
 def supervisor_lock(name: str) -> Iterator[bool]:
     """One watchdog per job: yields False when another process already supervises it."""
-    with exclusive(job_dir(name) / "watch.lock", wait=False, note_pid=True) as mine:
-        yield mine
+    with exclusive(job_dir(name) / "watch.lock", wait=False, note_pid=True) as held:
+        yield held
 
 
 def inventory_hosts(record: JobRecord) -> dict:

@@ -39,8 +39,8 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
     def work(host) -> HostResult:
         if host.name in stray_names:
             return _reap(record, connector, host, grace)
-        mine = record.ranks_on(host.name)
-        ports = [r.port for r in mine] if record.backend == RING else []
+        host_ranks = record.ranks_on(host.name)
+        ports = [r.port for r in host_ranks] if record.backend == RING else []
         answer = _stop_on(record, connector, host, grace, ports)
         if answer.alive:
             return HostResult(host.name, FAILED, f"ranks {answer.alive} survived SIGKILL",

@@ -38,8 +38,8 @@ SAMPLES_MAX_BYTES = 16 << 20   # then the older samples are thinned (:func:`thin
 @contextmanager
 def _feeding(name: str) -> Iterator[bool]:
     """One feeder per job at a time; yields False when another one is at it now."""
-    with exclusive(files.path(name, files.LOCK), wait=False) as mine:
-        yield mine
+    with exclusive(files.path(name, files.LOCK), wait=False) as held:
+        yield held
 
 
 def merge_reset(kept: str, fresh: str) -> str:
@@ -108,8 +108,8 @@ def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = 
     mirror too); None when another process was feeding this mirror at that moment (nothing
     done). Only a bug raises.
     """
-    with _feeding(record.name) as mine:
-        if not mine:
+    with _feeding(record.name) as held:
+        if not held:
             return None
         return _feed(record, connector, status, hosts or inventory_hosts(record))
 
@@ -129,11 +129,11 @@ def _feed(record: JobRecord, connector: Connector, status: JobStatus | None,
     def work(host) -> protocol.SampleAnswer:
         h = record.host(host.name)
         paths = h.paths(name)
-        mine = host.name == tail_host
+        tails_metrics = host.name == tail_host
         args = protocol.sample_args(
             paths.run_dir, status=status is None,
-            metrics_from=(0 if moved else state.offset) if mine else None,
-            metrics_inode=None if moved or not mine else state.inode)
+            metrics_from=(0 if moved else state.offset) if tails_metrics else None,
+            metrics_inode=None if moved or not tails_metrics else state.inode)
         return nodecmd.run_node(connector.connect(host), h.python, paths.code, args, timeout=30)
 
     results = run_parallel([hosts[h.name] for h in record.hosts if h.name in hosts], work)
