@@ -26,7 +26,7 @@ from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.node.benchproto import BENCH_JOB, allreduce_result
 from mlxops.node.protocol import FINISHED, RUNNING
@@ -91,7 +91,7 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
 def _follow(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
     last = -1
     while True:
-        status = gather(record, connector)
+        status = job_status(record, connector)
         if status.state == FINISHED:
             return
         if status.state != RUNNING or status.unreachable:

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from mlxops import console
 from mlxops.jobs.record import JobRecord, supervisor_lock
-from mlxops.jobs.status import JobStatus, gather, where
+from mlxops.jobs.status import JobStatus, job_status, where
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import (
@@ -82,7 +82,7 @@ def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobSt
 
             return supervise(record, connector, on_status=show_and_feed, on_event=on_event)
         while True:
-            status = gather(record, connector)
+            status = job_status(record, connector)
             on_status(status)
             if status.state not in (RUNNING, STALLED):
                 return status

@@ -15,7 +15,7 @@ from mlxops.jobs import logs as joblogs
 from mlxops.jobs.launch import launch as launch_job
 from mlxops.jobs.record import list_jobs, load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector
@@ -35,7 +35,7 @@ def _warn(message: str) -> None:
 
 def _after_start(record, connector, detach: bool, as_json: bool) -> None:
     if detach:
-        status = gather(record, connector)
+        status = job_status(record, connector)
         if as_json:
             console.print_json(status.to_dict())
         else:
@@ -119,7 +119,7 @@ def status(name, as_json, connect):
     """Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat."""
     with Connector(connect) as connector:
         if name is None:
-            statuses = [gather(load_record(n), connector) for n in list_jobs()]
+            statuses = [job_status(load_record(n), connector) for n in list_jobs()]
             if as_json:
                 console.print_json({"jobs": [s.to_dict() for s in statuses]})
             elif not statuses:
@@ -129,7 +129,7 @@ def status(name, as_json, connect):
                 console.out.print(f"{s.name}: {s.state} step {step}/{s.steps or '?'} "
                                   f"({len(s.ranks)} ranks, attempt {s.attempt})")
             sys.exit(EXIT_OK)
-        st = gather(load_record(name), connector)
+        st = job_status(load_record(name), connector)
         if as_json:
             console.print_json(st.to_dict())
         else:
@@ -157,7 +157,7 @@ def logs(name, rank, follow_, connect):
         else:
             for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
                 echo_line(line)
-            ended = gather(record, connector)
+            ended = job_status(record, connector)
         # The logs repeat a failure once per rank (a traceback each): say each cause once,
         # on stderr, so that stdout stays the logs.
         if ended.failures:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES, LAUNCHER
 from mlxops.transport import Connector, nodecmd, run_parallel
@@ -76,7 +76,7 @@ def follow(name: str, connector: Connector, emit: Callable[[str], None], *,
     first = True
     while True:
         record = load_record(name)  # a watchdog may have restarted it on other hosts
-        status = gather(record, connector)
+        status = job_status(record, connector)
         for line in prefixed(fetch(record, connector, offsets, rank=rank,
                                    tail=tail if first else 0)):
             emit(line)

@@ -270,7 +270,7 @@ def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
     return {"host": host, "state": state, "pid": mpirun.pid, "exit": mpirun.exit, "age": mpirun.age}
 
 
-def gather(record: JobRecord, connector: Connector, forks: int | None = None,
+def job_status(record: JobRecord, connector: Connector, forks: int | None = None,
            hosts: dict[str, Any] | None = None) -> JobStatus:
     """Ask every host of the job (in parallel) and classify the answers."""
     hosts = hosts or inventory_hosts(record)

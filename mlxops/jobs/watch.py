@@ -20,7 +20,7 @@ from mlxops.errors import MlxopsError
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import JobRecord, JobStopped, inventory_hosts, load_record, update
 from mlxops.jobs.spec import JobSpec
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
@@ -97,7 +97,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
               on_event: OnEvent = lambda _: None, poll: float | None = None) -> JobStatus:
     """Watch until the job finishes, fails for good, or is stopped; restart on problems.
 
-    ``on_status`` gets every status gathered: the terminal's progress bar, and the metrics
+    ``on_status`` gets every status polled: the terminal's progress bar, and the metrics
     mirror's :class:`~mlxops.monitor.mirror.Feeder` (the monitor sits above the jobs, so
     whoever starts the watchdog passes its feeder in).
     """
@@ -110,7 +110,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             for name in reap_strays(record, connector).succeeded:
                 on_event(f"{name} is back: stopped the ranks it still ran")
             next_reap = time.monotonic() + STRAY_RETRY
-        status = gather(record, connector, hosts=hosts)
+        status = job_status(record, connector, hosts=hosts)
         on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
@@ -125,12 +125,12 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 message = f"gave up after {len(record.restarts)} restarts: {problem}"
                 _end(record.name, FAILED, message)
                 on_event(message)
-                return gather(load_record(record.name), connector, hosts=hosts)
+                return job_status(load_record(record.name), connector, hosts=hosts)
             try:
                 record = restart(record, connector, problem, on_event)
             except JobStopped:
                 on_event("stopped (mlxops stop) during the restart: not restarting")
-                return gather(load_record(record.name), connector, hosts=hosts)
+                return job_status(load_record(record.name), connector, hosts=hosts)
             except MlxopsError as exc:
                 message = f"restart failed: {exc}"
                 _end(record.name, FAILED, message)

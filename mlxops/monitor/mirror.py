@@ -102,7 +102,7 @@ def sample_line(status: JobStatus, nodes: dict[str, dict[str, Any]], now: float
 def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = None,
          hosts: dict[str, Any] | None = None) -> Results | None:
     """Look at the job's hosts once and add what they say to the mirror. ``status``: the
-    job's status just gathered (the watchdog's), else the nodes' answers give it.
+    job's status just polled (the watchdog's), else the nodes' answers give it.
 
     Returns each host's result (a host that does not answer is recorded as such in the
     mirror too); None when another process was feeding this mirror at that moment (nothing
@@ -187,7 +187,7 @@ class Feeder:
         return True
 
     def on_status(self, status: JobStatus) -> None:
-        """Feed from the status the watchdog just gathered, with the job's record as it
+        """Feed from the status the watchdog just polled, with the job's record as it
         is now (a restart rewrites it) and its hosts as the inventory had them at the
         first feed (as the watchdog connects to them)."""
         if not self._due(status):
