@@ -77,7 +77,7 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
     on_event(f"all-reduce: starting {BENCH_JOB} ({spec.backend})")
     record = launch(spec, connector, exclude=exclude, fresh=True)
     try:
-        _follow(record, connector, on_event)
+        _wait_until_ended(record, connector, on_event)
         per_rank = _read(record, connector)
     finally:
         stopped = stop_job(record, connector, grace=1.0, mark_stopped=False)
@@ -88,7 +88,7 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
     return allreduce_rows(per_rank, record.world_size), record.world_size
 
 
-def _follow(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
+def _wait_until_ended(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
     last = -1
     while True:
         status = job_status(record, connector)

@@ -8,8 +8,8 @@ import click
 from rich.markup import escape
 
 from mlxops import console
-from mlxops.cli.follow import echo_line, follow, hints, print_failures, print_status
 from mlxops.cli.options import connect_options, forks_option, json_option
+from mlxops.cli.watch import echo_line, hints, print_failures, print_status, watch_job
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
 from mlxops.jobs.launch import launch as launch_job
@@ -45,7 +45,7 @@ def _after_start(record, connector, detach: bool, as_json: bool) -> None:
             console.out.print(f"Next: mlxops watch {record.name} | mlxops status {record.name} "
                               f"| mlxops logs {record.name} -f | mlxops stop {record.name}")
         sys.exit(_exit_for(status))
-    status = follow(record, connector)
+    status = watch_job(record, connector)
     if as_json:
         console.print_json(status.to_dict())
     else:
@@ -105,7 +105,7 @@ def watch(name, connect):
     """Follow job NAME and supervise it: restart on a dead or stalled rank."""
     record = load_record(name)
     with Connector(connect) as connector:
-        status = follow(record, connector)
+        status = watch_job(record, connector)
         print_status(status)
         hints(load_record(name), status)
         sys.exit(_exit_for(status))
