@@ -2,7 +2,8 @@
 a progress bar of steps with loss and tokens/s.
 
 Watching supervises too (the watchdog restarts the job on a dead or stalled rank) unless
-another mlxops process already does (then it only shows). Ctrl-C detaches: the job keeps running on the nodes.
+another mlxops process already does (then it only shows). Ctrl-C detaches: the job keeps
+running on the nodes.
 """
 
 from __future__ import annotations
