@@ -67,8 +67,8 @@ class SandboxState:
         if state:
             self.layout = Layout.make(state["prefix"], state["subnet"])
             self.user = state["user"]
-            self.login_shell = state.get("login_shell", "bash")
-            self.flavour = state.get("flavour", "linux")
+            self.login_shell = state["login_shell"]
+            self.flavour = state["flavour"]
         else:
             if flavour not in darwin.FLAVOURS:
                 raise UserError(f"--flavour: {flavour!r}: want one of "
