@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxops.trainer.local_ranks import run_ranks  # noqa: E402 - after the path
+from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
 
 MODEL = {"dims": 128, "layers": 2, "heads": 4, "vocab_size": 256, "seq_len": 64}
 

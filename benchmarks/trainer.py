@@ -2,7 +2,7 @@
 
 Runs ``python -m mlxops.trainer`` for real (ring ranks on this machine for more than one
 rank, started as mlx.launch starts them but without its launcher, which spins a core:
-mlxops/trainer/local_ranks.py) on the synthetic corpus, then reads each run's
+mlxops/devtools/local_ranks.py) on the synthetic corpus, then reads each run's
 metrics.jsonl. The first ``--skip`` steps (compilation, warm caches) are left out;
 figures are medians.
 
@@ -50,8 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mlxops.devtools.local_ranks import run_ranks  # noqa: E402
 from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
-from mlxops.trainer.local_ranks import run_ranks  # noqa: E402
 
 BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
 MATMUL = """
@@ -141,7 +141,7 @@ def plain_loop(config: Path, times: Path) -> None:
 def execute(name: str, cmd: list[str], ranks: int, env: dict[str, str],
             timeout: float) -> None:
     """``cmd`` as one process, or as ``ranks`` ring ranks on this machine (started as
-    mlx.launch would, without its launcher spinning a core: mlxops/trainer/local_ranks.py)."""
+    mlx.launch would, without its launcher spinning a core: mlxops/devtools/local_ranks.py)."""
     try:
         if ranks == 1:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env,

@@ -26,7 +26,7 @@ from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.node.protocol.bench import BENCH_JOB, allreduce_result
@@ -77,7 +77,7 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
     on_event(f"all-reduce: starting {BENCH_JOB} ({spec.backend})")
     record = launch(spec, connector, exclude=exclude, fresh=True)
     try:
-        _follow(record, connector, on_event)
+        _wait_until_ended(record, connector, on_event)
         per_rank = _read(record, connector)
     finally:
         stopped = stop_job(record, connector, grace=1.0, mark_stopped=False)
@@ -88,10 +88,10 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
     return allreduce_rows(per_rank, record.world_size), record.world_size
 
 
-def _follow(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
+def _wait_until_ended(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
     last = -1
     while True:
-        status = gather(record, connector)
+        status = job_status(record, connector)
         if status.state == FINISHED:
             return
         if status.state != RUNNING or status.unreachable:

@@ -14,11 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlxops.bench.results import LoopbackResult, PairResult
-from mlxops.jobs import nodecmd
 from mlxops.jobs.placement import NodePaths
 from mlxops.node.protocol import bench as benchproto
 from mlxops.node.protocol.bench import BOTH, DOWN, UP, ClientAnswer, ServeAnswer
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 OnEvent = Callable[[str], None]
 LATENCY_BUDGET = 20.0        # seconds a latency measurement may take, at most

@@ -3,7 +3,7 @@
 The shipped checks are the ``check_*.py`` modules here (named so that no ``test_*``
 discovery of a user's picks them up), run with ``pytest.main`` and
 :class:`~mlxops.checks.plugin.MlxopsPlugin`: per host (``check_mlx[mac2]``) over facts
-gathered once per host in parallel, then asserted. Users' own check directories run in the
+read once per host in parallel, then asserted. Users' own check directories run in the
 same session with the same fixtures (``host``, ``node``, ``cluster``); ``pytest
 --mlxops-inventory`` (:mod:`mlxops.checks.pytest_plugin`) gives a user's own suite the
 inventory's hosts as testinfra hosts. For people: README.md and docs/cli.md.

@@ -33,8 +33,8 @@ def check_versions_agree(node, cluster):
     expected, odd, values = find_skew(facts, pinned_version(cluster.target.hosts[0]))
     differ = odd.get(node.name, [])
     if differ:
-        mine = values[node.name]
-        found = ", ".join(f"{SKEW_COLUMNS[k]} {mine[k]}, others {expected[k]}" for k in differ)
+        here = values[node.name]
+        found = ", ".join(f"{SKEW_COLUMNS[k]} {here[k]}, others {expected[k]}" for k in differ)
         raise node.fail(found, "make them agree (mlxops_mlx_version, the Python of "
                                "mlxops_python, macOS updates), then run mlxops provision")
 

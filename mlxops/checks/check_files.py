@@ -75,8 +75,8 @@ def _reordered(node, cluster) -> tuple[str, list[str]] | None:
     for which, hosts in cluster.target.hostfile_sets:
         ranks = render.rank_hosts(hosts)  # one rendered entry per rank, in this order
         try:
-            mine = json.loads(render.launch_hostfile(hosts, RING))["hosts"]
-            order = list(dict.fromkeys(ranks[mine.index(e)].name for e in entries))
+            rendered = json.loads(render.launch_hostfile(hosts, RING))["hosts"]
+            order = list(dict.fromkeys(ranks[rendered.index(e)].name for e in entries))
             rendered = render_all(render.in_order(hosts, order), cluster.target.inventory.path)
         except (KeyError, TypeError, ValueError, UserError):
             continue  # an entry of no host of this set (list.index: ValueError)

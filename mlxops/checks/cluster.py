@@ -1,8 +1,8 @@
-"""Every host's state, gathered once in parallel before the checks run.
+"""Every host's state, read once, in parallel, before the checks run.
 
-:meth:`Cluster.gather` reads each host (:func:`mlxops.checks.state.inspect`) through
+:meth:`Cluster.read_hosts` reads each host (:func:`mlxops.checks.state.inspect`) through
 mlxops's executor, so N hosts cost the time of the slowest, not N times the checks. The
-network test between hosts (:meth:`Cluster.gather_reach`) runs after it, on every host
+network test between hosts (:meth:`Cluster.probe_reach`) runs after it, on every host
 that answered at once: each node listens on its ring ports while it connects to every
 other's (the ``reach`` node command). Last, :meth:`Cluster.run_all_sum` runs one real
 ``all_sum`` across every rank, started as jobs start ranks (``mlxops bench``'s all-reduce
@@ -17,11 +17,11 @@ from mlxops.bench import allreduce
 from mlxops.checks.state import NodeState, inspect
 from mlxops.checks.target import Target
 from mlxops.errors import MlxopsError
-from mlxops.jobs.nodecmd import run_node
 from mlxops.node import protocol
 from mlxops.sync import SyncReport
 from mlxops.tasks.facts import load_cached_facts
 from mlxops.transport import Connector, run_parallel
+from mlxops.transport.nodecmd import run_node
 from mlxops.transport.results import OK
 
 #: How long a node listens for its peers (and tries theirs). A healthy cluster answers in
@@ -45,7 +45,7 @@ class Cluster:
         self.all_sum_skipped = ""
         self.all_sum_ranks = 0
 
-    def gather(self) -> None:
+    def read_hosts(self) -> None:
         results = run_parallel(list(self.target.hosts),
                                lambda host: inspect(self.target, self.connector, host),
                                forks=self.target.forks)
@@ -64,7 +64,7 @@ class Cluster:
         """The hosts that were read (reachable, trusted)."""
         return [s for s in self.states.values() if s.status == OK]
 
-    def gather_reach(self) -> None:
+    def probe_reach(self) -> None:
         """Every host whose helpers answered ``ready`` tests its ring ports against the
         others', all at once (so the executor gets one worker per host)."""
         self.reached = True

@@ -24,8 +24,8 @@ def _plugin(request: pytest.FixtureRequest) -> MlxopsPlugin:
 
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Cluster:
-    """Every checked host's state (gathered once, in parallel) and the check's target."""
-    return _plugin(request).gather()
+    """Every checked host's state (read once, in parallel) and the check's target."""
+    return _plugin(request).read_hosts()
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def node(host: Any, cluster: Cluster) -> NodeState:
 def ring_reach(cluster: Cluster) -> Cluster:
     """``cluster`` once every pair of hosts tried each other's ring ports."""
     if not cluster.reached:
-        cluster.gather_reach()
+        cluster.probe_reach()
     return cluster
 
 

@@ -9,9 +9,12 @@ message. A host mlxops could not reach makes every check of it an error, not a f
 
 from __future__ import annotations
 
-# The outcomes of one check on one host (``--json``, the table).
-PASSED, FAILED, SKIPPED, ERROR = "passed", "failed", "skipped", "error"
-UNREACHABLE = "unreachable"
+from mlxops.transport.results import FAILED, SKIPPED, UNREACHABLE
+
+# The outcomes of one check on one host (``--json``, the table): pytest's two words of its
+# own, passed and error (a check that broke, not a finding), and a host result's failed,
+# skipped and unreachable (mlxops.transport.results spells them, for every command).
+PASSED, ERROR = "passed", "error"
 OUTCOMES = (PASSED, FAILED, SKIPPED, ERROR, UNREACHABLE)
 
 

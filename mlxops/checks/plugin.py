@@ -11,7 +11,7 @@ One :class:`MlxopsPlugin` object per session holds what is checked (a
   host-key policy;
 * ``node``: that host's :class:`~mlxops.checks.state.NodeState`, read for every check at
   once, and ``cluster``: every host's (:class:`~mlxops.checks.cluster.Cluster`). The states
-  are gathered when collection ends, in parallel, and only when a test asks for them;
+  are read when collection ends, in parallel, and only when a test asks for them;
 * ``ring_reach``: ``cluster`` after the network test between the hosts.
 * ``all_sum``: ``cluster`` after one real ``all_sum`` across every rank.
 
@@ -51,13 +51,13 @@ from mlxops.transport.results import OK
 WHEN, UNTRUSTED_OK = "mlxops_when", "mlxops_untrusted_ok"
 #: testinfra's parametrised argument behind its ``host`` fixture.
 HOST_PARAM = "_testinfra_host"
-#: Fixtures that need the hosts' states gathered first.
+#: Fixtures that need the hosts' states read first.
 STATE_FIXTURES = frozenset({"node", "cluster", "ring_reach", "all_sum"})
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def when(predicate: Callable[[Cluster, NodeState], bool]) -> Callable[[F], F]:
-    """Where a check applies: ``predicate(cluster, node)``, asked with the gathered states.
+    """Where a check applies: ``predicate(cluster, node)``, asked with the states read.
     A host that was not read has no facts (``node.system`` is what provision last cached):
     where the predicate cannot tell, the check should apply, and error as the host does."""
     def mark(check: F) -> F:
@@ -110,7 +110,7 @@ class MlxopsPlugin:
     """pytest hooks for one session over ``target``'s hosts.
 
     ``standalone``: a user's own ``pytest --mlxops-inventory`` run, where an error while
-    gathering propagates; ``mlxops check`` keeps it in :attr:`error` and raises it itself.
+    reading propagates; ``mlxops check`` keeps it in :attr:`error` and raises it itself.
     """
 
     def __init__(self, target: Target, *, standalone: bool = False):
@@ -118,7 +118,7 @@ class MlxopsPlugin:
         self.standalone = standalone
         self.connector: Connector | None = None
         self._cluster: Cluster | None = None
-        self.gathered = False
+        self.hosts_read = False
         self.results: dict[str, CheckResult] = {}     # by test id, in the order run
         self.error: BaseException | None = None       # a bug met on the way
         self.collect_errors: list[str] = []
@@ -165,14 +165,14 @@ class MlxopsPlugin:
         if not wanted & STATE_FIXTURES:
             return
         try:
-            self.gather()
+            self.read_hosts()
             kept = [item for item in items if self._applies(item)]
             dropped = [item for item in items if item not in kept]
             if dropped:
                 config.hook.pytest_deselected(items=dropped)
                 items[:] = kept
             if any("ring_reach" in item.fixturenames for item in kept):
-                self._cluster.gather_reach()
+                self._cluster.probe_reach()
         except Exception as exc:
             if self.standalone:
                 raise
@@ -180,10 +180,10 @@ class MlxopsPlugin:
             config.hook.pytest_deselected(items=list(items))
             items[:] = []
 
-    def gather(self) -> Cluster:
-        if not self.gathered:
-            self.gathered = True
-            self._cluster.gather()
+    def read_hosts(self) -> Cluster:
+        if not self.hosts_read:
+            self.hosts_read = True
+            self._cluster.read_hosts()
         return self._cluster
 
     def _applies(self, item: pytest.Item) -> bool:
@@ -200,7 +200,7 @@ class MlxopsPlugin:
         """Before a test of a host that was not read: an error (unreachable, or failed), or
         for an untrusted host key a skip (except for the check that says so)."""
         name = host_name(item)
-        if name is None or not self.gathered or name not in self._cluster.states:
+        if name is None or not self.hosts_read or name not in self._cluster.states:
             return
         state = self._cluster.states[name]
         if state.status == OK:

@@ -4,7 +4,7 @@ Loaded by pytest through the ``pytest11`` entry point ``mlxops`` (pyproject.toml
 an inventory, it registers :class:`~mlxops.checks.plugin.MlxopsPlugin`: testinfra's
 ``host`` fixture is then parametrised over the inventory's hosts (``--mlxops-limit``
 narrows them, with mlxops's patterns), its commands run on mlxops's connections, host keys
-verified as ``mlxops`` verifies them; ``node`` and ``cluster`` give the checks' gathered
+verified as ``mlxops`` verifies them; ``node`` and ``cluster`` give the checks the hosts'
 state. Without ``--mlxops-inventory`` it does nothing, so that an installed mlxops changes
 no one's pytest run.
 """

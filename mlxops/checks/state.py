@@ -18,15 +18,15 @@ from typing import Any
 from mlxops.checks.outcome import NotReady
 from mlxops.checks.target import Target
 from mlxops.inventory import Host
-from mlxops.jobs.nodecmd import NodeCommandError, run_node
 from mlxops.node import protocol
 from mlxops.sync import SyncError, SyncReport, remote_manifest, sync_files
 from mlxops.tasks.env import env_path
-from mlxops.tasks.facts import gather as gather_facts
+from mlxops.tasks.facts import ask_facts
 from mlxops.tasks.files import read_file
 from mlxops.tasks.hostfiles import hostfile_path
 from mlxops.tasks.sync import code_path
 from mlxops.transport import ChangedHostKey, Connector, UnknownHostKey
+from mlxops.transport.nodecmd import NodeCommandError, run_node
 from mlxops.transport.results import FAILED, OK
 
 #: The host answered, but with a host key mlxops does not trust (unknown or changed).
@@ -87,7 +87,7 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     """Read one host's state (the executor's work for it)."""
     conn = connector.connect(host)
     try:
-        facts = gather_facts(conn, host)
+        facts = ask_facts(conn, host)
     except (UnknownHostKey, ChangedHostKey) as exc:
         return NodeState(host, UNTRUSTED, exc.reason)
     except RuntimeError as exc:

@@ -108,10 +108,10 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
     inventory = load_inventory(inventory_path)
     job = load_job(job_path) if job_path else None
     if job is not None:
-        mine = Path(inventory.path).resolve()
-        if job.inventory != mine:
+        checked_inventory = Path(inventory.path).resolve()
+        if job.inventory != checked_inventory:
             raise bad_input(job.path, "inventory", f"names {job.inventory}, not the inventory "
-                                                   f"being checked ({mine})")
+                                                   f"being checked ({checked_inventory})")
         planned = inventory.select(job.hosts, source=f"{job.path}: hosts")
         if limit:
             chosen = {h.name for h in inventory.select(limit, source="--limit")}

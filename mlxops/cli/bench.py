@@ -14,14 +14,14 @@ from mlxops.bench.measure import Settings
 from mlxops.bench.results import BenchResult, average_busbw, save
 from mlxops.bench.run import ALL, RING, Request, default_port, parse_sizes, run_bench
 from mlxops.cli.options import (
-    connector_from,
-    host_key_options,
+    connect_options,
     inventory_argument,
     json_option,
     limit_option,
 )
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, bad_input
 from mlxops.inventory.variables import ring_order_line
+from mlxops.transport import Connector
 
 MAX_STREAMS = 128
 
@@ -147,9 +147,9 @@ def _print(result: BenchResult) -> None:
 @click.option("--apply", "apply_", is_flag=True,
               help="Write the best ring order into every host's hostfiles.")
 @json_option
-@host_key_options
+@connect_options
 def command(inventory, limit, pairs, streams, seconds, omit, serial, iperf3, sizes, min_busbw,
-            port, apply_, as_json, accept_new_host_keys, connect_timeout):
+            port, apply_, as_json, connect):
     """Measure every link (latency, bandwidth), a real all-reduce, and find the ring order
     whose slowest link is fastest.
 
@@ -174,7 +174,7 @@ def command(inventory, limit, pairs, streams, seconds, omit, serial, iperf3, siz
         if progress:
             console.err.print(f"[dim]{message}[/]")
 
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         result = run_bench(req, connector, on_event)
         busbw = average_busbw(result.allreduce)
         if min_busbw is not None and (busbw is None or busbw < min_busbw):

@@ -13,14 +13,13 @@ import click
 
 from mlxops import console
 from mlxops.cli.options import (
+    connect_options,
     forks_option,
-    host_key_options,
     inventory_argument,
     json_option,
     limit_option,
 )
 from mlxops.errors import bad_input
-from mlxops.transport import ConnectOptions
 
 
 @click.command("check")
@@ -35,10 +34,9 @@ from mlxops.transport import ConnectOptions
               help="Check again until everything passes or SECONDS have gone by.")
 @forks_option
 @json_option
-@host_key_options
+@connect_options
 @click.argument("check_dirs", nargs=-1, type=click.Path(), metavar="[CHECK_DIR]...")
-def command(inventory, limit, job_path, junitxml, wait, forks, as_json, accept_new_host_keys,
-            connect_timeout, check_dirs):
+def command(inventory, limit, job_path, junitxml, wait, forks, as_json, connect, check_dirs):
     """Check that every selected host is ready to train, and print a host x check table.
 
     Per host: SSH with a verified host key, the interpreter and the pinned mlx, env.sh,
@@ -65,8 +63,7 @@ def command(inventory, limit, job_path, junitxml, wait, forks, as_json, accept_n
         if not Path(directory).is_dir():
             raise bad_input(directory, None, "no such check directory")
     target = load_target(inventory, limit=limit, job_path=job_path, forks=forks,
-                         options=ConnectOptions(accept_new_host_keys=accept_new_host_keys,
-                                                connect_timeout=connect_timeout))
+                         options=connect)
 
     def on_retry(report, pause: float) -> None:
         left = len({r.host for r in report.results if r.outcome not in ("passed", "skipped")})

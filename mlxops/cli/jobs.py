@@ -8,16 +8,17 @@ import click
 from rich.markup import escape
 
 from mlxops import console
-from mlxops.cli.follow import echo_line, follow, hints, print_failures, print_status
-from mlxops.cli.options import connector_from, forks_option, host_key_options, json_option
+from mlxops.cli.options import connect_options, forks_option, json_option
+from mlxops.cli.watch import echo_line, hints, print_failures, print_status, watch_job
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
 from mlxops.jobs.launch import launch as launch_job
 from mlxops.jobs.record import list_jobs, load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
+from mlxops.transport import Connector
 
 
 def _exit_for(status: JobStatus) -> int:
@@ -34,7 +35,7 @@ def _warn(message: str) -> None:
 
 def _after_start(record, connector, detach: bool, as_json: bool) -> None:
     if detach:
-        status = gather(record, connector)
+        status = job_status(record, connector)
         if as_json:
             console.print_json(status.to_dict())
         else:
@@ -44,7 +45,7 @@ def _after_start(record, connector, detach: bool, as_json: bool) -> None:
             console.out.print(f"Next: mlxops watch {record.name} | mlxops status {record.name} "
                               f"| mlxops logs {record.name} -f | mlxops stop {record.name}")
         sys.exit(_exit_for(status))
-    status = follow(record, connector)
+    status = watch_job(record, connector)
     if as_json:
         console.print_json(status.to_dict())
     else:
@@ -61,15 +62,15 @@ def _after_start(record, connector, detach: bool, as_json: bool) -> None:
                    "from every node first. Refused while any rank of it runs.")
 @json_option
 @forks_option
-@host_key_options
-def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_timeout):
+@connect_options
+def launch(job, detach, fresh, as_json, forks, connect):
     """Start JOB on its hosts and follow it (Ctrl-C detaches, never kills).
 
     Pre-flight checks every host first (reachable, same mlx, code synced, ring ports free,
     no leftover rank): nothing starts anywhere unless all pass.
     """
     spec = load_job(job)
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
         _after_start(record, connector, detach, as_json)
 
@@ -81,8 +82,8 @@ def launch(job, detach, fresh, as_json, forks, accept_new_host_keys, connect_tim
 @click.option("--detach", "-d", is_flag=True)
 @json_option
 @forks_option
-@host_key_options
-def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_timeout):
+@connect_options
+def resume(name, exclude, detach, as_json, forks, connect):
     """Relaunch job NAME from the newest checkpoint that every node has.
 
     Reads the job file again (e.g. after raising train.steps); the watchdog's own restarts
@@ -91,7 +92,7 @@ def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_
     record = load_record(name)
     spec = load_job(record.job_file)
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
                             previous=record, on_warning=_warn)
         _after_start(record, connector, detach, as_json)
@@ -99,12 +100,12 @@ def resume(name, exclude, detach, as_json, forks, accept_new_host_keys, connect_
 
 @click.command("watch")
 @click.argument("name")
-@host_key_options
-def watch(name, accept_new_host_keys, connect_timeout):
+@connect_options
+def watch(name, connect):
     """Follow job NAME and supervise it: restart on a dead or stalled rank."""
     record = load_record(name)
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
-        status = follow(record, connector)
+    with Connector(connect) as connector:
+        status = watch_job(record, connector)
         print_status(status)
         hints(load_record(name), status)
         sys.exit(_exit_for(status))
@@ -113,12 +114,12 @@ def watch(name, accept_new_host_keys, connect_timeout):
 @click.command("status")
 @click.argument("name", required=False)
 @json_option
-@host_key_options
-def status(name, as_json, accept_new_host_keys, connect_timeout):
+@connect_options
+def status(name, as_json, connect):
     """Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat."""
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         if name is None:
-            statuses = [gather(load_record(n), connector) for n in list_jobs()]
+            statuses = [job_status(load_record(n), connector) for n in list_jobs()]
             if as_json:
                 console.print_json({"jobs": [s.to_dict() for s in statuses]})
             elif not statuses:
@@ -128,7 +129,7 @@ def status(name, as_json, accept_new_host_keys, connect_timeout):
                 console.out.print(f"{s.name}: {s.state} step {step}/{s.steps or '?'} "
                                   f"({len(s.ranks)} ranks, attempt {s.attempt})")
             sys.exit(EXIT_OK)
-        st = gather(load_record(name), connector)
+        st = job_status(load_record(name), connector)
         if as_json:
             console.print_json(st.to_dict())
         else:
@@ -140,14 +141,14 @@ def status(name, as_json, accept_new_host_keys, connect_timeout):
 @click.argument("name")
 @click.option("--rank", "-r", type=int, default=None, help="Only this rank.")
 @click.option("--follow", "-f", "follow_", is_flag=True, help="Keep printing new lines.")
-@host_key_options
-def logs(name, rank, follow_, accept_new_host_keys, connect_timeout):
+@connect_options
+def logs(name, rank, follow_, connect):
     """The ranks' output, merged, each line prefixed with host and rank."""
     record = load_record(name)
     if rank is not None and rank not in {r.rank for r in record.ranks}:
         raise click.BadParameter(f"job {name!r} has ranks 0..{record.world_size - 1}",
                                  param_hint="--rank")
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         if follow_:
             try:
                 ended = joblogs.follow(name, connector, echo_line, rank=rank)
@@ -156,7 +157,7 @@ def logs(name, rank, follow_, accept_new_host_keys, connect_timeout):
         else:
             for line in joblogs.prefixed(joblogs.fetch(record, connector, {}, rank=rank)):
                 echo_line(line)
-            ended = gather(record, connector)
+            ended = job_status(record, connector)
         # The logs repeat a failure once per rank (a traceback each): say each cause once,
         # on stderr, so that stdout stays the logs.
         if ended.failures:
@@ -169,11 +170,11 @@ def logs(name, rank, follow_, accept_new_host_keys, connect_timeout):
 @click.option("--grace", type=click.FloatRange(0, 600), default=None,
               help="Seconds between SIGTERM and SIGKILL (default: the job's stop_grace, 5).")
 @json_option
-@host_key_options
-def stop(name, grace, as_json, accept_new_host_keys, connect_timeout):
+@connect_options
+def stop(name, grace, as_json, connect):
     """Stop every rank of job NAME and verify nothing of it runs (safe to repeat)."""
     record = load_record(name)
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         results = stop_job(record, connector, grace=grace)
     if as_json:
         console.print_json({"name": name, "state": load_record(name).state, "hosts": {

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from mlxops import console
-from mlxops.cli.options import connector_from, host_key_options, json_option
+from mlxops.cli.options import connect_options, json_option
 from mlxops.errors import EXIT_OK, MlxopsError, UserError
 from mlxops.jobs.record import load_record
 from mlxops.monitor import files, live, report
@@ -47,8 +47,8 @@ def _feeder(name: str, connector: Connector, outcome: dict[str, Results]):
 @click.option("--offline", is_flag=True,
               help="Never connect: show the mirror as it is (after the cluster is gone, or "
                    "fed by a watch elsewhere).")
-@host_key_options
-def monitor(name, interval, once, offline, accept_new_host_keys, connect_timeout):
+@connect_options
+def monitor(name, interval, once, offline, connect):
     """Live terminal view of job NAME: per rank state, step, loss, tokens/s, memory,
     heartbeat; cluster totals, restarts and alerts. Ctrl-C leaves (the job runs on)."""
     load_record(name)  # an unknown name: exit 2 with the known ones, before connecting
@@ -57,7 +57,7 @@ def monitor(name, interval, once, offline, accept_new_host_keys, connect_timeout
         if offline:
             live.run(name, None, interval=interval, once=once)
         else:
-            with connector_from(accept_new_host_keys, connect_timeout) as connector:
+            with Connector(connect) as connector:
                 live.run(name, _feeder(name, connector, outcome), interval=interval,
                          once=once)
     except KeyboardInterrupt:
@@ -74,8 +74,8 @@ def monitor(name, interval, once, offline, accept_new_host_keys, connect_timeout
               help="Seconds between looks at running jobs' clusters.")
 @click.option("--offline", is_flag=True,
               help="Never connect: serve the mirrors as they are.")
-@host_key_options
-def dashboard(port, bind, interval, offline, accept_new_host_keys, connect_timeout):
+@connect_options
+def dashboard(port, bind, interval, offline, connect):
     """Serve a local web page of every job: state, loss and tokens/s curves updating live,
     compute/all-reduce split, memory, restarts, per-node health, the last bench."""
     try:
@@ -98,7 +98,7 @@ def dashboard(port, bind, interval, offline, accept_new_host_keys, connect_timeo
     else:
         say(f"[yellow]  listening on {bind}: anyone who reaches port {port} here sees your "
             "jobs (no authentication)[/]", soft_wrap=True)
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         feeds = None if offline else dashboard_server.JobFeeds(
             connector, interval, log=lambda m: console.err.print(f"feed: {m}",
                                                                  markup=False)).start()
@@ -121,14 +121,14 @@ def dashboard(port, bind, interval, offline, accept_new_host_keys, connect_timeo
 @click.option("--refresh", is_flag=True,
               help="Look at the cluster once first (connects); else the mirror as it is.")
 @json_option
-@host_key_options
-def report_command(name, output, refresh, as_json, accept_new_host_keys, connect_timeout):
+@connect_options
+def report_command(name, output, refresh, as_json, connect):
     """One self-contained HTML file of job NAME (opens offline): loss and tokens/s curves,
     tokens/s per rank, restarts, config, plan and bench figures."""
     load_record(name)
     code = EXIT_OK
     if refresh:
-        with connector_from(accept_new_host_keys, connect_timeout) as connector:
+        with Connector(connect) as connector:
             results = feed(load_record(name), connector)
             code = results.exit_code if results is not None else EXIT_OK
     mirror = MirrorReader(name).read()

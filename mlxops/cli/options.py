@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from mlxops.transport import ConnectOptions, Connector
+from mlxops.transport import ConnectOptions
 
 F = Callable[..., Any]
 
@@ -32,15 +33,34 @@ def json_option(f: F) -> F:
                         help="Print one JSON document on stdout and nothing else there.")(f)
 
 
-def host_key_options(f: F) -> F:
-    f = click.option("--accept-new-host-keys", is_flag=True,
-                     help="Record unknown host keys (like ssh's accept-new); a changed key is "
-                          "still refused.")(f)
-    f = click.option("--connect-timeout", type=click.FloatRange(0.1, 600), default=10.0,
-                     show_default=True, help="Seconds to wait for each SSH connection.")(f)
-    return f
+def _accept_new_host_keys(f: F) -> F:
+    return click.option("--accept-new-host-keys", is_flag=True,
+                        help="Record unknown host keys (like ssh's accept-new); a changed key "
+                             "is still refused.")(f)
 
 
-def connector_from(accept_new_host_keys: bool, connect_timeout: float) -> Connector:
-    return Connector(ConnectOptions(accept_new_host_keys=accept_new_host_keys,
-                                    connect_timeout=connect_timeout))
+def _connect_timeout(f: F) -> F:
+    return click.option("--connect-timeout", type=click.FloatRange(0.1, 600), default=10.0,
+                        show_default=True, help="Seconds to wait for each SSH connection.")(f)
+
+
+def connect_options(f: F) -> F:
+    """``--accept-new-host-keys`` and ``--connect-timeout``, given to the command as one
+    keyword, ``connect`` (a :class:`~mlxops.transport.ConnectOptions`)."""
+    @functools.wraps(f)
+    def command(*args: Any, accept_new_host_keys: bool, connect_timeout: float,
+                **kwargs: Any) -> Any:
+        return f(*args, connect=ConnectOptions(accept_new_host_keys=accept_new_host_keys,
+                                               connect_timeout=connect_timeout), **kwargs)
+
+    return _connect_timeout(_accept_new_host_keys(command))
+
+
+def connect_timeout_option(f: F) -> F:
+    """``--connect-timeout`` alone, as ``connect``: for ``mlxops trust``, which records
+    host keys only after showing them (it never takes ``--accept-new-host-keys``)."""
+    @functools.wraps(f)
+    def command(*args: Any, connect_timeout: float, **kwargs: Any) -> Any:
+        return f(*args, connect=ConnectOptions(connect_timeout=connect_timeout), **kwargs)
+
+    return _connect_timeout(command)

@@ -10,12 +10,13 @@ import click
 from rich.table import Table
 
 from mlxops import console
-from mlxops.cli.options import connector_from, host_key_options, json_option
+from mlxops.cli.options import connect_options, json_option
 from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.errors import EXIT_FAILED
 from mlxops.jobs.balance import balance_plan
-from mlxops.jobs.plan import NodePlan, plan_job, step_estimate
 from mlxops.jobs.spec import load_job
+from mlxops.planning import NodePlan, plan_job, step_estimate
+from mlxops.transport import Connector
 
 GB = 1024**3
 
@@ -90,12 +91,12 @@ def step_notes(step: dict | None) -> list[str]:
 @click.option("--refresh", is_flag=True, help="Ask every node for its memory, ignoring cached "
                                                 "facts.")
 @json_option
-@host_key_options
-def command(job, refresh, as_json, accept_new_host_keys, connect_timeout):
+@connect_options
+def command(job, refresh, as_json, connect):
     """Per node: parameters, gradients, optimizer state and activations of one rank, and the
     micro-batch, accumulation and checkpointing that fit its memory."""
     spec = load_job(job)
-    with connector_from(accept_new_host_keys, connect_timeout) as connector:
+    with Connector(connect) as connector:
         split = balance_plan(spec, connector) if spec.trainer is not None else None
         plans, results = plan_job(spec, connector, refresh=refresh, split=split)
     fits = all(p.plan.fits for p in plans)

@@ -17,9 +17,8 @@ from rich.text import Text
 
 from mlxops import console
 from mlxops.cli.options import (
-    connector_from,
+    connect_options,
     forks_option,
-    host_key_options,
     inventory_argument,
     json_option,
     limit_option,
@@ -36,7 +35,7 @@ from mlxops.playbook import (
     run_play,
 )
 from mlxops.tasks.facts import save_facts
-from mlxops.transport import HostResult
+from mlxops.transport import Connector, HostResult
 from mlxops.transport.results import OK
 
 NEXT_STEP = "next: mlxops launch job.yml"
@@ -120,9 +119,9 @@ class Silent(Callbacks):
 @json_option
 @click.option("--playbook", type=click.Path(dir_okay=False), default=None,
               help="Another playbook to run (default: the bundled provision.yml).")
-@host_key_options
+@connect_options
 def command(inventory, limit, tags, skip_tags, check, diff, forks, as_json, playbook,
-            accept_new_host_keys, connect_timeout):
+            connect):
     """Make every selected Mac ready to train: facts, env, Python+MLX, hostfiles, code.
 
     Idempotent: a re-run changes nothing. Exit 0 all good, 1 a task failed,
@@ -139,7 +138,7 @@ def command(inventory, limit, tags, skip_tags, check, diff, forks, as_json, play
     tag_set = parse_tag_list(tags, "--tags", play)
     skip_set = parse_tag_list(skip_tags, "--skip-tags", play)
     total = len(hosts) * len(play.tasks)
-    with connector_from(accept_new_host_keys, connect_timeout) as connector, \
+    with Connector(connect) as connector, \
             console.host_progress("provisioning", total, enabled=as_json) as advance:
         if as_json:
             callbacks: Callbacks = Silent(advance)

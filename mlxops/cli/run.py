@@ -9,15 +9,14 @@ import click
 from mlxops import console
 from mlxops.adhoc import run_command
 from mlxops.cli.options import (
-    connector_from,
+    connect_options,
     forks_option,
-    host_key_options,
     inventory_argument,
     json_option,
     limit_option,
 )
 from mlxops.inventory import load_inventory
-from mlxops.transport import HostResult
+from mlxops.transport import Connector, HostResult
 from mlxops.transport.results import OK, UNREACHABLE
 
 
@@ -45,10 +44,9 @@ def _print_host(result: HostResult) -> None:
               help="Run COMMAND as root with `sudo -n` (as hosts with ansible_become do "
                    "anyway); without passwordless sudo it fails instead of prompting.")
 @json_option
-@host_key_options
+@connect_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(inventory, limit, forks, timeout, become, as_json, accept_new_host_keys,
-            connect_timeout, command):
+def command(inventory, limit, forks, timeout, become, as_json, connect, command):
     """Run COMMAND on every selected host, in parallel, and show each host's output.
 
     COMMAND's words are passed quoted, never through a shell: use `sh -c '...'` for pipes.
@@ -59,7 +57,7 @@ def command(inventory, limit, forks, timeout, become, as_json, accept_new_host_k
     """
     inv = load_inventory(inventory)
     hosts = inv.select(limit, source="--limit")
-    with connector_from(accept_new_host_keys, connect_timeout) as connector, \
+    with Connector(connect) as connector, \
             console.host_progress("running", len(hosts), enabled=True) as advance:
         def on_result(result: HostResult) -> None:
             if not as_json:

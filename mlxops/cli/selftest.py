@@ -10,8 +10,8 @@ import click
 
 from mlxops import console
 from mlxops.cli.options import (
+    connect_options,
     forks_option,
-    host_key_options,
     inventory_argument,
     json_option,
     limit_option,
@@ -19,7 +19,6 @@ from mlxops.cli.options import (
 from mlxops.selftest.job import NAME
 from mlxops.selftest.run import DEFAULT_TIMEOUT, SKIPPABLE, Options, parse_skip, run_selftest
 from mlxops.selftest.summary import render_text
-from mlxops.transport import ConnectOptions
 
 
 @click.command("selftest")
@@ -36,9 +35,8 @@ from mlxops.transport import ConnectOptions
               help="How long the job step may take, launch to recovered.")
 @forks_option
 @json_option
-@host_key_options
-def command(inventory, limit, skip, keep, timeout, forks, as_json, accept_new_host_keys,
-            connect_timeout):
+@connect_options
+def command(inventory, limit, skip, keep, timeout, forks, as_json, connect):
     """Run on your own nodes what mlxops' tests run: trust status, provision, check, a short
     bench, a job with one rank killed (kill -9) and recovered by the watchdog, stop.
 
@@ -53,8 +51,7 @@ def command(inventory, limit, skip, keep, timeout, forks, as_json, accept_new_ho
     """
     options = Options(inventory=Path(inventory), limit=limit, skip=parse_skip(skip),
                       keep=keep, timeout=timeout, forks=forks,
-                      connect=ConnectOptions(accept_new_host_keys=accept_new_host_keys,
-                                             connect_timeout=connect_timeout))
+                      connect=connect)
     progress = console.err.is_terminal
 
     def on_event(message: str) -> None:

@@ -8,10 +8,15 @@ import click
 from rich.text import Text
 
 from mlxops import console
-from mlxops.cli.options import forks_option, inventory_argument, limit_option
+from mlxops.cli.options import (
+    connect_timeout_option,
+    forks_option,
+    inventory_argument,
+    limit_option,
+)
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.inventory import load_inventory
-from mlxops.transport import ConnectOptions, Connector, HostResult, Results
+from mlxops.transport import Connector, HostResult, Results
 from mlxops.trust import (
     BLOCKED,
     KEY_CHANGED,
@@ -78,9 +83,8 @@ def _unblocked(checks: dict[str, HostKeyCheck], recorded: list[str]) -> list[str
 @limit_option
 @forks_option
 @click.option("--yes", "-y", is_flag=True, help="Record new keys without asking.")
-@click.option("--connect-timeout", type=click.FloatRange(0.1, 600), default=10.0,
-              show_default=True)
-def command(inventory, limit, forks, yes, connect_timeout):
+@connect_timeout_option
+def command(inventory, limit, forks, yes, connect):
     """Show each host's SSH host-key fingerprint, and its jump hosts', and record the new
     ones in known_hosts.
 
@@ -93,7 +97,7 @@ def command(inventory, limit, forks, yes, connect_timeout):
     pending = inv.select(limit, source="--limit")
     final: dict[str, HostResult] = {}
     every: dict[str, HostKeyCheck] = {}
-    with Connector(ConnectOptions(connect_timeout=connect_timeout)) as connector:
+    with Connector(connect) as connector:
         while pending:
             results, checks = check_host_keys(pending, connector, forks=forks)
             final.update(results.items())

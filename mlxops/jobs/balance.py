@@ -90,10 +90,10 @@ def plan_balance(spec: JobSpec, hosts: Sequence, calibration: rule.Calibration |
     counts = _split(spec, rank_hosts, batch, speeds) or [0] * len(rank_hosts)
     out = BalancePlan(_mode(spec), batch, [], source if speeds else "")
     for h in hosts:
-        mine = [i for i, name in enumerate(rank_hosts) if name == h.name]
-        ms = max(counts[i] / speeds[i] for i in mine) * 1e3 if speeds else None
-        out.hosts.append(HostShare(h.name, h.slots, [counts[i] for i in mine],
-                                   [speeds[i] for i in mine] if speeds else None, ms))
+        rank_indices = [i for i, name in enumerate(rank_hosts) if name == h.name]
+        ms = max(counts[i] / speeds[i] for i in rank_indices) * 1e3 if speeds else None
+        out.hosts.append(HostShare(h.name, h.slots, [counts[i] for i in rank_indices],
+                                   [speeds[i] for i in rank_indices] if speeds else None, ms))
     if speeds is None or not all(counts):
         return out
     out.step_ms = rule.step_seconds(counts, speeds) * 1e3

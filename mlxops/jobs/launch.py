@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from mlxops.errors import UserError
-from mlxops.jobs import nodecmd
 from mlxops.jobs.placement import NodePaths, Rank, place_ranks
 from mlxops.jobs.preflight import HostPrep, check_preflight, preflight, rdma_devices, select_hosts
 from mlxops.jobs.record import HostRecord, JobRecord, launched_job
@@ -25,7 +24,7 @@ from mlxops.jobs.runfiles import run_files, start_command_prefix, tar
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.stop import stop_job
 from mlxops.node import protocol
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 
 def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume: bool,
@@ -41,8 +40,9 @@ def _start(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank], resume:
         paths = NodePaths(prep.root, spec.name)
         archive = tar(run_files(spec, prep, ranks, resume, rdma, preps))
         # mpi: mpirun starts the ranks; this only writes the files (and clears `stopped`).
-        mine = [] if mpi else [r.rank for r in ranks if r.host == host.name]
-        args = protocol.spawn_args(paths.run_dir, mine, launcher=mpi and host.name == launcher)
+        host_ranks = [] if mpi else [r.rank for r in ranks if r.host == host.name]
+        args = protocol.spawn_args(paths.run_dir, host_ranks,
+                                   launcher=mpi and host.name == launcher)
         return nodecmd.run_node(connector.connect(host), prep.python, paths.code, args,
                                 stdin=archive,
                                 prefix=start_command_prefix(paths.run_dir, fresh))

@@ -10,12 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES, LAUNCHER
-from mlxops.transport import Connector, run_parallel
+from mlxops.transport import Connector, nodecmd, run_parallel
 
 Key = int | str                      # a rank, or LAUNCHER
 Offsets = dict[Key, int]
@@ -38,17 +37,17 @@ def fetch(record: JobRecord, connector: Connector, offsets: Offsets, *, rank: in
     def work(host) -> tuple[list[Chunk], Offsets]:
         h = record.host(host.name)
         paths = h.paths(record.name)
-        mine: list[Key] = [r.rank for r in record.ranks_on(host.name)]
+        log_keys: list[Key] = [r.rank for r in record.ranks_on(host.name)]
         if record.backend == protocol.MPI and record.ranks and record.ranks[0].host == host.name:
-            mine.append(LAUNCHER)
-        known = {r: offsets[r] for r in mine if r in offsets}
+            log_keys.append(LAUNCHER)
+        known = {r: offsets[r] for r in log_keys if r in offsets}
         answer = nodecmd.run_node(connector.connect(host), h.python, paths.code,
                                   protocol.logs_args(paths.run_dir, rank=rank, offsets=known,
                                                      tail=tail))
         chunks: list[Chunk] = []
         moved: Offsets = {}
         for key, chunk in answer.logs.items():
-            if key not in mine:
+            if key not in log_keys:
                 continue  # a script of an earlier attempt's layout
             moved[key] = chunk.offset
             if chunk.text:
@@ -77,7 +76,7 @@ def follow(name: str, connector: Connector, emit: Callable[[str], None], *,
     first = True
     while True:
         record = load_record(name)  # a watchdog may have restarted it on other hosts
-        status = gather(record, connector)
+        status = job_status(record, connector)
         for line in prefixed(fetch(record, connector, offsets, rank=rank,
                                    tail=tail if first else 0)):
             emit(line)

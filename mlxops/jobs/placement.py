@@ -160,6 +160,8 @@ def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, c
     ]
     if mpi:
         lines += [
+            # The log is 0600 (like this script) before anything is written to it.
+            f": >> {shell.quote(log_file)} && chmod 600 {shell.quote(log_file)} || exit 1",
             f"exec >> {shell.quote(log_file)} 2>&1 < /dev/null",
             f'printf "%s\\n" "$$" > {shell.quote(pid_file + ".tmp")} && '
             f"mv {shell.quote(pid_file + '.tmp')} {shell.quote(pid_file)}",

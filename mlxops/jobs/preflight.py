@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from mlxops import render
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
-from mlxops.jobs import nodecmd
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
 from mlxops.sync import parse_manifest, python_manifest_args
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 
 class PreflightError(MlxopsError):
@@ -69,8 +68,8 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
 
     def work(host) -> HostPrep:
         conn = connector.connect(host)
-        mine = [r for r in ranks if r.host == host.name]
-        ports = [r.port for r in mine] if spec.backend == protocol.RING else []
+        host_ranks = [r for r in ranks if r.host == host.name]
+        ports = [r.port for r in host_ranks] if spec.backend == protocol.RING else []
         questions = {"ip": host.ip if ports else "", "ports": ports,
                      "mpi": spec.backend == protocol.MPI}
         # One round trip when the code is current: resolve, manifest and the questions

@@ -101,7 +101,8 @@ class JobRecord:
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # the job's restart:
     stop_grace: float = 5.0
     # The rest of the job as launched (hosts pattern, trainer or command, workdir, env,
-    # port): what a restart needs. None in records written before mlxops kept it.
+    # port): what a restart needs. Launch always writes it; None only in a record built
+    # in memory without one (the unit tests'), which job_spec() refuses.
     job: dict[str, Any] | None = None
     excluded: list[str] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
@@ -123,10 +124,11 @@ class JobRecord:
     def ranks_on(self, host: str) -> list[Rank]:
         return [r for r in self.ranks if r.host == host]
 
-    def job_spec(self) -> JobSpec | None:
-        """The job as it was launched; None for a record that did not keep it."""
+    def job_spec(self) -> JobSpec:
+        """The job as it was launched."""
         if self.job is None:
-            return None
+            raise MlxopsError(f"{record_path(self.name)}: the record keeps no copy of the job "
+                              "(key 'job')")
         rest = dict(self.job)
         for key in _SPEC_PATHS:
             if rest.get(key) is not None:
@@ -154,12 +156,7 @@ class JobRecord:
         data["ranks"] = [Rank(**r) for r in data["ranks"]]
         data["restarts"] = [Restart.from_dict(r, f"restarts[{i}]")
                             for i, r in enumerate(data.get("restarts", []))]
-        # Records before the policy was one object kept its fields flat (stall_timeout, ...).
-        policy = data.pop("restart", None) or {}
-        for f in fields(RestartPolicy):
-            if f.name in data:
-                policy.setdefault(f.name, data.pop(f.name))
-        data["restart"] = RestartPolicy(**policy)
+        data["restart"] = RestartPolicy(**data["restart"])
         return cls(**data)
 
     def save(self) -> None:
@@ -284,8 +281,8 @@ def _locked(name: str) -> Iterator[None]:
 @contextmanager
 def supervisor_lock(name: str) -> Iterator[bool]:
     """One watchdog per job: yields False when another process already supervises it."""
-    with exclusive(job_dir(name) / "watch.lock", wait=False, note_pid=True) as mine:
-        yield mine
+    with exclusive(job_dir(name) / "watch.lock", wait=False, note_pid=True) as held:
+        yield held
 
 
 def inventory_hosts(record: JobRecord) -> dict:

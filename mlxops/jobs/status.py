@@ -16,11 +16,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, Restart, inventory_hosts
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
-from mlxops.transport import Connector, run_parallel
+from mlxops.transport import Connector, nodecmd, run_parallel
 
 LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
 
@@ -241,20 +240,20 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
         if answer is None:
             ranks.append(RankStatus(rank.rank, rank.host, UNREACHABLE))
             continue
-        mine = answer.rank(rank.rank) or _absent(rank.rank)
-        progress = mine.progress or protocol.Progress()
-        state = rank_state(exit_code=mine.exit, alive=mine.alive,
-                           heartbeat_age=mine.heartbeat_age,
+        node_rank = answer.rank(rank.rank) or _absent(rank.rank)
+        progress = node_rank.progress or protocol.Progress()
+        state = rank_state(exit_code=node_rank.exit, alive=node_rank.alive,
+                           heartbeat_age=node_rank.heartbeat_age,
                            stopped=answer.stopped or record.state == STOPPED,
                            stall_timeout=record.restart.stall_timeout)
-        age = mine.heartbeat_age
-        if (launcher and launcher.state in (RUNNING, STALLED) and mine.pid is None
-                and mine.exit is None and state in (FAILED, STOPPED)):
+        age = node_rank.heartbeat_age
+        if (launcher and launcher.state in (RUNNING, STALLED) and node_rank.pid is None
+                and node_rank.exit is None and state in (FAILED, STOPPED)):
             # Not started yet: mpirun is still bringing it up (ssh, orted) - or hangs at it.
             state, age = launcher.state, launcher.age
         ranks.append(RankStatus(
-            rank.rank, rank.host, state, mine.pid, mine.exit, progress.step, progress.loss,
-            progress.tokens_per_sec, age, mine.ended_ago, mine.failure))
+            rank.rank, rank.host, state, node_rank.pid, node_rank.exit, progress.step,
+            progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
@@ -270,19 +269,19 @@ def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
     answer = answers.get(host)
     if answer is None:
         return LauncherStatus(host, UNREACHABLE)
-    mine = answer.launcher or protocol.LauncherAnswer(pid=None, alive=False, exit=None,
-                                                      started=None, age=None, ended_ago=None)
+    mpirun = answer.launcher or protocol.LauncherAnswer(pid=None, alive=False, exit=None,
+                                                        started=None, age=None, ended_ago=None)
     # Its "heartbeat" is its start: it only matters while it has not started every rank.
-    state = rank_state(exit_code=mine.exit, alive=mine.alive, heartbeat_age=mine.age,
+    state = rank_state(exit_code=mpirun.exit, alive=mpirun.alive, heartbeat_age=mpirun.age,
                        stopped=answer.stopped or record.state == STOPPED,
                        stall_timeout=record.restart.stall_timeout)
-    if state == FAILED and mine.exit is None and all(
+    if state == FAILED and mpirun.exit is None and all(
             r.exit == 0 for a in answers.values() for r in a.ranks):
         state = FINISHED  # every rank finished; how mpirun ended does not matter
-    return LauncherStatus(host, state, mine.pid, mine.exit, mine.age)
+    return LauncherStatus(host, state, mpirun.pid, mpirun.exit, mpirun.age)
 
 
-def gather(record: JobRecord, connector: Connector, forks: int | None = None,
+def job_status(record: JobRecord, connector: Connector, forks: int | None = None,
            hosts: dict[str, Any] | None = None) -> JobStatus:
     """Ask every host of the job (in parallel) and classify the answers."""
     hosts = hosts or inventory_hosts(record)

@@ -11,12 +11,11 @@ stop looked, its own record of them is refused and it stops them itself.
 
 from __future__ import annotations
 
-from mlxops.jobs import nodecmd
 from mlxops.jobs.record import JobRecord, inventory_hosts, update
 from mlxops.jobs.record import mark_stopped as mark_stopped_record
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, RING
-from mlxops.transport import Connector, HostResult, Results, run_parallel
+from mlxops.transport import Connector, HostResult, Results, nodecmd, run_parallel
 from mlxops.transport.results import OK
 
 
@@ -40,8 +39,8 @@ def stop_job(record: JobRecord, connector: Connector, *, grace: float | None = N
     def work(host) -> HostResult:
         if host.name in stray_names:
             return _reap(record, connector, host, grace)
-        mine = record.ranks_on(host.name)
-        ports = [r.port for r in mine] if record.backend == RING else []
+        host_ranks = record.ranks_on(host.name)
+        ports = [r.port for r in host_ranks] if record.backend == RING else []
         answer = _stop_on(record, connector, host, grace, ports)
         if answer.alive:
             return HostResult(host.name, FAILED, f"ranks {answer.alive} survived SIGKILL",

@@ -26,10 +26,9 @@ from mlxops.jobs.record import (
     load_record,
     update,
 )
-from mlxops.jobs.spec import JobSpec, load_job
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
-from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
 
@@ -46,6 +45,7 @@ def restart(record: JobRecord, connector: Connector, reason: str,
     new attempt starts (nothing is started), or while its ranks were starting (they are
     stopped again here). Either way nothing of the job runs afterwards.
     """
+    spec = record.job_spec()  # the job as launched: refused before anything is stopped
     on_event(f"restarting ({reason})")
     stop_job(record, connector, mark_stopped=False)
     entry = Restart(time=time.time(), reason=reason, attempt=record.attempt)
@@ -56,22 +56,12 @@ def restart(record: JobRecord, connector: Connector, reason: str,
         current.restarts.append(entry)
 
     previous = update(record.name, begin)
-    spec = _spec_as_launched(previous, on_event)
     try:
         return _relaunch(spec, previous, connector, on_event)
     except JobStopped as exc:
         on_event("stopped (mlxops stop) while the ranks were starting: stopping them again")
         stop_job(exc.record, connector, mark_stopped=False)
         raise
-
-
-def _spec_as_launched(record: JobRecord, on_event: OnEvent) -> JobSpec:
-    spec = record.job_spec()
-    if spec is None:
-        on_event(f"the record keeps no copy of the job (written by an older mlxops): "
-                 f"re-reading {record.job_file}")
-        spec = load_job(record.job_file)
-    return spec
 
 
 def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
@@ -112,9 +102,13 @@ def _finished(current: JobRecord) -> None:
 
 def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = lambda _: None,
               on_event: OnEvent = lambda _: None, poll: float | None = None) -> JobStatus:
-    """Watch until the job finishes, fails for good, or is stopped; restart on problems."""
+    """Watch until the job finishes, fails for good, or is stopped; restart on problems.
+
+    ``on_status`` gets every status polled: the terminal's progress bar, and the metrics
+    mirror's :class:`~mlxops.monitor.mirror.Feeder` (the monitor sits above the jobs, so
+    whoever starts the watchdog passes its feeder in).
+    """
     hosts = inventory_hosts(record)
-    mirror = Feeder(record.name, connector)
     unreachable_since: dict[str, float] = {}
     next_reap = 0.0
     while True:
@@ -123,9 +117,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             for name in reap_strays(record, connector).succeeded:
                 on_event(f"{name} is back: stopped the ranks it still ran")
             next_reap = time.monotonic() + STRAY_RETRY
-        status = gather(record, connector, hosts=hosts)
-        on_status(status)
-        mirror.tick(record, status, hosts)  # for monitor, dashboard and report
+        status = job_status(record, connector, hosts=hosts)
+        on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
             return status
@@ -139,12 +132,12 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 message = f"gave up after {len(record.restarts)} restarts: {problem}"
                 _end(record.name, FAILED, message)
                 on_event(message)
-                return gather(load_record(record.name), connector, hosts=hosts)
+                return job_status(load_record(record.name), connector, hosts=hosts)
             try:
                 record = restart(record, connector, problem, on_event)
             except JobStopped:
                 on_event("stopped (mlxops stop) during the restart: not restarting")
-                return gather(load_record(record.name), connector, hosts=hosts)
+                return job_status(load_record(record.name), connector, hosts=hosts)
             except MlxopsError as exc:
                 message = f"restart failed: {exc}"
                 _end(record.name, FAILED, message)

@@ -23,15 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from mlxops.filelock import exclusive
-from mlxops.jobs import nodecmd
-from mlxops.jobs.record import JobRecord, inventory_hosts
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, classify
 from mlxops.monitor import files
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES
 from mlxops.node.protocol.metrics import step_of
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 INTERVAL = 5.0                 # seconds between the watchdog's feeds (a problem feeds at once)
 SAMPLES_MAX_BYTES = 16 << 20   # then the older samples are thinned (:func:`thin`)
@@ -40,8 +39,8 @@ SAMPLES_MAX_BYTES = 16 << 20   # then the older samples are thinned (:func:`thin
 @contextmanager
 def _feeding(name: str) -> Iterator[bool]:
     """One feeder per job at a time; yields False when another one is at it now."""
-    with exclusive(files.path(name, files.LOCK), wait=False) as mine:
-        yield mine
+    with exclusive(files.path(name, files.LOCK), wait=False) as held:
+        yield held
 
 
 def merge_reset(kept: str, fresh: str) -> str:
@@ -104,14 +103,14 @@ def sample_line(status: JobStatus, nodes: dict[str, dict[str, Any]], now: float
 def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = None,
          hosts: dict[str, Any] | None = None) -> Results | None:
     """Look at the job's hosts once and add what they say to the mirror. ``status``: the
-    job's status just gathered (the watchdog's), else the nodes' answers give it.
+    job's status just polled (the watchdog's), else the nodes' answers give it.
 
     Returns each host's result (a host that does not answer is recorded as such in the
     mirror too); None when another process was feeding this mirror at that moment (nothing
     done). Only a bug raises.
     """
-    with _feeding(record.name) as mine:
-        if not mine:
+    with _feeding(record.name) as held:
+        if not held:
             return None
         return _feed(record, connector, status, hosts or inventory_hosts(record))
 
@@ -131,11 +130,11 @@ def _feed(record: JobRecord, connector: Connector, status: JobStatus | None,
     def work(host) -> protocol.SampleAnswer:
         h = record.host(host.name)
         paths = h.paths(name)
-        mine = host.name == tail_host
+        tails_metrics = host.name == tail_host
         args = protocol.sample_args(
             paths.run_dir, status=status is None,
-            metrics_from=(0 if moved else state.offset) if mine else None,
-            metrics_inode=None if moved or not mine else state.inode)
+            metrics_from=(0 if moved else state.offset) if tails_metrics else None,
+            metrics_inode=None if moved or not tails_metrics else state.inode)
         return nodecmd.run_node(connector.connect(host), h.python, paths.code, args, timeout=30)
 
     results = run_parallel([hosts[h.name] for h in record.hosts if h.name in hosts], work)
@@ -167,20 +166,35 @@ def _feed(record: JobRecord, connector: Connector, status: JobStatus | None,
 
 class Feeder:
     """The watchdog's feeds: at most every ``interval`` seconds, and at once when the job
-    ended or has a problem (the last lines before a restart or the end are kept)."""
+    ended or has a problem (the last lines before a restart or the end are kept).
+
+    :meth:`on_status` is the watchdog's status hook (``supervise(on_status=...)``): the
+    watchdog knows nothing of the monitor, whoever starts it passes the feeder in.
+    """
 
     def __init__(self, name: str, connector: Connector, interval: float = INTERVAL) -> None:
         self.name = name
         self.connector = connector
         self.interval = interval
         self._last = 0.0
+        self._hosts: dict[str, Any] | None = None
 
-    def tick(self, record: JobRecord, status: JobStatus, hosts: dict[str, Any] | None = None
-             ) -> None:
+    def _due(self, status: JobStatus) -> bool:
         now = time.monotonic()
         urgent = status.state in ENDED_STATES or status.problem is not None
         if not urgent and now - self._last < self.interval:
-            return
+            return False
         self._last = now
-        feed(record, self.connector, status=status, hosts=hosts)
+        return True
+
+    def on_status(self, status: JobStatus) -> None:
+        """Feed from the status the watchdog just polled, with the job's record as it
+        is now (a restart rewrites it) and its hosts as the inventory had them at the
+        first feed (as the watchdog connects to them)."""
+        if not self._due(status):
+            return
+        record = load_record(self.name)
+        if self._hosts is None:
+            self._hosts = inventory_hosts(record)
+        feed(record, self.connector, status=status, hosts=self._hosts)
 

@@ -2,7 +2,7 @@
 
 Standard library only: this package is synced to nodes next to the trainer and runs under
 the node's interpreter. Every command prints one JSON document on stdout, which the
-controller parses (:mod:`mlxops.jobs.nodecmd` runs the commands and reads the answers).
+controller parses (:mod:`mlxops.transport.nodecmd` runs the commands and reads the answers).
 The commands, their answers and the run directory they work in are defined once, in
 :mod:`mlxops.node.protocol`, and written out for people in docs/node-protocol.md.
 

@@ -30,7 +30,10 @@ def spawn(run_dir: Path, rank: int | str) -> int:
         try:
             os.setsid()
             devnull = os.open(os.devnull, os.O_RDONLY)
-            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            # 0600 like the rank scripts: a program's output may hold its secrets. fchmod
+            # too, for a log an earlier attempt created otherwise (it is appended to).
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.fchmod(out, 0o600)
             os.dup2(devnull, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)

@@ -49,8 +49,8 @@ class Sandbox(Faults):
         require_root()
         if self.is_mac and darwin.prerequisite():
             raise UserError(f"--flavour macos: {darwin.prerequisite()}")
-        plan = self.layout.nodes(nodes)
-        shaped = node_rates([*([rate] if rate else []), *rates], [n.name for n in plan])
+        layouts = self.layout.nodes(nodes)
+        shaped = node_rates([*([rate] if rate else []), *rates], [n.name for n in layouts])
         if self._state and self.is_running():
             raise UserError(
                 f"{self.dir}: a sandbox is already running here; "
@@ -58,7 +58,7 @@ class Sandbox(Faults):
             )
         if self._state:
             self.down()  # leftovers of a crashed run: nothing alive, clear the files
-        self._check_free(plan)
+        self._check_free(layouts)
         self._make_dir()
         node_py = python or node_python(log=self._log)
 
@@ -69,11 +69,11 @@ class Sandbox(Faults):
             "python": node_py,
             "rate": rate or next((r for r in rates if "=" not in r), None),
             "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
-                       "sshd_pid": None, "rate": shaped[n.name]} for n in plan],
+                       "sshd_pid": None, "rate": shaped[n.name]} for n in layouts],
         }
         self._save()
         try:
-            self._create(plan, {name: parse_rate(r) if r else None
+            self._create(layouts, {name: parse_rate(r) if r else None
                                 for name, r in shaped.items()})
         except BaseException:
             # Also on KeyboardInterrupt: never leave half a sandbox behind.
@@ -81,33 +81,33 @@ class Sandbox(Faults):
             raise
         return self.info
 
-    def _create(self, plan: list[NodeLayout], rate_bits: dict[str, int | None]) -> None:
+    def _create(self, layouts: list[NodeLayout], rate_bits: dict[str, int | None]) -> None:
         account = nodes.ensure_user(self.user, LOGIN_SHELLS[self.login_shell])
         keygens = [nodes.keygen(self.key_path, "mlxops-sandbox")]
-        for node in plan:
+        for node in layouts:
             files = self._files(node.name)
             files.dir.mkdir(parents=True, exist_ok=True)
             keygens.append(nodes.keygen(files.host_key, f"{node.name}@mlxops-sandbox"))
         self._log(f"creating bridge {self.layout.bridge} ({self.controller_ip})")
         netns.create_bridge(self.layout)
-        for node in plan:
+        for node in layouts:
             netns.create_node_net(self.layout, node, rate_bits[node.name], self.iface)
         nodes.wait_all(keygens, "ssh-keygen")
         self.key_path.chmod(0o600)
-        known = self._nodes_known_hosts(plan)
+        known = self._nodes_known_hosts(layouts)
         if self.is_mac:
             darwin.install(self.dir, self.python)
-        for node in plan:
+        for node in layouts:
             nodes.prepare_node(self._files(node.name), node, account, self.key_path, known,
                                session_env=self.session_env())
             kernels.link_node_cache(self._files(node.name).home, account)
             if self.is_mac:
                 darwin.prepare_node(self.dir, node.name, account)
-        for node in plan:
+        for node in layouts:
             self._entry(node.name)["sshd_pid"] = nodes.start_sshd(
                 node, self._files(node.name), self.user, darwin=self._darwin_mounts(node.name))
         self._save()
-        self._wait_listening(plan)
+        self._wait_listening(layouts)
         self._write_client_files()
 
     def _write_client_files(self) -> None:
@@ -127,17 +127,17 @@ class Sandbox(Faults):
         if not state:
             return
         require_root()
-        plan = [NodeLayout(e["name"], e["ip"], e["netns"], e["veth"]) for e in state["nodes"]]
+        layouts = [NodeLayout(e["name"], e["ip"], e["netns"], e["veth"]) for e in state["nodes"]]
         for entry in state["nodes"]:
             nodes.stop_sshd(entry.get("sshd_pid"), self._files(entry["name"]))
-        netns.kill_netns_processes([n.netns for n in plan])
+        netns.kill_netns_processes([n.netns for n in layouts])
         for entry in state["nodes"]:
             if "cpu_quota" in entry:  # a test's slower node, left behind
                 cgroups.clear(self._cgroup(entry["name"]))
-        for node in plan:
+        for node in layouts:
             netns.delete_node_net(node)
         netns.delete_bridge(self.layout)
-        for node in plan:
+        for node in layouts:
             nodes.remove_node_files(self._files(node.name))
         darwin.remove(self.dir)
         for name in _TOP_FILES:
@@ -150,11 +150,11 @@ class Sandbox(Faults):
                 pass
         self._state = None
 
-    def _check_free(self, plan: list[NodeLayout]) -> None:
+    def _check_free(self, layouts: list[NodeLayout]) -> None:
         """Refuse to touch kernel objects or addresses that someone else owns."""
         if netns.link_exists(self.layout.bridge):
             raise UserError(f"--prefix: interface {self.layout.bridge} already exists")
-        for node in plan:
+        for node in layouts:
             if netns.netns_exists(node.netns) or netns.link_exists(node.veth):
                 raise UserError(f"--prefix: {node.netns} or {node.veth} already exists")
         used = netns.subnet_in_use(self.layout)

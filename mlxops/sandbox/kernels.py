@@ -28,14 +28,14 @@ def user_cache(user: pwd.struct_passwd, base: Path = KERNELS) -> Path:
     """``<base>/<user>``: made if missing, the user's, mode 0700 (its parent root's)."""
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o755)
-    mine = base / user.pw_name
-    mine.mkdir(exist_ok=True)
-    os.chown(mine, user.pw_uid, user.pw_gid)
-    mine.chmod(0o700)
+    own_cache = base / user.pw_name
+    own_cache.mkdir(exist_ok=True)
+    os.chown(own_cache, user.pw_uid, user.pw_gid)
+    own_cache.chmod(0o700)
     for other in sorted(base.iterdir()):  # the kernels another node user compiled
-        if other != mine and other.is_dir():
-            seed(other / "mlx", mine / "mlx", user)
-    return mine
+        if other != own_cache and other.is_dir():
+            seed(other / "mlx", own_cache / "mlx", user)
+    return own_cache
 
 
 def link_root_cache(root: Path, user: pwd.struct_passwd, base: Path = KERNELS) -> Path:

@@ -67,8 +67,8 @@ class SandboxState:
         if state:
             self.layout = Layout.make(state["prefix"], state["subnet"])
             self.user = state["user"]
-            self.login_shell = state.get("login_shell", "bash")
-            self.flavour = state.get("flavour", "linux")
+            self.login_shell = state["login_shell"]
+            self.flavour = state["flavour"]
         else:
             if flavour not in darwin.FLAVOURS:
                 raise UserError(f"--flavour: {flavour!r}: want one of "
@@ -206,16 +206,16 @@ class SandboxState:
             nodes={e["name"]: e["ip"] for e in self._state["nodes"]},
         )
 
-    def _nodes_known_hosts(self, plan: list[NodeLayout] | None = None) -> str:
+    def _nodes_known_hosts(self, layouts: list[NodeLayout] | None = None) -> str:
         """known_hosts text with every node's current host key under its address."""
-        plan = plan or [self.node_layout(n) for n in self.nodes]
+        layouts = layouts or [self.node_layout(n) for n in self.nodes]
         return clientfiles.known_hosts({n.ip: self._files(n.name).host_key_line()
-                                        for n in plan})
+                                        for n in layouts})
 
-    def _wait_listening(self, plan: list[NodeLayout]) -> None:
+    def _wait_listening(self, layouts: list[NodeLayout]) -> None:
         nodes.wait_listening(
-            plan, {n.name: self.sshd_pid(n.name) for n in plan},
-            {n.name: self._files(n.name) for n in plan})
+            layouts, {n.name: self.sshd_pid(n.name) for n in layouts},
+            {n.name: self._files(n.name) for n in layouts})
 
     # -- running things on a node --------------------------------------------------------
 

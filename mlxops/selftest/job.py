@@ -36,7 +36,6 @@ from pathlib import Path
 
 from mlxops import shell
 from mlxops.errors import MlxopsError, UserError
-from mlxops.jobs import nodecmd
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch
 from mlxops.jobs.record import (
@@ -50,10 +49,11 @@ from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world, parse_trainer
 from mlxops.jobs.status import JobStatus
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.mirror import Feeder
 from mlxops.node import protocol
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.selftest.summary import Recovery
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 OnEvent = Callable[[str], None]
 NAME = "mlxops-selftest"
@@ -160,15 +160,15 @@ def kill_trainer(record: JobRecord, rank: int, host_name: str, connector: Connec
     conn = connector.connect(hosts[host_name])
     answer = nodecmd.run_node(conn, h.python, paths.code, protocol.status_args(paths.run_dir),
                               timeout=30)
-    mine = answer.rank(rank)
-    pid = mine.progress.pid if mine is not None and mine.progress is not None else None
-    if mine is None or not mine.alive or mine.pid is None or pid is None:
+    victim = answer.rank(rank)
+    pid = victim.progress.pid if victim is not None and victim.progress is not None else None
+    if victim is None or not victim.alive or victim.pid is None or pid is None:
         raise MlxopsError(f"{host_name}: rank {rank} is not running: nothing to kill")
-    done = conn.run(kill_command(pid, mine.pid), timeout=30)
+    done = conn.run(kill_command(pid, victim.pid), timeout=30)
     if not done.ok:
         raise MlxopsError(f"{host_name}: kill -9 of rank {rank} (pid {pid}, child of "
-                          f"{mine.pid}) failed: {done.error_line()}")
-    return mine.progress.step or 0
+                          f"{victim.pid}) failed: {done.error_line()}")
+    return victim.progress.step or 0
 
 
 def run_job(spec: JobSpec, connector: Connector, hosts: dict, timeout: float,
@@ -185,10 +185,16 @@ def run_job(spec: JobSpec, connector: Connector, hosts: dict, timeout: float,
     record = launch(spec, connector, fresh=True)
     watcher = KillAndWatch(record, connector, hosts, deadline, on_event)
     try:
-        with supervisor_lock(NAME) as mine:
-            if not mine:
+        with supervisor_lock(NAME) as supervising:
+            if not supervising:
                 raise MlxopsError(f"another mlxops process supervises {NAME}")
-            final = supervise(record, connector, on_status=watcher.on_status,
+            feeder = Feeder(NAME, connector)  # the mirror, as `mlxops watch` feeds it
+
+            def watch_and_feed(status: JobStatus) -> None:
+                watcher.on_status(status)
+                feeder.on_status(status)
+
+            final = supervise(record, connector, on_status=watch_and_feed,
                               on_event=lambda m: on_event(f"job: watchdog: {m}"), poll=POLL)
         why = final.message or final.problem or ""
         raise MlxopsError(f"the job ended ({final.state}) before it was killed and recovered"

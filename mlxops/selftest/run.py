@@ -235,7 +235,7 @@ class _Selftest:
         """Facts for the summary when provision did not run (read-only, one command a
         host; a host that does not answer is shown without them)."""
         got = run_parallel(self.hosts,
-                           lambda h: node_facts.gather(self.connector.connect(h), h),
+                           lambda h: node_facts.ask_facts(self.connector.connect(h), h),
                            forks=self.options.forks)
         self.facts.update(got.succeeded_values())
 

@@ -25,13 +25,15 @@ from rich.console import Console
 from mlxops import console
 from mlxops.bench.results import BUSBW_FROM, BenchResult, average_busbw
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from mlxops.transport.results import FAILED, SKIPPED, UNREACHABLE
+from mlxops.transport.results import OK as OK  # a step's result too (S.OK)
 
 VERSION = 1
 #: The steps, in the order they run (docs/cli.md, "mlxops selftest").
 TRUST, PROVISION, CHECK, BENCH, JOB, STOP = "trust", "provision", "check", "bench", "job", "stop"
 STEPS = (TRUST, PROVISION, CHECK, BENCH, JOB, STOP)
-#: A step's result. ``not run``: an earlier step failed or Ctrl-C came first.
-OK, FAILED, UNREACHABLE, SKIPPED = "ok", "failed", "unreachable", "skipped"
+#: A step's result: a host result's words (mlxops.transport.results) and two of its own.
+#: ``not run``: an earlier step failed or Ctrl-C came first.
 NOT_RUN, INTERRUPTED = "not run", "interrupted"
 EXIT_INTERRUPTED = 130
 GIB = 1 << 30

@@ -11,7 +11,7 @@ Accelerate and Metal there.
 
 The node is asked where its OpenBLAS is by :func:`mlxops.node.blas.find_openblas` itself
 (its source, run by the node's interpreter), so provision and a job's pre-flight look in
-the same places and accept the same files. :func:`plan` is pure: probe in, steps out.
+the same places and accept the same files. :func:`steps_for` is pure: probe in, steps out.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def parse_probe(stdout: str) -> dict[str, Any]:
 
 
 @dataclass
-class Plan:
+class Steps:
     install: str | None = None     # the command line that installs the package, or
     warning: str = ""              # why it cannot be installed here
 
@@ -80,16 +80,16 @@ def install_command(package: str, *, root: bool) -> str:
     return f"{install} || {{ {apt('update', '-q')} && {install}; }}"
 
 
-def plan(probe: Mapping[str, Any], package: str, become: bool) -> Plan:
+def steps_for(probe: Mapping[str, Any], package: str, become: bool) -> Steps:
     """What to do on a Linux node without an OpenBLAS (``probe``: the node's answer)."""
     if not probe.get("apt"):
-        return Plan(warning=f"no OpenBLAS and no apt-get: {SLOW}; install OpenBLAS with "
+        return Steps(warning=f"no OpenBLAS and no apt-get: {SLOW}; install OpenBLAS with "
                             "the system's package manager")
     root = probe.get("uid") == 0
     if not (root or become):
-        return Plan(warning=f"no OpenBLAS: {SLOW}; set ansible_become to let provision "
+        return Steps(warning=f"no OpenBLAS: {SLOW}; set ansible_become to let provision "
                             f"install {package}, or run 'apt-get install {package}' as root")
-    return Plan(install=install_command(package, root=root))
+    return Steps(install=install_command(package, root=root))
 
 
 def check_args(args: Mapping[str, Any]) -> None:
@@ -120,7 +120,7 @@ def blas_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
         return Outcome.failed(str(exc))
     if probe.get("openblas"):
         return Outcome.ok(probe["openblas"], openblas=probe["openblas"])
-    steps = plan(probe, package, bool(ctx.host.become))
+    steps = steps_for(probe, package, bool(ctx.host.become))
     if steps.install is None:
         return Outcome(status=SKIPPED, message=f"no OpenBLAS, cannot install {package}",
                        data={"warnings": [steps.warning]})

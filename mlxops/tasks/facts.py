@@ -275,7 +275,7 @@ def load_cached_facts(host_name: str) -> dict[str, Any] | None:
 # --- the task -----------------------------------------------------------------------------
 
 
-def gather(conn, host) -> dict[str, Any]:
+def ask_facts(conn, host) -> dict[str, Any]:
     """Run the facts script on one host; raises RuntimeError when it does not answer."""
     result = conn.run(facts_script(host.python, host.root), timeout=60)
     sections = split_sections(result.stdout)
@@ -289,7 +289,7 @@ def facts_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     """Gather facts (read-only: the same under --check). The first command on a host, so
     it is also where SSH and its host key get verified."""
     try:
-        facts = gather(ctx.conn, ctx.host)
+        facts = ask_facts(ctx.conn, ctx.host)
     except RuntimeError as exc:
         return Outcome.failed(str(exc))
     # In place: the play shares this dict as ctx.cluster_facts[host] with every task.

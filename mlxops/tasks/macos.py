@@ -10,7 +10,7 @@
 Current values come from the facts (sysctl, pmset, ifconfig were read there), so an
 already-tuned Mac costs no round trip. Privileged steps run only with ``ansible_become``
 (``sudo -n``: a password prompt would hang a parallel run, so it fails instead).
-:func:`plan` is pure — facts in, commands out — and tested from recorded Darwin facts.
+:func:`steps_for` is pure — facts in, commands out — and tested from recorded Darwin facts.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MIB = 1024 * 1024
 
 
 @dataclass
-class Plan:
+class Steps:
     commands: list[list[str]] = field(default_factory=list)  # argv each, run in order
     changes: list[str] = field(default_factory=list)         # what they change, for people
     warnings: list[str] = field(default_factory=list)
@@ -47,10 +47,10 @@ def wired_limit_mb(facts: Mapping[str, Any], explicit: int | None,
     return None
 
 
-def plan(facts: Mapping[str, Any], host: Any, args: Mapping[str, Any]) -> Plan:
+def steps_for(facts: Mapping[str, Any], host: Any, args: Mapping[str, Any]) -> Steps:
     """The commands that bring this Mac (``host``, an inventory Host) to the wanted state
     (none when it is there)."""
-    out = Plan()
+    out = Steps()
     current = facts.get("macos") or {}
     wanted = wired_limit_mb(facts, host.var("mlxops_wired_limit_mb"), args.get("wired_share"))
     if wanted is not None and current.get("wired_limit_mb") != wanted:
@@ -89,7 +89,7 @@ def check_args(args: Mapping[str, Any]) -> None:
 def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if ctx.facts.get("system") != "Darwin":
         return Outcome.skipped(f"not macOS ({ctx.facts.get('system')})")
-    steps = plan(ctx.facts, ctx.host, args)
+    steps = steps_for(ctx.facts, ctx.host, args)
     warnings = {"warnings": steps.warnings} if steps.warnings else {}
     if not steps.commands:
         return Outcome.ok("tuned", **warnings)

@@ -58,8 +58,8 @@ def checksums(arrays: list[mx.array]) -> mx.array:
 def compare(items: list[tuple[str, mx.array]], group: mx.distributed.Group
             ) -> Mismatch | None:
     """Every rank's checksums side by side (one all-gather); the same answer on all."""
-    mine = checksums([a for _, a in items])
-    rows = mx.distributed.all_gather(mine[None], group=group).tolist()
+    local_sums = checksums([a for _, a in items])
+    rows = mx.distributed.all_gather(local_sums[None], group=group).tolist()
     ranks = [r for r, row in enumerate(rows) if row != rows[0]]
     if not ranks:
         return None

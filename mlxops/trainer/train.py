@@ -120,9 +120,9 @@ class Trainer:
     def _start(self, resume: bool) -> None:
         ckpt_dir = self.out / protocol.CKPT_DIR
         latest = checkpoint.find_latest(ckpt_dir)
-        mine = checkpoint.load_step(latest) if latest else -1
+        local_step = checkpoint.load_step(latest) if latest else -1
         # Every rank reads its own node's copy; all must agree on the step.
-        steps = all_gather_cpu(mx.array([mine], dtype=mx.int32), self.group).tolist()
+        steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), self.group).tolist()
         if not resume:
             if max(steps) >= 0:
                 raise ConfigError(
@@ -139,7 +139,7 @@ class Trainer:
         if len(set(steps)) != 1:
             raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
                                "copy the newest checkpoint to every node")
-        if mine < 0:
+        if local_step < 0:
             self._log("resume: no checkpoint yet, starting at step 0")
             return
         assert latest is not None
@@ -303,9 +303,9 @@ class Trainer:
         self._calibration.append(compute)
         if len(self._calibration) < 1 + CALIBRATION_STEPS:
             return
-        mine = self.counts[self.rank] / min(self._calibration[1:])
+        local_speed = self.counts[self.rank] / min(self._calibration[1:])
         self._calibration = None
-        speeds = all_gather_cpu(mx.array([mine], dtype=mx.float32), self.group).tolist()
+        speeds = all_gather_cpu(mx.array([local_speed], dtype=mx.float32), self.group).tolist()
         self.speeds, self.speed_hosts = speeds, host_names(self.group)
         before = self.counts
         after = self.balance.split(self.cfg.train.global_batch, self.world, speeds)

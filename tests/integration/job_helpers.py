@@ -12,8 +12,9 @@ import yaml
 from mlxops.errors import UserError
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import JobRecord, load_record
-from mlxops.jobs.status import JobStatus, gather
+from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import RUNNING, STALLED
 
 
@@ -45,7 +46,7 @@ def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
     """Until every rank reached ``step``; a job that ended first fails with its logs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = gather(record, connector)
+        status = job_status(record, connector)
         if status.state not in (RUNNING, STALLED):
             logs = "\n".join(prefixed(fetch(record, connector, {})))
             raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
@@ -78,7 +79,9 @@ class BackgroundWatchdog:
 
     def _run(self, record: JobRecord, connector) -> None:
         try:
-            self._outcome["status"] = supervise(record, connector, on_event=self.events.append)
+            feeder = Feeder(record.name, connector)  # as `mlxops watch` feeds the mirror
+            self._outcome["status"] = supervise(record, connector, on_status=feeder.on_status,
+                                                on_event=self.events.append)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             self._outcome["error"] = exc
 

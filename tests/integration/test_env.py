@@ -10,7 +10,7 @@ import pytest
 from mlxops.inventory import load_inventory
 from mlxops.tasks.base import TaskContext
 from mlxops.tasks.env import env_task
-from mlxops.tasks.facts import gather
+from mlxops.tasks.facts import ask_facts
 from mlxops.transport import Connector
 
 
@@ -19,7 +19,7 @@ def node(sandbox):
     inv = load_inventory(sandbox.inventory_path)
     host = inv.select("node4")[0]
     conn = Connector().connect(host)
-    yield inv, host, conn, gather(conn, host)
+    yield inv, host, conn, ask_facts(conn, host)
     conn.close()
 
 

@@ -25,7 +25,7 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.preflight import PreflightError
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.transport import ConnectOptions, Connector, HostUnreachable
@@ -120,7 +120,7 @@ def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
     results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
     assert job_processes("t-resume") == []
-    assert gather(load_record("t-resume"), connector).state == "stopped"
+    assert job_status(load_record("t-resume"), connector).state == "stopped"
     assert stop_job(load_record("t-resume"), connector).exit_code == 0  # idempotent
 
     resumed = launch(spec, connector, resume=True, previous=load_record("t-resume"))
@@ -201,9 +201,9 @@ def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
     finally:
         cli.kill()  # SIGKILL: no chance to clean anything up
         cli.wait()
-    step_then = gather(record, connector).step
+    step_then = job_status(record, connector).step
     time.sleep(2)
-    status = gather(record, connector)
+    status = job_status(record, connector)
     assert status.state == "running" and status.step > step_then
     out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],
                          capture_output=True, text=True, env=env, timeout=60)
@@ -232,7 +232,7 @@ def test_ctrl_c_while_following_detaches_and_never_kills(sandbox, tmp_path, conn
             cli.kill()
     assert cli.returncode == 0, err
     assert "detached" in err and "mlxops watch t-ctrlc" in err
-    before = gather(record, connector)
+    before = job_status(record, connector)
     assert before.state == "running"
     wait_for_step(record, connector, (before.step or 0) + 2)
     assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0

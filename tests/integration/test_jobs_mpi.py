@@ -23,7 +23,7 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 
@@ -136,15 +136,15 @@ def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
     spec = load_job(write_job(tmp_path, inventory, "m-stop", "mpi", 30))
     record = launch(spec, connector)
     deadline = time.monotonic() + 60
-    while (gather(record, connector).step or 0) < 5:
-        status = gather(record, connector)
+    while (job_status(record, connector).step or 0) < 5:
+        status = job_status(record, connector)
         assert status.state == "running", (status.to_dict(), logs(record, connector))
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.3)
     results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
     assert no_leftovers("m-stop", within=1.0) == []
-    status = gather(load_record("m-stop"), connector)
+    status = job_status(load_record("m-stop"), connector)
     assert status.state == "stopped", status.to_dict()
     assert stop_job(load_record("m-stop"), connector).exit_code == 0  # idempotent
 
@@ -174,7 +174,7 @@ def test_a_dead_or_stuck_mpi_rank_is_restarted_by_the_watchdog(
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
     deadline = time.monotonic() + 60
-    while (gather(record, connector).step or 0) < 6:
+    while (job_status(record, connector).step or 0) < 6:
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.3)
     os.kill(mpi_trainer_pid(sandbox, name, 3, "node3"), sig)

@@ -24,17 +24,17 @@ from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
-from mlxops.jobs.nodecmd import run_node
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.node import protocol
 from mlxops.node.sample import ioreg_gpu, vm_stat_used
 from mlxops.sandbox import darwin
 from mlxops.sandbox.darwin.shim import recorded_sysctl
-from mlxops.tasks.facts import gather as gather_facts
+from mlxops.tasks.facts import ask_facts
+from mlxops.transport.nodecmd import run_node
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 MAC = recorded_sysctl(RECORDED)
@@ -63,7 +63,7 @@ def on_node(sandbox, node: str, command: str) -> str:
 
 def test_facts_are_the_recorded_mac(mac_sandbox, connector):
     host = load_inventory(mac_sandbox.inventory_path).hosts["node1"]
-    facts = gather_facts(connector.connect(host), host)
+    facts = ask_facts(connector.connect(host), host)
     assert (facts["system"], facts["arch"], facts["hostname"]) == ("Darwin", "arm64", "node1")
     assert facts["chip"] == MAC["machdep.cpu.brand_string"] == "Apple M1 Pro"
     assert facts["memory_bytes"] == int(MAC["hw.memsize"])
@@ -121,7 +121,7 @@ def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_invent
     record = launch(spec, connector, fresh=True)
     watchdog = BackgroundWatchdog(record, connector)
     wait_for_step(record, connector, 8, timeout=240)   # a cold kernel cache: g++ runs
-    status = gather(record, connector)   # pids read through the ps shim: no /proc there
+    status = job_status(record, connector)   # pids read through the ps shim: no /proc there
     assert status.state == "running" and all(r.pid and r.state == "running"
                                              for r in status.ranks), status.to_dict()
     os.kill(_trainer_pid(mac_sandbox, "m-kill", 1, "node2"), signal.SIGKILL)
@@ -136,7 +136,7 @@ def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_invent
     wait_for_step(record, connector, 5)
     assert stop_job(record, connector).exit_code == 0
     assert _job_processes("m-stop") == []
-    assert gather(load_record("m-stop"), connector).state == "stopped"
+    assert job_status(load_record("m-stop"), connector).state == "stopped"
     assert supervise(load_record("m-stop"), connector).state == "stopped"
 
 

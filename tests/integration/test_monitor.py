@@ -32,7 +32,7 @@ from test_jobs import trainer_pid, wait_for_step, write_job
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.monitor import files
 
@@ -199,7 +199,7 @@ def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp
             second = charts(look(dashboard)).get("loss", 0)
             assert time.monotonic() < deadline, f"the curve stayed at {first} points"
 
-        killed_at = gather(record, connector).step or 0
+        killed_at = job_status(record, connector).step or 0
         os.kill(trainer_pid(sandbox, "t-dash", 1, "node2"), signal.SIGKILL)
         deadline = time.monotonic() + 120
         while load_record("t-dash").attempt < 2:

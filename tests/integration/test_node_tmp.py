@@ -28,7 +28,7 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import gather
+from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.node.protocol import FAILED, FINISHED
@@ -134,7 +134,7 @@ def test_ranks_that_fail_at_start_show_one_line_per_cause(sandbox, tmp_path, con
     try:
         deadline = time.monotonic() + 300
         while True:
-            status = gather(record, connector)
+            status = job_status(record, connector)
             if all(r.state == FAILED for r in status.ranks):
                 break
             assert time.monotonic() < deadline, status.to_dict()

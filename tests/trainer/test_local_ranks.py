@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mlxops.trainer.local_ranks import run_ranks
+from mlxops.devtools.local_ranks import run_ranks
 
 RANK = """
 import json, os, sys, time

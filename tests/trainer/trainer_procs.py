@@ -1,5 +1,5 @@
 """Helpers to run the trainer as real processes: one process, or local ring ranks
-(started as mlx.launch starts them, without its launcher: mlxops/trainer/local_ranks.py)."""
+(started as mlx.launch starts them, without its launcher: mlxops/devtools/local_ranks.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlxops.trainer.local_ranks import run_ranks
+from mlxops.devtools.local_ranks import run_ranks
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]

@@ -290,8 +290,8 @@ def test_bench_tables_fit_80_columns():
 
 def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, monkeypatch):
     from mlxops.cli.plan import step_notes
-    from mlxops.jobs.plan import NodePlan, step_estimate
     from mlxops.jobs.spec import load_job
+    from mlxops.planning import NodePlan, step_estimate
     from mlxops.trainer.plan import plan_memory
 
     monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))

@@ -41,8 +41,8 @@ def test_the_probe_is_the_node_helpers_own_search_run_by_the_nodes_interpreter()
                                       "install -y -q libopenblas0-pthread", ""),
     ({"apt": True, "uid": 0}, False, "env DEBIAN_FRONTEND=noninteractive apt-get install", ""),
 ])
-def test_plan(probe, become, install, warning):
-    steps = blas.plan(probe, blas.PACKAGE, become)
+def test_steps(probe, become, install, warning):
+    steps = blas.steps_for(probe, blas.PACKAGE, become)
     if install is None:
         assert steps.install is None and warning in steps.warning
     else:

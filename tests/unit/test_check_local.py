@@ -195,7 +195,7 @@ def test_wait_checks_again_until_everything_passes(cluster, monkeypatch):
     assert report.exit_code == 0 and report.attempts == 2
 
 
-def test_a_bug_while_gathering_is_an_internal_error_not_a_host_failure(cluster, monkeypatch):
+def test_a_bug_reading_the_hosts_is_an_internal_error_not_a_host_failure(cluster, monkeypatch):
     from mlxops.checks import cluster as cluster_module
     from mlxops.cli import cli
 

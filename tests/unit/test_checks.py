@@ -1,4 +1,4 @@
-"""The readiness checks as data: a gathered state in, the one-line finding out.
+"""The readiness checks as data: a host's state in, the one-line finding out.
 
 Each check is a plain function of a host's :class:`NodeState` and the cluster; here the
 states are built from recorded facts and node answers, so no host is needed. What the

@@ -4,6 +4,7 @@ data, and run by a real sh against a stand-in mpirun that prints the words it ge
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from dataclasses import fields
 from pathlib import Path
@@ -85,6 +86,26 @@ def test_mpi_rank_script_records_its_pid_and_logs_to_its_own_file(tmp_path):
     start, out = (run / "rank-2.log").read_text().splitlines()
     assert start == f"mlxops: started (pid {pid})" and out.startswith("out y z ")
     assert pid > 0 and (run / "rank-2.exit").read_text() == "5\n"
+
+
+def test_an_mpi_rank_log_is_readable_by_its_owner_only_even_one_an_attempt_left(tmp_path):
+    paths = NodePaths(str(tmp_path), "tiny")
+    run = Path(paths.run_dir)
+    run.mkdir(parents=True)
+    (run / "rank-0.log").write_text("the previous attempt's lines\n")
+    (run / "rank-0.log").chmod(0o644)
+    (run / "rank-0.sh").write_text(rank_script(env={}, argv=["true"], paths=paths,
+                                               cwd=str(run), rank=0, mpi=True))
+    modes = []
+    old_umask = os.umask(0o022)
+    try:
+        for _ in range(2):  # appended to, then new
+            assert subprocess.run(["/bin/sh", str(run / "rank-0.sh")]).returncode == 0
+            modes.append(stat.S_IMODE((run / "rank-0.log").stat().st_mode))
+            (run / "rank-0.log").unlink()
+    finally:
+        os.umask(old_umask)
+    assert modes == [0o600, 0o600]
 
 
 STATUS = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_status_cases.yml")

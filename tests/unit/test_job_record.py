@@ -9,7 +9,6 @@ tests/integration/test_job_stop_race.py runs the same race on real nodes.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -65,26 +64,27 @@ def record_for(spec: JobSpec, **changes) -> JobRecord:
     return replace(record, **changes)
 
 
-# --- the restart policy, and records of the previous version ---------------------------------
+# --- the restart policy; records in a shape no mlxops writes ----------------------------------
 
 
-def test_a_record_from_before_the_policy_was_one_object_loads(tmp_path):
-    path = record_path("old-job")
-    path.parent.mkdir(parents=True)
-    shutil.copy(DATA / "record_before_restart_policy.json", path)
-    old = load_record("old-job")
-    assert old.restart == RestartPolicy(max_restarts=5, stall_timeout=30.0, poll_interval=1.5,
-                                        exclude_unreachable=True)
-    assert old.stop_grace == 7.0 and old.state == STOPPED and old.attempt == 2
-    assert old.restarts[0].reason == "rank 1 on mac2 exited with code 137"
-    assert old.job is None and old.job_spec() is None and old.stopped_at is None
-    # Written again, it takes the new shape, and reads back the same.
-    update("old-job", lambda record: None)
+def test_a_record_in_a_shape_no_release_wrote_is_refused_naming_the_file_and_field(tmp_path):
+    """Version 0.1.0 is the first: a record with the policy's fields flat (a development
+    shape) is not migrated but refused, naming the record and the field."""
+    spec = load_job(write_job(tmp_path))
+    record_for(spec).save()
+    path = record_path("j")
     data = json.loads(path.read_text())
-    assert data["restart"] == {"max_restarts": 5, "stall_timeout": 30.0, "poll_interval": 1.5,
-                               "exclude_unreachable": True}
-    assert "stall_timeout" not in data and "max_restarts" not in data
-    assert load_record("old-job").restart == old.restart
+    data.update(data.pop("restart"))
+    path.write_text(json.dumps(data))
+    with pytest.raises(MlxopsError) as refused:
+        load_record("j")
+    assert str(path) in str(refused.value) and "'restart'" in str(refused.value)
+
+
+def test_a_restart_needs_the_job_the_record_keeps(tmp_path):
+    record = record_for(load_job(write_job(tmp_path)), job=None)
+    with pytest.raises(MlxopsError, match=r"j/record\.json: the record keeps no copy of the job"):
+        record.job_spec()
 
 
 def test_the_record_holds_the_jobs_restart_policy(tmp_path):
@@ -171,17 +171,14 @@ def test_a_restart_runs_the_job_as_launched_not_the_edited_file(tmp_path, monkey
     assert not any("re-reading" in e for e in events)
 
 
-def test_a_record_without_the_job_says_it_rereads_the_file(tmp_path, monkeypatch):
-    path = write_job(tmp_path)
-    record = record_for(load_job(path), job=None)  # as an older mlxops wrote it
+def test_a_record_without_the_job_is_refused_before_anything_is_stopped(tmp_path, monkeypatch):
+    record = record_for(load_job(write_job(tmp_path)), job=None)
     record.save()
-    edited = yaml.safe_load(path.read_text())
-    edited["trainer"]["train"]["steps"] = 999
-    path.write_text(yaml.safe_dump(edited))
     calls, events = Recorder(monkeypatch), []
-    watch.restart(record, None, "stalled", events.append)
-    assert calls.launched[0].trainer.train.steps == 999
-    assert any(f"re-reading {path.resolve()}" in e for e in events), events
+    with pytest.raises(MlxopsError, match="keeps no copy of the job"):
+        watch.restart(record, None, "stalled", events.append)
+    assert calls.stopped == [] and calls.launched == [] and events == []
+    assert load_record("j").restarts == []
 
 
 # --- two writers --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The macos task as data: Darwin facts + vars + args in, commands out.
 
 Each ``data/macos/*.yml`` names a facts output (``data/facts/<name>.txt``, illustrative:
-see data/facts/README.md; parsed by the real parsers) and says which commands the plan must
+see data/facts/README.md; parsed by the real parsers) and says which commands the steps must
 hold. The task itself runs against Mac-like nodes in tests/integration/test_mac_nodes.py.
 """
 
@@ -26,21 +26,33 @@ def recorded_facts(name: str) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
-def test_plan_from_recorded_facts(case: Path) -> None:
+def test_steps_from_recorded_facts(case: Path) -> None:
     spec = yaml.safe_load(case.read_text())
     facts = recorded_facts(spec["facts"])
     host = Host("mac", spec.get("vars") or {})
-    plan = macos.plan(facts, host, spec.get("args") or {})
+    steps = macos.steps_for(facts, host, spec.get("args") or {})
     expect = spec["expect"]
-    assert plan.commands == expect["commands"]
-    assert plan.needs_become == expect["needs_become"]
-    assert len(plan.warnings) == len(expect["warnings"])
-    for got, want in zip(plan.warnings, expect["warnings"], strict=True):
+    assert steps.commands == expect["commands"]
+    assert steps.needs_become == expect["needs_become"]
+    assert len(steps.warnings) == len(expect["warnings"])
+    for got, want in zip(steps.warnings, expect["warnings"], strict=True):
         assert want in got
 
 
-def test_every_case_file_is_exercised() -> None:
-    assert len(CASES) >= 5
+def test_the_cases_cover_every_mac_recording_and_name_only_macs() -> None:
+    """Each Darwin facts output has a case (a new recording is not left untested), and no
+    case steps from a Linux one (the task skips those before its steps)."""
+    named = {yaml.safe_load(case.read_text())["facts"] for case in CASES}
+    darwin = {p.stem for p in (DATA / "facts").glob("*.txt") if recorded_facts(p.stem)
+              .get("system") == "Darwin"}
+    assert darwin and named == darwin
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_a_case_says_only_what_the_test_reads(case: Path) -> None:
+    spec = yaml.safe_load(case.read_text())
+    assert set(spec) <= {"facts", "vars", "args", "expect"}
+    assert set(spec["expect"]) == {"commands", "needs_become", "warnings"}
 
 
 @pytest.mark.parametrize("args, problem", [
@@ -60,10 +72,3 @@ def test_wired_limit_explicit_share_or_none() -> None:
     assert macos.wired_limit_mb(facts, 50000, 0.5) == 50000
     assert macos.wired_limit_mb(facts, None, 0.5) == 32768
     assert macos.wired_limit_mb(facts, None, None) is None
-
-
-def test_commands_are_plain_words_for_shell_join() -> None:
-    # Every word is quoted by shell.join when run: nothing from facts can become syntax.
-    plan = macos.plan(recorded_facts("darwin_m2_ultra"), Host("mac", {"ansible_become": True}),
-                      {"wired_share": 0.75})
-    assert all(isinstance(w, str) for argv in plan.commands for w in argv)

@@ -211,14 +211,17 @@ def status(state: str, problem: bool = False) -> JobStatus:
 def test_the_watchdogs_feeder_is_throttled_except_at_a_problem_or_the_end(monkeypatch):
     fed = []
     monkeypatch.setattr(mirror, "feed", lambda record, conn, **kw: fed.append(kw["status"]))
+    records = []
+    monkeypatch.setattr(mirror, "load_record", lambda name: records.append(name) or name)
+    monkeypatch.setattr(mirror, "inventory_hosts", lambda record: {"a": record})
     feeder = Feeder("j", connector=None, interval=60)
-    record = object()
     for _ in range(3):
-        feeder.tick(record, status("running"))
+        feeder.on_status(status("running"))
     assert len(fed) == 1
-    feeder.tick(record, status("running", problem=True))  # a restart comes: its last lines
-    feeder.tick(record, status("finished"))
+    feeder.on_status(status("running", problem=True))  # a restart comes: its last lines
+    feeder.on_status(status("finished"))
     assert [s.state for s in fed] == ["running", "failed", "finished"]
     feeder._last = time.monotonic() - 61
-    feeder.tick(record, status("running"))
+    feeder.on_status(status("running"))
     assert len(fed) == 4
+    assert records == ["j"] * 4  # the record as it is now, read only when feeding

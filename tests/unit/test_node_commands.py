@@ -3,6 +3,8 @@ asked with the controller's argument list and answered as the controller reads i
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
 from contextlib import redirect_stdout
@@ -11,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from mlxops.jobs.nodecmd import NodeCommandError, run_node
 from mlxops.node import protocol
 from mlxops.node.__main__ import main
 from mlxops.node.procs import alive, descendants, process_table
 from mlxops.transport import LocalConnection
+from mlxops.transport.nodecmd import NodeCommandError, run_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,6 +81,24 @@ def test_spawn_status_logs_stop(run_dir):
     assert not alive(spawned.pids[0])
     after = ask(protocol.status_args(str(run_dir)))
     assert after.stopped and not after.rank(0).alive
+
+
+def test_a_spawned_ranks_log_is_readable_by_its_owner_only_even_one_an_attempt_left(run_dir):
+    log = run_dir / protocol.process_file(1, protocol.LOG)
+    log.write_text("the previous attempt's lines\n")
+    log.chmod(0o644)
+    script(run_dir, 0, "echo zero")
+    script(run_dir, 1, "echo one")
+    old_umask = os.umask(0o022)
+    try:
+        ask(protocol.spawn_args(str(run_dir), [0, 1]))
+    finally:
+        os.umask(old_umask)
+    for rank in (0, 1):
+        wait_for(lambda r=rank: (run_dir / protocol.process_file(r, protocol.EXIT)).exists())
+        mode = (run_dir / protocol.process_file(rank, protocol.LOG)).stat().st_mode
+        assert stat.S_IMODE(mode) == 0o600, rank
+    assert log.read_text() == "the previous attempt's lines\none\n"
 
 
 def test_a_launcher_is_spawned_reported_and_stopped_with_what_it_started(run_dir):

@@ -16,7 +16,8 @@ from mlxops.sandbox.state import STATE_VERSION, SandboxState
 
 def write_state(path, **extra):
     state = {"version": STATE_VERSION, "prefix": "mxq", "subnet": "10.250.7.0/24",
-             "bridge": "mxq-br", "user": "someone", "rate": None, "python": "/venv/bin/python",
+             "bridge": "mxq-br", "user": "someone", "login_shell": "bash", "flavour": "linux",
+             "rate": None, "python": "/venv/bin/python",
              "nodes": [{"name": "node1", "ip": "10.250.7.11", "netns": "mxq-node1",
                         "veth": "mxq-v1", "sshd_pid": None},
                        {"name": "node2", "ip": "10.250.7.12", "netns": "mxq-node2",

@@ -20,12 +20,12 @@ import pytest
 from rich.console import Console
 
 from mlxops import console
-from mlxops.cli.follow import status_table
 from mlxops.cli.plan import plan_notes, plan_table
 from mlxops.cli.provision import task_table
 from mlxops.cli.trust import key_blocks
-from mlxops.jobs.plan import NodePlan
+from mlxops.cli.watch import status_table
 from mlxops.jobs.status import JobStatus, RankStatus
+from mlxops.planning import NodePlan
 from mlxops.tasks.python import skew_table
 from mlxops.trainer.plan import plan_memory
 from mlxops.transport import HostResult, Results

@@ -19,8 +19,7 @@ from mlxops.errors import UserError
 from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
-from mlxops.tasks.facts import gather as gather_facts
-from mlxops.tasks.facts import load_cached_facts, save_facts
+from mlxops.tasks.facts import ask_facts, load_cached_facts, save_facts
 from mlxops.trainer.plan import MemoryPlan, plan_memory
 from mlxops.transport import Connector, Results, run_parallel
 
@@ -54,7 +53,7 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
         cached = None if refresh else load_cached_facts(host.name)
         if cached and cached.get("memory_bytes"):
             return cached, "cached facts"
-        fresh = gather_facts(connector.connect(host), host)
+        fresh = ask_facts(connector.connect(host), host)
         save_facts(host.name, fresh)
         return fresh, "asked now"
 

@@ -9,7 +9,8 @@ so the launcher spins a whole core for as long as the ranks run. On a 2-core mac
 that is a third of the CPU taken from the ranks being measured. Here each rank's output
 goes to a file and its stdin is /dev/null.
 
-Standard library only, like the rest of the trainer package.
+Standard library only. It lives outside the trainer package, which is synced to every node:
+no node runs it.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from mlxops.jobs.nodecmd import NodeCommandError, parse_preflight, preflight_command
 from mlxops.node import protocol
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import LocalConnection
+from mlxops.transport.nodecmd import NodeCommandError, parse_preflight, preflight_command
 
 ASK = protocol.preflight_args("runs/j")
 

@@ -1,7 +1,9 @@
-"""Following a job in the terminal: a progress bar of steps with loss and tokens/s.
+"""Watching a job in the terminal (``mlxops watch``, and ``launch`` without ``--detach``):
+a progress bar of steps with loss and tokens/s.
 
-Following supervises too (the watchdog restarts the job on a dead or stalled rank) unless
-another mlxops process already does. Ctrl-C detaches: the job keeps running on the nodes.
+Watching supervises too (the watchdog restarts the job on a dead or stalled rank) unless
+another mlxops process already does (then it only shows). Ctrl-C detaches: the job keeps
+running on the nodes.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from rich.table import Table
 
 from mlxops import console
 from mlxops.jobs.record import JobRecord, supervisor_lock
-from mlxops.jobs.status import JobStatus, gather, where
+from mlxops.jobs.status import JobStatus, job_status, where
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import (
     FINISHED,
     RUNNING,
@@ -38,13 +41,13 @@ def _describe(status: JobStatus) -> str:
     return " | ".join(parts)
 
 
-def follow(record: JobRecord, connector: Connector) -> JobStatus:
-    """Follow (and supervise) until the job ends; returns the final status."""
+def watch_job(record: JobRecord, connector: Connector) -> JobStatus:
+    """Show (and supervise) the job until it ends; returns the final status."""
     try:
         with supervisor_lock(record.name) as supervising:
             if not supervising:
                 console.err.print("another mlxops process supervises this job: following only")
-            return _follow(record, connector, supervising)
+            return _watch(record, connector, supervising)
     except KeyboardInterrupt:
         console.err.print(
             f"\ndetached: job {record.name!r} keeps running on the nodes.\n"
@@ -54,7 +57,7 @@ def follow(record: JobRecord, connector: Connector) -> JobStatus:
         raise SystemExit(0) from None
 
 
-def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobStatus:
+def _watch(record: JobRecord, connector: Connector, supervising: bool) -> JobStatus:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console.err,
                   disable=not console.err.is_terminal) as progress:
@@ -73,9 +76,15 @@ def _follow(record: JobRecord, connector: Connector, supervising: bool) -> JobSt
             progress.console.print(f"[yellow]watchdog:[/] {message}")
 
         if supervising:
-            return supervise(record, connector, on_status=on_status, on_event=on_event)
+            feeder = Feeder(record.name, connector)  # for monitor, dashboard and report
+
+            def show_and_feed(status: JobStatus) -> None:
+                on_status(status)
+                feeder.on_status(status)
+
+            return supervise(record, connector, on_status=show_and_feed, on_event=on_event)
         while True:
-            status = gather(record, connector)
+            status = job_status(record, connector)
             on_status(status)
             if status.state not in (RUNNING, STALLED):
                 return status
