@@ -5,10 +5,13 @@ so the table and JUnit name the host that differs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mlxops.checks import when
 from mlxops.node import protocol
+from mlxops.tasks.hostfacts import HostFacts
 from mlxops.tasks.python import SKEW_COLUMNS, find_skew, pinned_version
 
 
@@ -16,12 +19,11 @@ def _several(cluster, node) -> bool:
     return len(cluster.target.hosts) > 1
 
 
-def _skew_facts(state) -> dict:
+def _skew_facts(state) -> HostFacts:
     """A host's facts as the skew task compares them, for the interpreter jobs run. Its mlx
     is its pin: an mlx that is not its pin is check_mlx's finding; here, pins that differ."""
-    python = state.interpreter
-    return {"python": {"version": python.get("version"), "mlx": pinned_version(state.host)},
-            "system": state.facts.get("system"), "macos_build": state.facts.get("macos_build")}
+    python = replace(state.interpreter, mlx=pinned_version(state.host))
+    return replace(state.facts, python=python)
 
 
 @when(_several)

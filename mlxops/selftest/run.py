@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from mlxops import __version__
 from mlxops.bench.measure import Settings
@@ -48,6 +47,7 @@ from mlxops.selftest import summary as S
 from mlxops.selftest.summary import HostInfo, Step, Summary
 from mlxops.tasks import facts as node_facts
 from mlxops.tasks.facts import save_facts
+from mlxops.tasks.hostfacts import HostFacts
 from mlxops.transport import ConnectOptions, Connector, GroupError, run_parallel
 from mlxops.trust import BLOCKED, KEY_CHANGED, KNOWN, LOCAL, NEW, check_host_keys
 
@@ -120,7 +120,7 @@ class _Selftest:
                                       options=options.connect, forks=options.forks)
         self.summary = Summary(str(self.inventory.path), [h.name for h in self.hosts],
                                options.limit, controller_info(), kept=options.keep)
-        self.facts: dict[str, dict[str, Any]] = {}
+        self.facts: dict[str, HostFacts] = {}
 
     def run(self) -> Summary:
         start = time.monotonic()

@@ -5,13 +5,14 @@ mlx, Python and macOS build everywhere).
 ``mlxops_root/venv`` — so on a provisioned node it costs no round trip at all. Only when
 neither has the pinned mlx does it make the venv and pip-install into it (from a wheelhouse
 pushed by the controller when ``mlxops_wheelhouse`` is set, for nodes without internet).
-Afterwards ``facts["python"]`` describes the interpreter the node will use.
+Afterwards ``facts.python`` describes the interpreter the node will use.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from mlxops import archive, shell
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.facts import PROBE, parse_probe
+from mlxops.tasks.hostfacts import HostFacts, Interpreter
 
 PIP_TIMEOUT = 1800.0
 WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
@@ -41,30 +43,30 @@ def requirement(system: str | None, pin: str) -> str:
     return f"mlx=={pin}" if system == "Darwin" else f"mlx[cpu]=={pin}"
 
 
-def decide(facts: Mapping[str, Any], pin: str) -> tuple[str, dict[str, Any] | None]:
+def decide(facts: HostFacts, pin: str) -> tuple[str, Interpreter | None]:
     """What to do: ``("ok", python)``, ``("venv", venv)`` (already has the pin), or
     ``("install", None)``; ``("missing", None)`` when there is no interpreter at all."""
-    python, venv = facts.get("python") or {}, facts.get("venv")
-    if python.get("mlx") == pin:
-        return "ok", dict(python)
-    if venv and venv.get("mlx") == pin:
-        return "venv", dict(venv)
-    if not python.get("path") and not (venv and venv.get("path")):
+    python, venv = facts.python, facts.venv
+    if python.mlx == pin:
+        return "ok", replace(python)
+    if venv and venv.mlx == pin:
+        return "venv", replace(venv)
+    if not python.path and not (venv and venv.path):
         return "missing", None
     return "install", None
 
 
-def install_command(facts: Mapping[str, Any], pin: str, packages: Sequence[str],
+def install_command(facts: HostFacts, pin: str, packages: Sequence[str],
                     wheelhouse: str | None) -> str:
     """Make ``<root>/venv`` (unless it is there) and pip-install the pin into it, then
     probe it. ``wheelhouse``: a node directory to install from offline."""
-    root = facts["root"]
+    root = facts.root
     venv_python = f"{root}/venv/bin/python"
-    base = (facts.get("python") or {}).get("path") or venv_python
+    base = facts.python.path or venv_python
     pip = [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if wheelhouse:
         pip += ["--no-index", "--find-links", wheelhouse]
-    pip += [requirement(facts.get("system"), pin), *packages]
+    pip += [requirement(facts.system, pin), *packages]
     make_venv = (f"{{ test -x {shell.quote(venv_python)} || "
                  f"{shell.join([base, '-m', 'venv', f'{root}/venv'])}; }}")
     return shell.and_then([
@@ -99,14 +101,14 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
                               "(the controller has no mlx to copy it from)")
     action, info = decide(facts, pin)
     if action == "ok":
-        return Outcome.ok(f"mlx {pin} at {info['path']}")
+        return Outcome.ok(f"mlx {pin} at {info.path}")
     if action == "venv":
-        facts["python"] = info  # the venv is what the node runs from now on
-        return Outcome.ok(f"mlx {pin} in {info['path']}")
+        facts.python = info  # the venv is what the node runs from now on
+        return Outcome.ok(f"mlx {pin} in {info.path}")
     if action == "missing":
         return Outcome.failed(f"mlxops_python {ctx.host.python!r} not found on the node")
-    have = (facts.get("python") or {}).get("mlx")
-    what = f"mlx {have or 'missing'} -> {pin} in {facts['root']}/venv"
+    have = facts.python.mlx
+    what = f"mlx {have or 'missing'} -> {pin} in {facts.root}/venv"
     if ctx.check:
         return Outcome.changed(f"would install {what}")
     wheels = wheelhouse_dir(ctx.host)
@@ -114,7 +116,7 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if wheels is not None:
         if not wheels.is_dir():
             return Outcome.failed(f"mlxops_wheelhouse: {wheels}: not a directory")
-        node_wheelhouse = f"{facts['root']}/wheelhouse"
+        node_wheelhouse = f"{facts.root}/wheelhouse"
         push = shell.and_then([shell.join(["mkdir", "-p", node_wheelhouse]),
                                shell.join(["tar", "-xzf", "-", "-C", node_wheelhouse])])
         result = ctx.conn.run(push, stdin=wheelhouse_archive(wheels), timeout=PIP_TIMEOUT)
@@ -124,13 +126,13 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     result = ctx.conn.run(install_command(facts, pin, packages, node_wheelhouse),
                           timeout=PIP_TIMEOUT)
     if not result.ok:
-        return Outcome.failed(f"installing {requirement(facts.get('system'), pin)} failed: "
+        return Outcome.failed(f"installing {requirement(facts.system, pin)} failed: "
                               f"{result.error_line()}")
     info = parse_probe("\n".join(result.stdout.strip().splitlines()[-2:]))
-    if not info or info.get("mlx") != pin:
-        return Outcome.failed(f"the venv reports mlx {info and info.get('mlx')}, not {pin}")
-    facts["python"] = info
-    facts["venv"] = dict(info)
+    if not info or info.mlx != pin:
+        return Outcome.failed(f"the venv reports mlx {info and info.mlx}, not {pin}")
+    facts.python = info
+    facts.venv = replace(info)
     return Outcome.changed(f"installed {what}")
 
 
@@ -148,19 +150,18 @@ python_task.check_args = _check_python_args  # type: ignore[attr-defined]
 SKEW_COLUMNS = {"mlx": "mlx", "python": "python", "macos_build": "macOS build"}
 
 
-def skew_values(facts: Mapping[str, Any]) -> dict[str, str | None]:
+def skew_values(facts: HostFacts) -> dict[str, str | None]:
     """The values that must agree across nodes, as one host's facts give them."""
-    python = facts.get("python") or {}
-    version = python.get("version") or ""
+    version = facts.python.version or ""
     return {
-        "mlx": python.get("mlx"),
+        "mlx": facts.python.mlx,
         "python": ".".join(version.split(".")[:2]) or None,
         # Only Macs have a build; a Linux node is not "another build".
-        "macos_build": facts.get("macos_build") if facts.get("system") == "Darwin" else "-",
+        "macos_build": facts.macos_build if facts.is_darwin else "-",
     }
 
 
-def find_skew(facts_by_host: Mapping[str, Mapping[str, Any]], pin: str | None = None
+def find_skew(facts_by_host: Mapping[str, HostFacts], pin: str | None = None
               ) -> tuple[dict[str, str | None], dict[str, list[str]], dict[str, dict]]:
     """``(expected, odd, values)``: the value most hosts have per key (ties: the pin for
     mlx, else the first host's), the keys on which each odd host differs, and all values."""
@@ -198,15 +199,19 @@ def skew_table(expected: Mapping[str, Any], odd: Mapping[str, list[str]],
 @task("skew", scope="cluster")
 def skew_task(contexts: Mapping[str, TaskContext], args: Mapping[str, Any]
               ) -> dict[str, Outcome]:
-    facts = {name: ctx.facts for name, ctx in contexts.items()}
+    facts = {name: ctx.facts for name, ctx in contexts.items() if ctx.facts is not None}
+    unread = {name: Outcome.skipped("no facts (the facts task was skipped)")
+              for name in contexts if name not in facts}
+    if not facts:
+        return unread
     first = next(iter(contexts.values()))
     expected, odd, values = find_skew(facts, pinned_version(first.host))
     if not odd:
         summary = ", ".join(f"{SKEW_COLUMNS[k]} {v}" for k, v in expected.items() if v != "-")
-        return {name: Outcome.ok(summary) for name in contexts}
+        return {**unread, **{name: Outcome.ok(summary) for name in facts}}
     table = skew_table(expected, odd, values)
-    out = {}
-    for name in contexts:
+    out = dict(unread)
+    for name in facts:
         if name in odd:
             what = ", ".join(f"{SKEW_COLUMNS[k]} {values[name][k]} (others: {expected[k]})"
                              for k in odd[name])

@@ -19,6 +19,7 @@ from mlxops import paths
 from mlxops.ignore import Ignore
 from mlxops.sync import DEFAULT_EXCLUDES, SyncError, collect, sync_files
 from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.tasks.hostfacts import HostFacts
 
 CODE_DIR = "code"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -53,9 +54,8 @@ def bundle(workdir: Path | None = None, job: str | None = None
     return files, roots, ignore
 
 
-def node_python(facts: Mapping[str, Any]) -> str | None:
-    py = facts.get("python") or {}
-    return py.get("path") if isinstance(py, Mapping) else None
+def node_python(facts: HostFacts | None) -> str | None:
+    return facts.python.path if facts else None
 
 
 def check_args(args: Mapping[str, Any]) -> None:
