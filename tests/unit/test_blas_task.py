@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,7 @@ from mlxops.inventory.model import Host
 from mlxops.node.blas import find_openblas
 from mlxops.tasks import blas
 from mlxops.tasks.base import TaskContext
+from mlxops.tasks.hostfacts import HostFacts, Interpreter
 from mlxops.transport.connection import CommandResult
 
 LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
@@ -101,7 +103,8 @@ class Node:
 def run_task(node: Node, *, become=False, check=False, system="Linux", **args):
     host = Host("n1", {"ansible_host": "10.0.0.1", "ansible_become": become})
     ctx = TaskContext(host=host, conn=node, inventory=None, hosts=[host], check=check,
-                      facts={"system": system, "python": {"path": "/usr/bin/python3"}})
+                      facts=replace(HostFacts.unknown(), system=system,
+                                    python=Interpreter("/usr/bin/python3", None, None)))
     return blas.blas_task(ctx, args)
 
 

@@ -7,6 +7,7 @@ hold. The task itself runs against Mac-like nodes in tests/integration/test_mac_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,13 @@ import yaml
 from mlxops.inventory import Host
 from mlxops.tasks import macos
 from mlxops.tasks.facts import build_facts, split_sections
+from mlxops.tasks.hostfacts import HostFacts
 
 DATA = Path(__file__).parent / "data"
 CASES = sorted((DATA / "macos").glob("*.yml"))
 
 
-def recorded_facts(name: str) -> dict:
+def recorded_facts(name: str) -> HostFacts:
     text = (DATA / "facts" / f"{name}.txt").read_text()
     return build_facts(split_sections(text), "~/.mlxops")
 
@@ -56,7 +58,7 @@ def test_bad_args_are_refused(args, problem) -> None:
 
 
 def test_wired_limit_explicit_share_or_none() -> None:
-    facts = {"memory_bytes": 64 * 1024**3}
+    facts = replace(HostFacts.unknown(), memory_bytes=64 * 1024**3)
     assert macos.wired_limit_mb(facts, 50000, 0.5) == 50000
     assert macos.wired_limit_mb(facts, None, 0.5) == 32768
     assert macos.wired_limit_mb(facts, None, None) is None
