@@ -403,8 +403,8 @@ def test_hosts_come_from_the_inventory_and_its_patterns(tmp_path):
     ({"limit": "mac1", "job": {"hosts": "mac2"}},
      "--limit: 'mac1' selects none of the hosts of job.yml"),
     ({"vars": {"mac2": {"mlxops_backend": "mpi"}}},
-     "inventory.yml: mlxops_backend: the checked hosts name different backends "
-     "(mac1 ring, mac2 mpi)"),
+     "inventory.yml: mlxops_backend: the selected hosts name different backends "
+     "(mac1 ring (unset), mac2 mpi)"),
     ({"limit": "nosuch"}, "--limit: no host or group named 'nosuch'"),
 ])
 def test_bad_input_is_one_line_naming_the_file_and_key(tmp_path, change, error):
