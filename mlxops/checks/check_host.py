@@ -7,7 +7,7 @@ import pytest
 
 from mlxops.checks import untrusted_ok, when
 from mlxops.checks.state import UNTRUSTED
-from mlxops.tasks.python import pinned_version
+from mlxops.readiness import Versions, joined, mlx_findings, pin_source, pinned_version
 
 
 @untrusted_ok
@@ -36,11 +36,10 @@ def check_mlx(node):
     if not python.version:
         pytest.skip("no interpreter (see check_interpreter)")
     pin = pinned_version(node.host)
-    source = "mlxops_mlx_version" if node.host.vars.get("mlxops_mlx_version") else "controller"
     if pin is None:
         raise node.fail("no mlx version to compare with (the controller has no mlx)",
                         "set mlxops_mlx_version")
-    have = python.mlx
-    if have != pin:
-        found = f"mlx {have}" if have else f"mlx not importable by {python.path}"
-        raise node.fail(f"{found}, {source} {pin}", "run mlxops provision")
+    findings = mlx_findings(Versions.from_facts(node.name, node.facts), pin,
+                            pin_source(node.host))
+    if findings:
+        raise node.fail(*joined(findings))

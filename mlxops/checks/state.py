@@ -17,6 +17,7 @@ from typing import Any
 
 from mlxops.checks.outcome import NotReady
 from mlxops.checks.target import Target
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory import Host
 from mlxops.jobs.nodecmd import NodeCommandError, run_node
 from mlxops.node import protocol
@@ -24,7 +25,6 @@ from mlxops.sync import SyncError, SyncReport, remote_manifest, sync_files
 from mlxops.tasks.env import env_path
 from mlxops.tasks.facts import gather as gather_facts
 from mlxops.tasks.files import read_file
-from mlxops.tasks.hostfacts import HostFacts, Interpreter
 from mlxops.tasks.hostfiles import hostfile_path
 from mlxops.tasks.sync import code_path
 from mlxops.transport import ChangedHostKey, Connector, UnknownHostKey

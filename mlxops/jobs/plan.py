@@ -16,12 +16,12 @@ from typing import Any
 
 from mlxops.bench.results import latest_for, predict_us
 from mlxops.errors import UserError
+from mlxops.hostfacts import HostFacts
 from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import gather as gather_facts
 from mlxops.tasks.facts import load_cached_facts, save_facts
-from mlxops.tasks.hostfacts import HostFacts
 from mlxops.trainer.config import load_config
 from mlxops.trainer.plan import MemoryPlan, plan_memory
 from mlxops.transport import Connector, Results, run_parallel

@@ -16,9 +16,9 @@ from typing import Any
 
 import jinja2
 
+from mlxops.hostfacts import HostFacts
 from mlxops.playbook.load import JINJA, Play, PlayTask, selected
 from mlxops.tasks import Outcome, TaskContext
-from mlxops.tasks.hostfacts import HostFacts
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.executor import HOST_FAILURES
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE

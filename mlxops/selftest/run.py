@@ -37,6 +37,7 @@ from mlxops import __version__
 from mlxops.bench.measure import Settings
 from mlxops.bench.run import ALL, Request, default_port, run_bench
 from mlxops.errors import EXIT_OK, EXIT_UNREACHABLE, MlxopsError, bad_input
+from mlxops.hostfacts import HostFacts
 from mlxops.inventory import load_inventory
 from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.spec import JobSpec
@@ -48,7 +49,6 @@ from mlxops.selftest import summary as S
 from mlxops.selftest.summary import HostInfo, Step, Summary
 from mlxops.tasks import facts as node_facts
 from mlxops.tasks.facts import save_facts
-from mlxops.tasks.hostfacts import HostFacts
 from mlxops.transport import ConnectOptions, Connector, GroupError, run_parallel
 from mlxops.trust import BLOCKED, KEY_CHANGED, KNOWN, LOCAL, NEW, check_host_keys
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from mlxops import console
 from mlxops.bench.results import BUSBW_FROM, BenchResult, average_busbw
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from mlxops.tasks.hostfacts import HostFacts
+from mlxops.hostfacts import HostFacts
 
 VERSION = 1
 #: The steps, in the order they run (docs/cli.md, "mlxops selftest").

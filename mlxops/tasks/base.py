@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxops.tasks.hostfacts import HostFacts
+from mlxops.hostfacts import HostFacts
 from mlxops.transport.connection import Connection
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED
 

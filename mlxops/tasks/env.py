@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlxops import render
+from mlxops.hostfacts import HostFacts
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.files import ensure_file
-from mlxops.tasks.hostfacts import HostFacts
 
 ENV_FILE = "env.sh"
 

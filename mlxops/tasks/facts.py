@@ -3,7 +3,7 @@
 pyinfra style: :func:`facts_script` builds one POSIX ``sh`` script (constant text plus
 quoted values) that prints labelled sections; small pure parsers turn each section into
 values; :func:`build_facts` assembles them once into the record every reader uses,
-:class:`~mlxops.tasks.hostfacts.HostFacts` (its fields are documented there and in
+:class:`~mlxops.hostfacts.HostFacts` (its fields are documented there and in
 docs/formats.md). The venv and the Mac's kernel state are read here too, so that later
 tasks need no round trip of their own.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import shell
+from mlxops.hostfacts import HostFacts, Interpreter, MacState
 from mlxops.paths import controller_home
 from mlxops.tasks.base import Outcome, TaskContext, task
-from mlxops.tasks.hostfacts import HostFacts, Interpreter, MacState
 
 MARK = "@@mlxops:"
 

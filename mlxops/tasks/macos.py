@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxops import shell
+from mlxops.hostfacts import HostFacts, MacState
 from mlxops.node.protocol import BACKENDS, JACCL_BACKENDS
 from mlxops.tasks.base import Outcome, TaskContext, task
-from mlxops.tasks.hostfacts import HostFacts, MacState
 from mlxops.transport.results import SKIPPED
 
 MIB = 1024 * 1024

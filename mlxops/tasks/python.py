@@ -1,5 +1,5 @@
 """The ``python`` task (MLX at the pinned version on every node) and ``skew`` (the same
-mlx, Python and macOS build everywhere).
+mlx, Python and macOS build everywhere, by the rule of :mod:`mlxops.readiness`).
 
 ``python`` reads what the facts task already probed — ``mlxops_python`` and, if present,
 ``mlxops_root/venv`` — so on a provisioned node it costs no round trip at all. Only when
@@ -10,32 +10,27 @@ Afterwards ``facts.python`` describes the interpreter the node will use.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from mlxops import archive, shell
+from mlxops.hostfacts import HostFacts, Interpreter
+from mlxops.readiness import (
+    AGREED,
+    NOT_A_MAC,
+    Versions,
+    agreement,
+    findings_of,
+    joined,
+    pinned_version,
+)
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.facts import PROBE, parse_probe
-from mlxops.tasks.hostfacts import HostFacts, Interpreter
 
 PIP_TIMEOUT = 1800.0
 WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
-
-
-def controller_mlx_version() -> str | None:
-    """The default pin: the mlx the controller runs (metadata only: no import)."""
-    try:
-        return metadata.version("mlx")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def pinned_version(host: Any) -> str | None:
-    return host.var("mlxops_mlx_version") or controller_mlx_version()
 
 
 def requirement(system: str | None, pin: str) -> str:
@@ -147,52 +142,14 @@ python_task.check_args = _check_python_args  # type: ignore[attr-defined]
 
 # --- skew ---------------------------------------------------------------------------------
 
-SKEW_COLUMNS = {"mlx": "mlx", "python": "python", "macos_build": "macOS build"}
-
-
-def skew_values(facts: HostFacts) -> dict[str, str | None]:
-    """The values that must agree across nodes, as one host's facts give them."""
-    version = facts.python.version or ""
-    return {
-        "mlx": facts.python.mlx,
-        "python": ".".join(version.split(".")[:2]) or None,
-        # Only Macs have a build; a Linux node is not "another build".
-        "macos_build": facts.macos_build if facts.is_darwin else "-",
-    }
-
-
-def find_skew(facts_by_host: Mapping[str, HostFacts], pin: str | None = None
-              ) -> tuple[dict[str, str | None], dict[str, list[str]], dict[str, dict]]:
-    """``(expected, odd, values)``: the value most hosts have per key (ties: the pin for
-    mlx, else the first host's), the keys on which each odd host differs, and all values."""
-    values = {h: skew_values(f) for h, f in facts_by_host.items()}
-    expected: dict[str, str | None] = {}
-    for key in SKEW_COLUMNS:
-        counts = Counter(v[key] for v in values.values())
-        if not counts:
-            continue
-        top = max(counts.values())
-        leaders = [val for val, n in counts.items() if n == top]
-        if key == "mlx" and pin in leaders:
-            expected[key] = pin
-        else:
-            expected[key] = next(v[key] for v in values.values() if v[key] in leaders)
-    odd: dict[str, list[str]] = {}
-    for host, vals in values.items():
-        diff = [k for k in SKEW_COLUMNS if vals[k] != expected.get(k)]
-        if diff:
-            odd[host] = diff
-    return expected, odd, values
-
-
 def skew_table(expected: Mapping[str, Any], odd: Mapping[str, list[str]],
                values: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A table for the console: the odd hosts, then the value the others agree on."""
-    rows = [[h, *(str(values[h][k]) for k in SKEW_COLUMNS)] for h in odd]
+    rows = [[h, *(str(values[h][k]) for k in AGREED)] for h in odd]
     rows.append([f"others ({len(values) - len(odd)})", *(str(expected.get(k))
-                                                         for k in SKEW_COLUMNS)])
-    return {"title": "version skew", "columns": ["host", *SKEW_COLUMNS.values()], "rows": rows,
-            "marks": {h: [1 + list(SKEW_COLUMNS).index(k) for k in keys]
+                                                         for k in AGREED)])
+    return {"title": "version skew", "columns": ["host", *AGREED.values()], "rows": rows,
+            "marks": {h: [1 + list(AGREED).index(k) for k in keys]
                       for h, keys in odd.items()}}
 
 
@@ -205,17 +162,18 @@ def skew_task(contexts: Mapping[str, TaskContext], args: Mapping[str, Any]
     if not facts:
         return unread
     first = next(iter(contexts.values()))
-    expected, odd, values = find_skew(facts, pinned_version(first.host))
+    agreed = agreement([Versions.from_facts(n, f) for n, f in facts.items()],
+                       pinned_version(first.host))
+    expected, odd = agreed.expected, agreed.odd
     if not odd:
-        summary = ", ".join(f"{SKEW_COLUMNS[k]} {v}" for k, v in expected.items() if v != "-")
+        summary = ", ".join(f"{AGREED[k]} {v}" for k, v in expected.items() if v != NOT_A_MAC)
         return {**unread, **{name: Outcome.ok(summary) for name in facts}}
-    table = skew_table(expected, odd, values)
+    table = skew_table(expected, odd, agreed.values)
     out = dict(unread)
     for name in facts:
         if name in odd:
-            what = ", ".join(f"{SKEW_COLUMNS[k]} {values[name][k]} (others: {expected[k]})"
-                             for k in odd[name])
-            out[name] = Outcome.failed(f"differs: {what}", table=table)
+            found, fix = joined(findings_of(agreed.findings, name))
+            out[name] = Outcome.failed(f"{found}: {fix}", table=table)
         else:
             out[name] = Outcome.ok("agrees", table=table)
     return out

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import paths
+from mlxops.hostfacts import HostFacts
 from mlxops.ignore import Ignore
 from mlxops.sync import DEFAULT_EXCLUDES, SyncError, collect, sync_files
 from mlxops.tasks.base import Outcome, TaskContext, task
-from mlxops.tasks.hostfacts import HostFacts
 
 CODE_DIR = "code"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

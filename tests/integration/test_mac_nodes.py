@@ -21,6 +21,7 @@ import yaml
 from cli_helpers import mlxops
 from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
 
+from mlxops.hostfacts import MacState
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -35,7 +36,6 @@ from mlxops.node.sample import ioreg_gpu, vm_stat_used
 from mlxops.sandbox import darwin
 from mlxops.sandbox.darwin.shim import recorded_sysctl
 from mlxops.tasks.facts import gather as gather_facts
-from mlxops.tasks.hostfacts import MacState
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 MAC = recorded_sysctl(RECORDED)

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory import load_inventory
 from mlxops.sync import collect, sync_files
 from mlxops.tasks.base import TaskContext
-from mlxops.tasks.hostfacts import HostFacts, Interpreter
 from mlxops.tasks.sync import sync_task
 from mlxops.transport import Connector
 

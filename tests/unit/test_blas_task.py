@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import pytest
 
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory.model import Host
 from mlxops.node.blas import find_openblas
 from mlxops.tasks import blas
 from mlxops.tasks.base import TaskContext
-from mlxops.tasks.hostfacts import HostFacts, Interpreter
 from mlxops.transport.connection import CommandResult
 
 LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"

@@ -26,11 +26,11 @@ from mlxops.checks.cluster import Cluster
 from mlxops.checks.state import UNTRUSTED, NodeState
 from mlxops.checks.target import load_target
 from mlxops.errors import UserError
+from mlxops.hostfacts import HostFacts, Interpreter, MacState
 from mlxops.node import protocol
+from mlxops.readiness import controller_mlx_version
 from mlxops.sync import SyncReport
 from mlxops.tasks.facts import build_facts, split_sections
-from mlxops.tasks.hostfacts import HostFacts, Interpreter, MacState
-from mlxops.tasks.python import controller_mlx_version
 
 DATA = Path(__file__).parent / "data"
 GB = 1024**3

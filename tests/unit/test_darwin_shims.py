@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from mlxops.hostfacts import MacState
 from mlxops.node import host, procs
 from mlxops.node.sample import ioreg_gpu, vm_stat_used
 from mlxops.sandbox import darwin
 from mlxops.sandbox.darwin import shim
 from mlxops.tasks import facts as F
-from mlxops.tasks.hostfacts import MacState
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 MAC = shim.recorded_sysctl(RECORDED)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import mlxops
+from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState
 from mlxops.tasks import facts as F
-from mlxops.tasks.hostfacts import FactsError, HostFacts, Interpreter, MacState
 
 DATA = Path(__file__).parent / "data" / "facts"
 RECORDED = sorted(DATA.glob("*.txt"))
@@ -158,11 +158,11 @@ FIELDS = frozenset(f.name for cls in (HostFacts, Interpreter, MacState)
 OWN = frozenset({"macos_version", "macos_build", "memory_bytes", "cpu_cores", "perf_cores",
                  "gpu_cores", "disk_free_bytes", "wired_limit_mb", "thunderbolt_bridge_up"})
 # Other records that carry a figure the facts gave, under the same name, in their own JSON
-# (docs/formats.md): plan rows in `mlxops plan --json` and the report; the skew table's
-# column (the skew task's values, compared across hosts).
+# (docs/formats.md): plan rows in `mlxops plan --json` and the report; the readiness
+# agreement's values (compared across hosts, the skew table's columns).
 OTHER_RECORDS = {("mlxops/jobs/plan.py", "memory_bytes"),
                  ("mlxops/monitor/report.py", "memory_bytes"),
-                 ("mlxops/tasks/python.py", "macos_build")}
+                 ("mlxops/readiness.py", "macos_build")}
 
 
 def dict_reads_of_facts(source: str) -> list[str]:
@@ -196,7 +196,7 @@ def test_no_facts_field_name_is_a_string_outside_the_record() -> None:
     found = []
     for path in sorted(package.rglob("*.py")):
         rel = path.relative_to(package.parent).as_posix()
-        if rel == "mlxops/tasks/hostfacts.py":
+        if rel == "mlxops/hostfacts.py":
             continue
         for hit in dict_reads_of_facts(path.read_text()):
             literal = hit.split(": ", 1)[1].strip("'")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
+from mlxops.hostfacts import HostFacts, Interpreter
+from mlxops.readiness import Versions, agreement
 from mlxops.tasks import python as P
-from mlxops.tasks.hostfacts import HostFacts, Interpreter
 
 PY = Interpreter(path="/usr/bin/python3", version="3.11.7", mlx="0.30.0")
 VENV = Interpreter(path="/h/.mlxops/venv/bin/python", version="3.11.7", mlx="0.32.4")
@@ -55,8 +56,14 @@ def _facts(mlx, py="3.11.7", build="23E224", system="Darwin"):
                  python=Interpreter(path="/p", version=py, mlx=mlx))
 
 
+def find_skew(nodes: dict, pin: str):
+    """The skew task's question: the readiness agreement over the hosts' facts."""
+    agreed = agreement([Versions.from_facts(n, f) for n, f in nodes.items()], pin)
+    return agreed.expected, agreed.odd, agreed.values
+
+
 def test_no_skew() -> None:
-    expected, odd, _ = P.find_skew({f"n{i}": _facts("0.32.4") for i in range(4)}, "0.32.4")
+    expected, odd, _ = find_skew({f"n{i}": _facts("0.32.4") for i in range(4)}, "0.32.4")
     assert odd == {} and expected == {"mlx": "0.32.4", "python": "3.11", "macos_build": "23E224"}
 
 
@@ -64,7 +71,7 @@ def test_skew_names_the_odd_hosts() -> None:
     nodes = {f"n{i}": _facts("0.32.4") for i in range(5)}
     nodes["n2"] = _facts("0.31.0")
     nodes["n4"] = _facts("0.32.4", py="3.12.1", build="24B83")
-    expected, odd, values = P.find_skew(nodes, "0.32.4")
+    expected, odd, values = find_skew(nodes, "0.32.4")
     assert odd == {"n2": ["mlx"], "n4": ["python", "macos_build"]}
     table = P.skew_table(expected, odd, values)
     assert [r[0] for r in table["rows"]] == ["n2", "n4", "others (3)"]
@@ -74,5 +81,5 @@ def test_skew_names_the_odd_hosts() -> None:
 def test_skew_tie_prefers_the_pin_and_ignores_linux_builds() -> None:
     nodes = {"a": _facts("0.31.0", system="Linux", build=None),
              "b": _facts("0.32.4", system="Linux", build=None)}
-    expected, odd, _ = P.find_skew(nodes, "0.32.4")
+    expected, odd, _ = find_skew(nodes, "0.32.4")
     assert expected["mlx"] == "0.32.4" and odd == {"a": ["mlx"]}

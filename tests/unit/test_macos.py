@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlxops.hostfacts import HostFacts
 from mlxops.inventory import Host
 from mlxops.tasks import macos
 from mlxops.tasks.facts import build_facts, split_sections
-from mlxops.tasks.hostfacts import HostFacts
 
 DATA = Path(__file__).parent / "data"
 CASES = sorted((DATA / "macos").glob("*.yml"))

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from test_monitor_mirror import Cluster
 
 from mlxops.cli import cli
+from mlxops.hostfacts import HostFacts
 from mlxops.monitor import files, report, server
-from mlxops.tasks.hostfacts import HostFacts
 from mlxops.transport import Connector
 
 DATA = Path(__file__).parent / "data" / "monitor"

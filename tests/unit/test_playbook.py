@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from mlxops.errors import UserError
+from mlxops.hostfacts import HostFacts
 from mlxops.inventory import load_inventory
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook, parse_tag_list, run_play, selected
 from mlxops.tasks import Outcome, task
-from mlxops.tasks.hostfacts import HostFacts
 from mlxops.transport import Connector
 
 CALLS: list[tuple[str, str]] = []

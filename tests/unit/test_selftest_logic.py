@@ -21,6 +21,7 @@ import pytest
 
 from mlxops.bench.results import AllreduceRow, BenchResult, PairResult
 from mlxops.errors import MlxopsError, UserError
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import check_world
@@ -29,7 +30,6 @@ from mlxops.selftest import job as J
 from mlxops.selftest import summary as S
 from mlxops.selftest.run import SKIPPABLE, Options, parse_skip, run_selftest
 from mlxops.tasks import facts as F
-from mlxops.tasks.hostfacts import HostFacts, Interpreter
 from mlxops.trainer import config as trainer_config
 
 DATA = Path(__file__).parent / "data"
@@ -55,7 +55,7 @@ def test_host_info_from_the_facts_recorded_on_a_sandbox_node():
 
 
 def test_host_info_of_a_mac_names_version_and_build_and_the_venv_wins():
-    # Illustrative facts (the record of mlxops.tasks.hostfacts; 14.4.1 is build 23E224).
+    # Illustrative facts (the record of mlxops.hostfacts; 14.4.1 is build 23E224).
     facts = replace(
         HostFacts.unknown(), system="Darwin", macos_version="14.4.1", macos_build="23E224",
         arch="arm64", chip="Apple M2 Ultra", memory_bytes=192 << 30, cpu_cores=24,
