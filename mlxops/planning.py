@@ -16,6 +16,7 @@ from typing import Any
 
 from mlxops.bench.results import latest_for, predict_us
 from mlxops.errors import UserError
+from mlxops.hostfacts import HostFacts
 from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
@@ -48,10 +49,10 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
     hosts = select_hosts(spec)
     world = sum(h.slots for h in hosts)
 
-    def work(host) -> tuple[dict, str]:
+    def work(host) -> tuple[HostFacts, str]:
         """The host's facts, and where they came from."""
         cached = None if refresh else load_cached_facts(host.name)
-        if cached and cached.get("memory_bytes"):
+        if cached and cached.memory_bytes:
             return cached, "cached facts"
         fresh = ask_facts(connector.connect(host), host)
         save_facts(host.name, fresh)
@@ -64,10 +65,10 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
         if host.name not in facts:
             continue
         node, source = facts[host.name]
-        memory = int(node.get("memory_bytes") or 0)
+        memory = int(node.memory_bytes or 0)
         plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
                            per_rank=split.largest(host.name) if split else None)
-        plans.append(NodePlan(host.name, memory, node.get("chip") or node.get("arch") or "",
+        plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
     return plans, results
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,10 +25,10 @@ from mlxops.bench.ring import best_ring, ring_bottleneck
 from mlxops.bench.schedule import disjoint_rounds, ring_edges, round_robin
 from mlxops.errors import MlxopsError, bad_input
 from mlxops.inventory import load_inventory
+from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import preflight
 from mlxops.jobs.spec import JobSpec
-from mlxops.node.protocol import DEFAULT_BACKEND
 from mlxops.node.protocol.bench import BENCH_JOB
 from mlxops.transport import Connector, GroupError, run_parallel
 
@@ -84,16 +84,6 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted({parse_size(w) for w in text.split(",")}))
 
 
-def inventory_backend(hosts: Sequence, source: object) -> str:
-    """The backend the hosts name (``mlxops_backend``), ring when none does."""
-    named = {h.vars.get("mlxops_backend") for h in hosts} - {None}
-    if len(named) > 1:
-        raise bad_input(source, "mlxops_backend", "the selected hosts name different backends "
-                                                  f"({', '.join(sorted(named))}): --limit to "
-                                                  "hosts of one")
-    return named.pop() if named else DEFAULT_BACKEND
-
-
 @contextmanager
 def one_at_a_time() -> Iterator[None]:
     """One bench per controller at a time: two would share the internal job's name (the
@@ -110,7 +100,7 @@ def run_bench(req: Request, connector: Connector, on_event: OnEvent = lambda _: 
               ) -> BenchResult:
     inv = load_inventory(req.inventory)
     hosts = inv.select(req.limit)
-    backend = inventory_backend(hosts, inv.path)
+    backend = hosts_backend(hosts, inv.path)
     with one_at_a_time():
         return _run(req, inv, hosts, backend, connector, on_event)
 

@@ -5,38 +5,36 @@ so the table and JUnit name the host that differs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mlxops.checks import when
 from mlxops.node import protocol
-from mlxops.tasks.python import SKEW_COLUMNS, find_skew, pinned_version
+from mlxops.readiness import Versions, agreement, findings_of, joined, pinned_version
 
 
 def _several(cluster, node) -> bool:
     return len(cluster.target.hosts) > 1
 
 
-def _skew_facts(state) -> dict:
-    """A host's facts as the skew task compares them, for the interpreter jobs run. Its mlx
-    is its pin: an mlx that is not its pin is check_mlx's finding; here, pins that differ."""
-    python = state.interpreter
-    return {"python": {"version": python.get("version"), "mlx": pinned_version(state.host)},
-            "system": state.facts.get("system"), "macos_build": state.facts.get("macos_build")}
+def _versions(state) -> Versions:
+    """A host's versions for the interpreter jobs run, its mlx its pin: an mlx that is not
+    its pin is check_mlx's finding; here, pins that differ."""
+    return replace(Versions.from_facts(state.name, state.facts),
+                   mlx=pinned_version(state.host))
 
 
 @when(_several)
 def check_versions_agree(node, cluster):
     """mlx, Python (major.minor) and macOS build are the same as on the other hosts."""
-    facts = {s.name: _skew_facts(s) for s in cluster.answered()}
-    if len(facts) < 2:
+    nodes = [_versions(s) for s in cluster.answered()]
+    if len(nodes) < 2:
         pytest.skip("no other host answered to compare with")
-    expected, odd, values = find_skew(facts, pinned_version(cluster.target.hosts[0]))
-    differ = odd.get(node.name, [])
-    if differ:
-        here = values[node.name]
-        found = ", ".join(f"{SKEW_COLUMNS[k]} {here[k]}, others {expected[k]}" for k in differ)
-        raise node.fail(found, "make them agree (mlxops_mlx_version, the Python of "
-                               "mlxops_python, macOS updates), then run mlxops provision")
+    agreed = agreement(nodes, pinned_version(cluster.target.hosts[0]))
+    findings = findings_of(agreed.findings, node.name)
+    if findings:
+        raise node.fail(*joined(findings))
 
 
 def _ring(cluster, node) -> bool:

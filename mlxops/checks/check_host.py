@@ -7,7 +7,7 @@ import pytest
 
 from mlxops.checks import untrusted_ok, when
 from mlxops.checks.state import UNTRUSTED
-from mlxops.tasks.python import pinned_version
+from mlxops.readiness import Versions, joined, mlx_findings, pin_source, pinned_version
 
 
 @untrusted_ok
@@ -21,11 +21,11 @@ def check_ssh(node):
 def check_interpreter(node):
     """The interpreter jobs run (``<root>/venv``, else ``mlxops_python``) is there and runs."""
     python = node.interpreter
-    if not python.get("path"):
+    if not python.path:
         raise node.fail(f"mlxops_python {node.host.python!r} not found",
                         "install Python 3 there, or set mlxops_python to its path")
-    if not python.get("version"):
-        raise node.fail(f"{python['path']} does not run",
+    if not python.version:
+        raise node.fail(f"{python.path} does not run",
                         "repair it, or set mlxops_python to another interpreter")
 
 
@@ -33,14 +33,13 @@ def check_mlx(node):
     """That interpreter imports the mlx mlxops pins (``mlxops_mlx_version``, else the
     controller's)."""
     python = node.interpreter
-    if not python.get("version"):
+    if not python.version:
         pytest.skip("no interpreter (see check_interpreter)")
     pin = pinned_version(node.host)
-    source = "mlxops_mlx_version" if node.host.vars.get("mlxops_mlx_version") else "controller"
     if pin is None:
         raise node.fail("no mlx version to compare with (the controller has no mlx)",
                         "set mlxops_mlx_version")
-    have = python.get("mlx")
-    if have != pin:
-        found = f"mlx {have}" if have else f"mlx not importable by {python['path']}"
-        raise node.fail(f"{found}, {source} {pin}", "run mlxops provision")
+    findings = mlx_findings(Versions.from_facts(node.name, node.facts), pin,
+                            pin_source(node.host))
+    if findings:
+        raise node.fail(*joined(findings))

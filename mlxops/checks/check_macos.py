@@ -21,7 +21,7 @@ def check_wired_limit(node, cluster):
     playbook's share of RAM). A sysctl: a reboot resets it."""
     want = wired_limit_mb(node.facts, node.host.var("mlxops_wired_limit_mb"),
                           cluster.target.macos_args.get("wired_share"))
-    have = (node.facts.get("macos") or {}).get("wired_limit_mb")
+    have = node.facts.macos.wired_limit_mb if node.facts.macos else None
     if want is not None and have != want:
         raise node.fail(f"iogpu.wired_limit_mb {have}, want {want}",
                         f"{PRIVILEGED} (a reboot resets it)")
@@ -32,7 +32,7 @@ def check_sleep(node, cluster):
     """System sleep off (a sleeping Mac hangs every rank of a job)."""
     if not cluster.target.macos_args.get("disable_sleep", True):
         return
-    sleep = (node.facts.get("macos") or {}).get("sleep")
+    sleep = node.facts.macos.sleep if node.facts.macos else None
     if sleep != 0:
         found = "sleep setting unknown" if sleep is None else f"sleeps after {sleep} min idle"
         raise node.fail(found, f"{PRIVILEGED}, or sudo pmset -a sleep 0")

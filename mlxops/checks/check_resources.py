@@ -37,10 +37,10 @@ def check_disk(node, cluster):
     need = MIN_FREE_BYTES + kept * checkpoint
     free = ready.disk_free
     if free is None:
-        raise node.fail(f"free disk under {node.facts.get('root')} unknown",
+        raise node.fail(f"free disk under {node.facts.root} unknown",
                         "check that the node's root is readable")
     if free < need:
-        raise node.fail(f"{free / GB:.1f} GB free under {node.facts.get('root')}, "
+        raise node.fail(f"{free / GB:.1f} GB free under {node.facts.root}, "
                         f"{job.path.name} needs {need / GB:.1f} GB ({kept} checkpoints of "
                         f"{checkpoint / GB:.2f} GB, {MIN_FREE_BYTES / GB:.0f} GB for logs)",
                         "free disk space there, or lower train.keep")
@@ -52,7 +52,7 @@ def check_memory(node, cluster):
     micro-batch, with gradient checkpointing if need be), with the largest share of the
     global batch the job's ``balance:`` may give a rank there."""
     job = cluster.target.job
-    memory = node.facts.get("memory_bytes")
+    memory = node.facts.memory_bytes
     if not memory:
         raise node.fail("memory size unknown (the facts did not say)", "check the node")
     share = largest_share(job, cluster.target.planned, node.name)

@@ -54,7 +54,7 @@ class Cluster:
             state = (result.value if result.succeeded else
                      NodeState(host, result.status, result.message))
             if state.status != OK:
-                state.cached = load_cached_facts(host.name) or {}
+                state.cached = load_cached_facts(host.name)
             self.states[host.name] = state
 
     def state(self, name: str) -> NodeState:
@@ -76,11 +76,11 @@ class Cluster:
 
         def work(state: NodeState) -> protocol.ReachAnswer:
             peers = {n: w for n, w in where.items() if n != state.name}
-            root = state.facts["root"]
+            root = state.facts.root
             args = protocol.reach_args(state.name, ip=state.host.ip,
                                        ports=where[state.name][1], peers=peers,
                                        seconds=REACH_SECONDS)
-            return run_node(self.connector.connect(state.host), state.interpreter["path"],
+            return run_node(self.connector.connect(state.host), state.interpreter.path,
                             f"{root}/{protocol.CODE_DIR}", args, timeout=REACH_SECONDS + 60)
 
         results = run_parallel(hosts, work, forks=len(hosts))

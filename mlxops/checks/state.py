@@ -17,6 +17,7 @@ from typing import Any
 
 from mlxops.checks.outcome import NotReady
 from mlxops.checks.target import Target
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory import Host
 from mlxops.node import protocol
 from mlxops.sync import SyncError, SyncReport, remote_manifest, sync_files
@@ -44,14 +45,14 @@ class NodeState:
     host: Host
     status: str = OK
     reason: str = ""
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: HostFacts = field(default_factory=HostFacts.unknown)
     files: dict[str, FileRead | str] = field(default_factory=dict)   # by node path
     code: SyncReport | str | None = None
     ready: protocol.ReadyAnswer | str | None = None
     clock: tuple[float, float] | None = None    # (node clock - controller's, uncertainty) s
     reach: protocol.ReachAnswer | str | None = None
     # A host not read: the facts the last provision cached for it, if any.
-    cached: dict[str, Any] = field(default_factory=dict)
+    cached: HostFacts | None = None
 
     @property
     def name(self) -> str:
@@ -60,16 +61,13 @@ class NodeState:
     @property
     def system(self) -> str | None:
         """``Darwin``, ``Linux``; as last seen when the host was not read; None: unknown."""
-        return self.facts.get("system") or self.cached.get("system")
+        return self.facts.system or (self.cached.system if self.cached else None)
 
     @property
-    def interpreter(self) -> dict[str, Any]:
-        """``{path, version, mlx}`` of the interpreter jobs run: ``<root>/venv`` when there
-        is one (as pre-flight resolves it), else ``mlxops_python``."""
-        venv = self.facts.get("venv") or {}
-        if venv.get("path"):
-            return dict(venv)
-        return dict(self.facts.get("python") or {})
+    def interpreter(self) -> Interpreter:
+        """The interpreter jobs run: ``<root>/venv`` when there is one (as pre-flight
+        resolves it), else ``mlxops_python``."""
+        return self.facts.interpreter()
 
     def fail(self, found: str, fix: str = "") -> NotReady:
         """The finding of a check on this host: ``raise node.fail(found, fix)``."""
@@ -93,7 +91,7 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     except RuntimeError as exc:
         return NodeState(host, FAILED, str(exc))
     state = NodeState(host, facts=facts)
-    python, root = state.interpreter.get("path"), facts.get("root")
+    python, root = state.interpreter.path, facts.root
     paths = [env_path(host)]
     if isinstance(target.hostfiles, list):
         backends = dict.fromkeys(b for _, rendered in target.hostfiles for b in rendered)

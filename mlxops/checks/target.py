@@ -18,6 +18,7 @@ from mlxops import render
 from mlxops.errors import UserError, bad_input
 from mlxops.ignore import Ignore
 from mlxops.inventory import Host, Inventory, load_inventory
+from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.code import code_bundle
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.spec import JobSpec, load_job
@@ -124,7 +125,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
         backend, base_port = job.backend, job.base_port
     else:
         planned = hosts = inventory.select(limit, source="--limit")
-        backend, base_port = _inventory_backend(inventory, hosts), render.DEFAULT_BASE_PORT
+        backend, base_port = hosts_backend(hosts, inventory.path), render.DEFAULT_BASE_PORT
     ports: dict[str, list[int]] = {h.name: [] for h in hosts}
     if backend == protocol.RING:
         # Ranks are placed over every host of the job (or of the check), as launch does.
@@ -138,13 +139,3 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
                   options=options or ConnectOptions(), forks=forks)
 
 
-def _inventory_backend(inventory: Inventory, hosts: list[Host]) -> str:
-    """Without a job, the backend the hosts' ``mlxops_backend`` names (ring by default);
-    hosts that disagree are bad input."""
-    named = {h.name: h.var("mlxops_backend") or protocol.DEFAULT_BACKEND for h in hosts}
-    if len(set(named.values())) > 1:
-        listing = ", ".join(f"{n} {b}" for n, b in named.items())
-        raise bad_input(inventory.path, "mlxops_backend",
-                        f"the checked hosts name different backends ({listing}); "
-                        "check them with --job or --limit")
-    return next(iter(named.values()))

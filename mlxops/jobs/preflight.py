@@ -20,6 +20,7 @@ from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
+from mlxops.readiness import Versions, agreement, mlx_findings
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
@@ -96,16 +97,12 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
 def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
                     resume: bool, fresh: bool = False) -> int | None:
     """Refuse what would fail or hang later; returns the checkpoint step to resume from."""
-    problems = []
-    versions = {name: (p.answer.mlx, p.answer.python_version[:4])
-                for name, p in preps.items()}
-    for name, (mlx, _) in versions.items():
-        if mlx is None:
-            problems.append(f"{name}: mlx is not importable by {preps[name].python} "
-                            "(run 'mlxops provision')")
-    if len({v for v in versions.values()}) > 1:
-        listing = ", ".join(f"{n}: mlx {m} python {p}" for n, (m, p) in versions.items())
-        problems.append(f"mlx/python versions differ across hosts ({listing})")
+    # The readiness rules mlxops check reports by (mlxops.readiness), without the pin:
+    # every rank imports mlx, and mlx and Python agree across the hosts.
+    versions = [Versions(name, p.python, p.answer.python_version, p.answer.mlx,
+                         p.answer.system) for name, p in preps.items()]
+    problems = [f.line for v in versions for f in mlx_findings(v)]
+    problems += [f.line for f in agreement(versions, keys=("mlx", "python")).findings]
     for name, prep in preps.items():
         if prep.answer.leftovers:
             pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)

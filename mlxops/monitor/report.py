@@ -36,8 +36,8 @@ def plan(record: JobRecord) -> list[dict[str, Any]] | None:
         return None
     rows = []
     for host in record.hosts:
-        facts = load_cached_facts(host.name) or {}
-        memory = facts.get("memory_bytes")
+        facts = load_cached_facts(host.name)
+        memory = facts.memory_bytes if facts else None
         if not memory:
             continue
         ranks = len(record.ranks_on(host.name))

@@ -16,6 +16,7 @@ from typing import Any
 
 import jinja2
 
+from mlxops.hostfacts import HostFacts
 from mlxops.playbook.load import JINJA, Play, PlayTask, selected
 from mlxops.tasks import Outcome, TaskContext
 from mlxops.transport import Connector, HostResult, Results, run_parallel
@@ -38,7 +39,7 @@ class PlayResult:
     counts: dict[str, dict[str, int]]
     unreachable: dict[str, str]          # host -> why
     failed: dict[str, str]               # host -> first failure message
-    facts: dict[str, dict[str, Any]]
+    facts: dict[str, HostFacts | None]
     play: str = ""
     tasks: list[TaskReport] = field(default_factory=list)
     duration: float = 0.0
@@ -66,13 +67,17 @@ class PlayResult:
             "play": self.play,
             "hosts": {h: {**self.counts[h], "unreachable": h in self.unreachable,
                           "message": self.unreachable.get(h) or self.failed.get(h) or "",
-                          "facts": self.facts.get(h) or {}} for h in self.hosts},
+                          "facts": _facts_json(self.facts.get(h))} for h in self.hosts},
             "tasks": [{"name": r.task.name, "task": r.task.spec.name,
                        "duration": round(r.duration, 3),
                        "hosts": {h: _result_json(res) for h, res in r.results.items()}}
                       for r in self.tasks],
             "duration": round(self.duration, 3),
         }
+
+
+def _facts_json(facts: HostFacts | None) -> dict[str, Any]:
+    return facts.to_json() if facts is not None else {}
 
 
 def _result_json(result: HostResult) -> dict[str, Any]:
@@ -115,11 +120,10 @@ def run_play(
     start = time.monotonic()
     cb = callbacks or Callbacks()
     names = [h.name for h in hosts]
-    cluster_facts: dict[str, dict[str, Any]] = {h.name: {} for h in hosts}
+    cluster_facts: dict[str, HostFacts | None] = {h.name: None for h in hosts}
     contexts = {
         h.name: TaskContext(host=h, conn=connector.connect(h), inventory=inventory, hosts=hosts,
-                            facts=cluster_facts[h.name], check=check, diff=diff,
-                            cluster_facts=cluster_facts)
+                            check=check, diff=diff, cluster_facts=cluster_facts)
         for h in hosts
     }
     result = PlayResult(names, {h: {OK: 0, CHANGED: 0, FAILED: 0, SKIPPED: 0} for h in names},
@@ -163,7 +167,7 @@ def run_play(
 
 
 def when_context(ctx: TaskContext) -> dict[str, Any]:
-    return {"facts": ctx.facts, "vars": dict(ctx.host.vars), "check": ctx.check,
+    return {"facts": _facts_json(ctx.facts), "vars": dict(ctx.host.vars), "check": ctx.check,
             "inventory_hostname": ctx.host.name, "group_names": list(ctx.host.groups)}
 
 

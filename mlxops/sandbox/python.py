@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mlxops import filelock
 from mlxops.errors import MlxopsError
-from mlxops.tasks.python import controller_mlx_version
+from mlxops.readiness import controller_mlx_version
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 CACHE_DIR = Path(os.environ.get("MLXOPS_SANDBOX_CACHE", "/var/cache/mlxops-sandbox"))

@@ -32,13 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from mlxops import __version__
 from mlxops.bench.measure import Settings
-from mlxops.bench.run import ALL, Request, default_port, inventory_backend, run_bench
+from mlxops.bench.run import ALL, Request, default_port, run_bench
 from mlxops.errors import EXIT_OK, EXIT_UNREACHABLE, MlxopsError, bad_input
+from mlxops.hostfacts import HostFacts
 from mlxops.inventory import load_inventory
+from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.spec import JobSpec
 from mlxops.node.protocol import LAUNCHER
 from mlxops.paths import playbooks_dir
@@ -104,7 +105,7 @@ class _Selftest:
         self.inventory = load_inventory(options.inventory)
         self.hosts = self.inventory.select(options.limit, source="--limit")
         self.play = load_playbook(playbooks_dir() / "provision.yml")
-        backend = inventory_backend(self.hosts, self.inventory.path)
+        backend = hosts_backend(self.hosts, self.inventory.path)
         self.bench = Request(inventory=self.inventory.path, limit=options.limit, pairs=ALL,
                              settings=replace(BENCH_SETTINGS, port=default_port()),
                              sizes=BENCH_SIZES)
@@ -120,7 +121,7 @@ class _Selftest:
                                       options=options.connect, forks=options.forks)
         self.summary = Summary(str(self.inventory.path), [h.name for h in self.hosts],
                                options.limit, controller_info(), kept=options.keep)
-        self.facts: dict[str, dict[str, Any]] = {}
+        self.facts: dict[str, HostFacts] = {}
 
     def run(self) -> Summary:
         start = time.monotonic()

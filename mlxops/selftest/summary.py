@@ -16,7 +16,7 @@ count).
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from rich.console import Console
 from mlxops import console
 from mlxops.bench.results import BUSBW_FROM, BenchResult, average_busbw
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from mlxops.hostfacts import HostFacts
 from mlxops.transport.results import FAILED, SKIPPED, UNREACHABLE
 from mlxops.transport.results import OK as OK  # a step's result too (S.OK)
 
@@ -69,19 +70,17 @@ class HostInfo:
     mlx: str | None = None
 
     @classmethod
-    def from_facts(cls, name: str, facts: Mapping[str, Any] | None) -> HostInfo:
-        if not facts:
+    def from_facts(cls, name: str, facts: HostFacts | None) -> HostInfo:
+        if facts is None:
             return cls(name)
-        system = facts.get("system")
-        os_name = system
-        if system == "Darwin":
-            os_name = f"macOS {facts.get('macos_version') or '?'}"
-            if facts.get("macos_build"):
-                os_name += f" ({facts['macos_build']})"
-        interpreter = facts.get("venv") or facts.get("python") or {}
-        return cls(name, os_name, facts.get("arch"), facts.get("chip"),
-                   facts.get("memory_bytes"), facts.get("cpu_cores"), facts.get("gpu_cores"),
-                   interpreter.get("version"), interpreter.get("mlx"))
+        os_name = facts.system
+        if facts.is_darwin:
+            os_name = f"macOS {facts.macos_version or '?'}"
+            if facts.macos_build:
+                os_name += f" ({facts.macos_build})"
+        interpreter = facts.interpreter()
+        return cls(name, os_name, facts.arch, facts.chip, facts.memory_bytes,
+                   facts.cpu_cores, facts.gpu_cores, interpreter.version, interpreter.mlx)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxops.hostfacts import HostFacts
 from mlxops.transport.connection import Connection
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED
 
@@ -29,11 +30,11 @@ class TaskContext:
     conn: Connection
     inventory: Any                 # mlxops.inventory.Inventory
     hosts: Sequence[Any]           # every selected host, in inventory order (for hostfiles)
-    facts: dict[str, Any] = field(default_factory=dict)  # filled by the facts task
+    facts: HostFacts | None = None  # set by the facts task
     check: bool = False            # --check: report, change nothing
     diff: bool = False             # --diff: return unified diffs of managed files
     # Facts of every selected host, keyed by host name (tasks after `facts` may read them).
-    cluster_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cluster_facts: dict[str, HostFacts | None] = field(default_factory=dict)
 
 
 @dataclass

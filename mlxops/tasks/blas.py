@@ -99,7 +99,7 @@ def check_args(args: Mapping[str, Any]) -> None:
 
 
 def _probe(ctx: TaskContext) -> dict[str, Any]:
-    python = (ctx.facts.get("python") or {}).get("path") or "python3"
+    python = (ctx.facts.python.path if ctx.facts else None) or "python3"
     result = ctx.conn.run(probe_command(python), timeout=60)
     if not result.ok:
         raise RuntimeError(f"looking for OpenBLAS failed: {result.error_line()}")
@@ -111,8 +111,9 @@ def _probe(ctx: TaskContext) -> dict[str, Any]:
 
 @task("blas", args=["package"])
 def blas_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
-    if ctx.facts.get("system") != "Linux":
-        return Outcome.skipped(f"not Linux ({ctx.facts.get('system')}): MLX uses Accelerate")
+    system = ctx.facts.system if ctx.facts else None
+    if system != "Linux":
+        return Outcome.skipped(f"not Linux ({system}): MLX uses Accelerate")
     package = args.get("package", PACKAGE)
     try:
         probe = _probe(ctx)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlxops import render
+from mlxops.hostfacts import HostFacts
 from mlxops.node.protocol.layout import ENV_FILE
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.files import ensure_file
@@ -31,12 +32,12 @@ def _addresses(address: str) -> list[str]:
     return [address] + [info[4][0] for info in infos]
 
 
-def tcp_interface(host: Any, facts: Mapping[str, Any]) -> str:
+def tcp_interface(host: Any, facts: HostFacts | None) -> str:
     """The interface carrying the host's cluster address; ValueError if none does."""
     explicit = host.var("mlxops_btl_tcp_if_include")
     if explicit:
         return explicit
-    interfaces = facts.get("interfaces") or {}
+    interfaces = facts.interfaces if facts else {}
     address = render.cluster_ip(host)
     for candidate in _addresses(address):
         name = render.interface_for(candidate, interfaces)
@@ -49,13 +50,14 @@ def tcp_interface(host: Any, facts: Mapping[str, Any]) -> str:
         "mlxops_btl_tcp_if_include to the interface")
 
 
-def render_env(host: Any, facts: Mapping[str, Any]) -> str:
+def render_env(host: Any, facts: HostFacts | None) -> str:
     return render.env_file(render.host_environment(host, tcp_interface(host, facts)))
 
 
 @task("env")
 def env_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
-    if not ctx.facts.get("interfaces") and not ctx.host.is_set("mlxops_btl_tcp_if_include"):
+    interfaces = ctx.facts.interfaces if ctx.facts else {}
+    if not interfaces and not ctx.host.is_set("mlxops_btl_tcp_if_include"):
         return Outcome.failed("env needs the host's facts (run the facts task first)")
     try:
         text = render_env(ctx.host, ctx.facts)

@@ -2,18 +2,13 @@
 
 pyinfra style: :func:`facts_script` builds one POSIX ``sh`` script (constant text plus
 quoted values) that prints labelled sections; small pure parsers turn each section into
-facts; :func:`build_facts` assembles the schema other code reads (docs/formats.md, the env
-task, the jobs code)::
+values; :func:`build_facts` assembles them once into the record every reader uses,
+:class:`~mlxops.hostfacts.HostFacts` (its fields are documented there and in
+docs/formats.md). The venv and the Mac's kernel state are read here too, so that later
+tasks need no round trip of their own.
 
-    {"system": "Darwin"|"Linux", "hostname", "arch", "macos_version", "macos_build",
-     "chip", "memory_bytes", "cpu_cores", "perf_cores", "gpu_cores",
-     "python": {"path", "version", "mlx"}, "interfaces": {"en0": ["192.168.1.10"]},
-     "disk_free_bytes", "root",
-     # extras read by later tasks, so that they need no round trip of their own:
-     "venv": {"path", "version", "mlx"} | None,      # mlxops_root/venv, if there is one
-     "macos": {"wired_limit_mb", "sleep", "thunderbolt_bridge_up"} | None}
-
-Facts are cached on the controller in ``controller_home()/facts/<host>.json``.
+Facts are cached on the controller in ``controller_home()/facts/<host>.json``, written and
+read through the record's JSON form (one decoder).
 """
 
 from __future__ import annotations
@@ -26,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import shell
+from mlxops.hostfacts import HostFacts, Interpreter, MacState
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
 from mlxops.tasks.base import Outcome, TaskContext, task
@@ -106,20 +102,20 @@ def parse_key_values(text: str, sep: str = ":") -> dict[str, str]:
     return out
 
 
-def parse_probe(text: str) -> dict[str, Any] | None:
+def parse_probe(text: str) -> Interpreter | None:
     """The interpreter section: its absolute path, then the probe's JSON line."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         return None
-    info: dict[str, Any] = {"path": lines[0].strip(), "version": None, "mlx": None}
+    info = Interpreter(path=lines[0].strip(), version=None, mlx=None)
     for line in lines[1:]:
         try:
             data = json.loads(line)
         except ValueError:
             continue
-        if isinstance(data, dict):
-            info["version"] = data.get("version")
-            info["mlx"] = data.get("mlx")
+        if isinstance(data, dict):  # the PROBE's own line: {'version', 'mlx'}
+            info.version = data.get("version")
+            info.mlx = data.get("mlx")
     return info
 
 
@@ -197,53 +193,49 @@ def absolute_root(root: str, home: str) -> str:
     return f"{home.rstrip('/')}/{root}"
 
 
-def build_facts(sections: Mapping[str, str], root: str) -> dict[str, Any]:
-    """Assemble the facts schema from the script's sections (pure)."""
+def build_facts(sections: Mapping[str, str], root: str) -> HostFacts:
+    """Parse the script's sections into the facts record (pure)."""
     uname = sections.get("uname", "").splitlines() + ["", "", ""]
     system, arch, hostname = (w.strip() or None for w in uname[:3])
     home = sections.get("home", "").strip()
-    facts: dict[str, Any] = {
-        "system": system, "hostname": hostname, "arch": arch,
-        "macos_version": None, "macos_build": None, "chip": None,
-        "memory_bytes": None, "cpu_cores": None, "perf_cores": None, "gpu_cores": None,
-        "python": parse_probe(sections.get("python", "")) or
-        {"path": None, "version": None, "mlx": None},
-        "venv": parse_probe(sections.get("venv", "")),
-        "interfaces": {},
-        "disk_free_bytes": parse_df(sections.get("df", "")),
-        "root": absolute_root(root, home) if home else None,
-        "macos": None,
-    }
+    facts = HostFacts(
+        system=system, hostname=hostname, arch=arch,
+        macos_version=None, macos_build=None, chip=None,
+        memory_bytes=None, cpu_cores=None, perf_cores=None, gpu_cores=None,
+        python=parse_probe(sections.get("python", "")) or Interpreter.none(),
+        venv=parse_probe(sections.get("venv", "")),
+        interfaces={},
+        disk_free_bytes=parse_df(sections.get("df", "")),
+        root=absolute_root(root, home) if home else None,
+        macos=None,
+    )
     if system == "Darwin":
         sw = parse_key_values(sections.get("sw_vers", ""))
         sysctl = parse_key_values(sections.get("sysctl", ""))
         addrs, ifaces = parse_ifconfig(sections.get("ifconfig", ""))
         bridge = ifaces.get("bridge0")
-        facts.update(
-            macos_version=sw.get("ProductVersion"), macos_build=sw.get("BuildVersion"),
-            chip=sysctl.get("machdep.cpu.brand_string"),
-            memory_bytes=_int(sysctl.get("hw.memsize")),
-            cpu_cores=_int(sysctl.get("hw.ncpu")),
-            perf_cores=_int(sysctl.get("hw.perflevel0.physicalcpu")),
-            gpu_cores=parse_gpu_cores(sections.get("ioreg", "")),
-            interfaces=addrs,
-            macos={
-                "wired_limit_mb": _int(sysctl.get("iogpu.wired_limit_mb")),
-                "sleep": parse_pmset_sleep(sections.get("pmset", "")),
-                # Thunderbolt Bridge is bridge0 over the Thunderbolt ports: when it is up
-                # it holds the ports that jaccl (RDMA over Thunderbolt) needs to itself.
-                "thunderbolt_bridge_up": bool(bridge and bridge["up"]
-                                              and bridge["active"] is not False),
-            },
+        facts.macos_version = sw.get("ProductVersion")
+        facts.macos_build = sw.get("BuildVersion")
+        facts.chip = sysctl.get("machdep.cpu.brand_string")
+        facts.memory_bytes = _int(sysctl.get("hw.memsize"))
+        facts.cpu_cores = _int(sysctl.get("hw.ncpu"))
+        facts.perf_cores = _int(sysctl.get("hw.perflevel0.physicalcpu"))
+        facts.gpu_cores = parse_gpu_cores(sections.get("ioreg", ""))
+        facts.interfaces = addrs
+        facts.macos = MacState(
+            wired_limit_mb=_int(sysctl.get("iogpu.wired_limit_mb")),
+            sleep=parse_pmset_sleep(sections.get("pmset", "")),
+            # Thunderbolt Bridge is bridge0 over the Thunderbolt ports: when it is up
+            # it holds the ports that jaccl (RDMA over Thunderbolt) needs to itself.
+            thunderbolt_bridge_up=bool(bridge and bridge["up"]
+                                       and bridge["active"] is not False),
         )
     else:
         mem_kib = _int(parse_key_values(sections.get("meminfo", "")).get("MemTotal"))
-        facts.update(
-            chip=parse_key_values(sections.get("cpuinfo", "")).get("model name"),
-            memory_bytes=mem_kib * 1024 if mem_kib is not None else None,
-            cpu_cores=_int(sections.get("nproc", "").strip()),
-            interfaces=parse_ip_addr(sections.get("ip", "")),
-        )
+        facts.chip = parse_key_values(sections.get("cpuinfo", "")).get("model name")
+        facts.memory_bytes = mem_kib * 1024 if mem_kib is not None else None
+        facts.cpu_cores = _int(sections.get("nproc", "").strip())
+        facts.interfaces = parse_ip_addr(sections.get("ip", ""))
     return facts
 
 
@@ -254,28 +246,29 @@ def cache_path(host_name: str) -> Path:
     return controller_home() / "facts" / f"{host_name}.json"
 
 
-def save_facts(host_name: str, facts: Mapping[str, Any]) -> Path:
+def save_facts(host_name: str, facts: HostFacts) -> Path:
     """Write one host's facts to the cache (atomically: readers never see half a file)."""
     path = cache_path(host_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(facts.to_json(), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     return path
 
 
-def load_cached_facts(host_name: str) -> dict[str, Any] | None:
-    """The facts the last provision gathered for a host, or None."""
+def load_cached_facts(host_name: str) -> HostFacts | None:
+    """The facts the last provision gathered for a host, or None. A cache that is not
+    JSON or does not fit the record counts as none: the callers ask the host instead."""
     try:
-        return json.loads(cache_path(host_name).read_text())
-    except (FileNotFoundError, ValueError):
+        return HostFacts.from_json(json.loads(cache_path(host_name).read_text()))
+    except (FileNotFoundError, ValueError):  # FactsError is a ValueError
         return None
 
 
 # --- the task -----------------------------------------------------------------------------
 
 
-def ask_facts(conn, host) -> dict[str, Any]:
+def ask_facts(conn, host) -> HostFacts:
     """Run the facts script on one host; raises RuntimeError when it does not answer."""
     result = conn.run(facts_script(host.python, host.root), timeout=60)
     sections = split_sections(result.stdout)
@@ -292,9 +285,8 @@ def facts_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
         facts = ask_facts(ctx.conn, ctx.host)
     except RuntimeError as exc:
         return Outcome.failed(str(exc))
-    # In place: the play shares this dict as ctx.cluster_facts[host] with every task.
-    ctx.facts.clear()
-    ctx.facts.update(facts)
-    py = facts["python"]
-    where = f"{facts['system']} {facts['macos_version'] or ''}".strip()
-    return Outcome.ok(f"{where}, python {py['version']} mlx {py['mlx']}")
+    # Later tasks change the record in place (the python task's venv), so each host's
+    # context and the play's cluster_facts hold the same object.
+    ctx.facts = ctx.cluster_facts[ctx.host.name] = facts
+    where = f"{facts.system} {facts.macos_version or ''}".strip()
+    return Outcome.ok(f"{where}, python {facts.python.version} mlx {facts.python.mlx}")

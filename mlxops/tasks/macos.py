@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxops import shell
+from mlxops.hostfacts import HostFacts, MacState
 from mlxops.node.protocol import BACKENDS, JACCL_BACKENDS
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.transport.results import SKIPPED
@@ -35,32 +36,32 @@ class Steps:
     needs_become: bool = False                               # changes wanted, no become
 
 
-def wired_limit_mb(facts: Mapping[str, Any], explicit: int | None,
+def wired_limit_mb(facts: HostFacts, explicit: int | None,
                    share: float | None) -> int | None:
     """The wanted ``iogpu.wired_limit_mb`` (``explicit``: the host's
     ``mlxops_wired_limit_mb``), or None to leave macOS's own."""
     if explicit:
         return explicit
-    memory = facts.get("memory_bytes")
+    memory = facts.memory_bytes
     if share and memory:
         return int(memory * share) // MIB
     return None
 
 
-def steps_for(facts: Mapping[str, Any], host: Any, args: Mapping[str, Any]) -> Steps:
+def steps_for(facts: HostFacts, host: Any, args: Mapping[str, Any]) -> Steps:
     """The commands that bring this Mac (``host``, an inventory Host) to the wanted state
     (none when it is there)."""
     out = Steps()
-    current = facts.get("macos") or {}
+    current = facts.macos or MacState.unknown()
     wanted = wired_limit_mb(facts, host.var("mlxops_wired_limit_mb"), args.get("wired_share"))
-    if wanted is not None and current.get("wired_limit_mb") != wanted:
+    if wanted is not None and current.wired_limit_mb != wanted:
         out.commands.append(["sysctl", "-w", f"iogpu.wired_limit_mb={wanted}"])
-        out.changes.append(f"iogpu.wired_limit_mb {current.get('wired_limit_mb')} -> {wanted}")
-    if args.get("disable_sleep", True) and current.get("sleep") != 0:
+        out.changes.append(f"iogpu.wired_limit_mb {current.wired_limit_mb} -> {wanted}")
+    if args.get("disable_sleep", True) and current.sleep != 0:
         out.commands.append(["pmset", "-a", "sleep", "0"])
-        out.changes.append(f"sleep {current.get('sleep')} -> 0 (never)")
+        out.changes.append(f"sleep {current.sleep} -> 0 (never)")
     backend = args.get("backend") or host.var("mlxops_backend")
-    if current.get("thunderbolt_bridge_up") and backend in JACCL_BACKENDS:
+    if current.thunderbolt_bridge_up and backend in JACCL_BACKENDS:
         out.warnings.append(
             "Thunderbolt Bridge (bridge0) is up and the backend is "
             f"{backend}: RDMA needs the Thunderbolt ports outside the bridge; remove them "
@@ -87,8 +88,8 @@ def check_args(args: Mapping[str, Any]) -> None:
 
 @task("macos", args=["wired_share", "disable_sleep", "backend"])
 def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
-    if ctx.facts.get("system") != "Darwin":
-        return Outcome.skipped(f"not macOS ({ctx.facts.get('system')})")
+    if ctx.facts is None or not ctx.facts.is_darwin:
+        return Outcome.skipped(f"not macOS ({ctx.facts.system if ctx.facts else None})")
     steps = steps_for(ctx.facts, ctx.host, args)
     warnings = {"warnings": steps.warnings} if steps.warnings else {}
     if not steps.commands:
@@ -103,13 +104,13 @@ def macos_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
                           timeout=60)
     if not result.ok:
         return Outcome.failed(f"{what}: {result.error_line()}", **warnings)
-    macos = ctx.facts.setdefault("macos", {}) or {}
+    if ctx.facts.macos is None:
+        ctx.facts.macos = MacState.unknown()
     for argv in steps.commands:
         if "sysctl" in argv:
-            macos["wired_limit_mb"] = int(argv[-1].split("=")[1])
+            ctx.facts.macos.wired_limit_mb = int(argv[-1].split("=")[1])
         elif "pmset" in argv:
-            macos["sleep"] = 0
-    ctx.facts["macos"] = macos
+            ctx.facts.macos.sleep = 0
     return Outcome.changed(f"set {what}", **warnings)
 
 

@@ -1,23 +1,32 @@
 """The ``python`` task (MLX at the pinned version on every node) and ``skew`` (the same
-mlx, Python and macOS build everywhere).
+mlx, Python and macOS build everywhere, by the rule of :mod:`mlxops.readiness`).
 
 ``python`` reads what the facts task already probed — ``mlxops_python`` and, if present,
 ``mlxops_root/venv`` — so on a provisioned node it costs no round trip at all. Only when
 neither has the pinned mlx does it make the venv and pip-install into it (from a wheelhouse
 pushed by the controller when ``mlxops_wheelhouse`` is set, for nodes without internet).
-Afterwards ``facts["python"]`` describes the interpreter the node will use.
+Afterwards ``facts.python`` describes the interpreter the node will use.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from importlib import metadata
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mlxops import archive, shell
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.node.protocol.layout import VENV_DIR, VENV_PYTHON
+from mlxops.readiness import (
+    AGREED,
+    NOT_A_MAC,
+    Versions,
+    agreement,
+    findings_of,
+    joined,
+    pinned_version,
+)
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.facts import PROBE, parse_probe
 
@@ -25,47 +34,35 @@ PIP_TIMEOUT = 1800.0
 WHEEL_SUFFIXES = (".whl", ".tar.gz", ".zip")
 
 
-def controller_mlx_version() -> str | None:
-    """The default pin: the mlx the controller runs (metadata only: no import)."""
-    try:
-        return metadata.version("mlx")
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def pinned_version(host: Any) -> str | None:
-    return host.var("mlxops_mlx_version") or controller_mlx_version()
-
-
 def requirement(system: str | None, pin: str) -> str:
     """Apple Silicon wheels have Metal; on Linux the CPU build is the ``cpu`` extra."""
     return f"mlx=={pin}" if system == "Darwin" else f"mlx[cpu]=={pin}"
 
 
-def decide(facts: Mapping[str, Any], pin: str) -> tuple[str, dict[str, Any] | None]:
+def decide(facts: HostFacts, pin: str) -> tuple[str, Interpreter | None]:
     """What to do: ``("ok", python)``, ``("venv", venv)`` (already has the pin), or
     ``("install", None)``; ``("missing", None)`` when there is no interpreter at all."""
-    python, venv = facts.get("python") or {}, facts.get("venv")
-    if python.get("mlx") == pin:
-        return "ok", dict(python)
-    if venv and venv.get("mlx") == pin:
-        return "venv", dict(venv)
-    if not python.get("path") and not (venv and venv.get("path")):
+    python, venv = facts.python, facts.venv
+    if python.mlx == pin:
+        return "ok", replace(python)
+    if venv and venv.mlx == pin:
+        return "venv", replace(venv)
+    if not python.path and not (venv and venv.path):
         return "missing", None
     return "install", None
 
 
-def install_command(facts: Mapping[str, Any], pin: str, packages: Sequence[str],
+def install_command(facts: HostFacts, pin: str, packages: Sequence[str],
                     wheelhouse: str | None) -> str:
     """Make ``<root>/venv`` (unless it is there) and pip-install the pin into it, then
     probe it. ``wheelhouse``: a node directory to install from offline."""
-    root = facts["root"]
+    root = facts.root
     venv_python = f"{root}/{VENV_PYTHON}"
-    base = (facts.get("python") or {}).get("path") or venv_python
+    base = facts.python.path or venv_python
     pip = [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if wheelhouse:
         pip += ["--no-index", "--find-links", wheelhouse]
-    pip += [requirement(facts.get("system"), pin), *packages]
+    pip += [requirement(facts.system, pin), *packages]
     make_venv = (f"{{ test -x {shell.quote(venv_python)} || "
                  f"{shell.join([base, '-m', 'venv', f'{root}/{VENV_DIR}'])}; }}")
     return shell.and_then([
@@ -100,14 +97,14 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
                               "(the controller has no mlx to copy it from)")
     action, info = decide(facts, pin)
     if action == "ok":
-        return Outcome.ok(f"mlx {pin} at {info['path']}")
+        return Outcome.ok(f"mlx {pin} at {info.path}")
     if action == "venv":
-        facts["python"] = info  # the venv is what the node runs from now on
-        return Outcome.ok(f"mlx {pin} in {info['path']}")
+        facts.python = info  # the venv is what the node runs from now on
+        return Outcome.ok(f"mlx {pin} in {info.path}")
     if action == "missing":
         return Outcome.failed(f"mlxops_python {ctx.host.python!r} not found on the node")
-    have = (facts.get("python") or {}).get("mlx")
-    what = f"mlx {have or 'missing'} -> {pin} in {facts['root']}/{VENV_DIR}"
+    have = facts.python.mlx
+    what = f"mlx {have or 'missing'} -> {pin} in {facts.root}/{VENV_DIR}"
     if ctx.check:
         return Outcome.changed(f"would install {what}")
     wheels = wheelhouse_dir(ctx.host)
@@ -115,7 +112,7 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if wheels is not None:
         if not wheels.is_dir():
             return Outcome.failed(f"mlxops_wheelhouse: {wheels}: not a directory")
-        node_wheelhouse = f"{facts['root']}/wheelhouse"
+        node_wheelhouse = f"{facts.root}/wheelhouse"
         push = shell.and_then([shell.join(["mkdir", "-p", node_wheelhouse]),
                                shell.join(["tar", "-xzf", "-", "-C", node_wheelhouse])])
         result = ctx.conn.run(push, stdin=wheelhouse_archive(wheels), timeout=PIP_TIMEOUT)
@@ -125,13 +122,13 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     result = ctx.conn.run(install_command(facts, pin, packages, node_wheelhouse),
                           timeout=PIP_TIMEOUT)
     if not result.ok:
-        return Outcome.failed(f"installing {requirement(facts.get('system'), pin)} failed: "
+        return Outcome.failed(f"installing {requirement(facts.system, pin)} failed: "
                               f"{result.error_line()}")
     info = parse_probe("\n".join(result.stdout.strip().splitlines()[-2:]))
-    if not info or info.get("mlx") != pin:
-        return Outcome.failed(f"the venv reports mlx {info and info.get('mlx')}, not {pin}")
-    facts["python"] = info
-    facts["venv"] = dict(info)
+    if not info or info.mlx != pin:
+        return Outcome.failed(f"the venv reports mlx {info and info.mlx}, not {pin}")
+    facts.python = info
+    facts.venv = replace(info)
     return Outcome.changed(f"installed {what}")
 
 
@@ -146,72 +143,38 @@ python_task.check_args = _check_python_args  # type: ignore[attr-defined]
 
 # --- skew ---------------------------------------------------------------------------------
 
-SKEW_COLUMNS = {"mlx": "mlx", "python": "python", "macos_build": "macOS build"}
-
-
-def skew_values(facts: Mapping[str, Any]) -> dict[str, str | None]:
-    """The values that must agree across nodes, as one host's facts give them."""
-    python = facts.get("python") or {}
-    version = python.get("version") or ""
-    return {
-        "mlx": python.get("mlx"),
-        "python": ".".join(version.split(".")[:2]) or None,
-        # Only Macs have a build; a Linux node is not "another build".
-        "macos_build": facts.get("macos_build") if facts.get("system") == "Darwin" else "-",
-    }
-
-
-def find_skew(facts_by_host: Mapping[str, Mapping[str, Any]], pin: str | None = None
-              ) -> tuple[dict[str, str | None], dict[str, list[str]], dict[str, dict]]:
-    """``(expected, odd, values)``: the value most hosts have per key (ties: the pin for
-    mlx, else the first host's), the keys on which each odd host differs, and all values."""
-    values = {h: skew_values(f) for h, f in facts_by_host.items()}
-    expected: dict[str, str | None] = {}
-    for key in SKEW_COLUMNS:
-        counts = Counter(v[key] for v in values.values())
-        if not counts:
-            continue
-        top = max(counts.values())
-        leaders = [val for val, n in counts.items() if n == top]
-        if key == "mlx" and pin in leaders:
-            expected[key] = pin
-        else:
-            expected[key] = next(v[key] for v in values.values() if v[key] in leaders)
-    odd: dict[str, list[str]] = {}
-    for host, vals in values.items():
-        diff = [k for k in SKEW_COLUMNS if vals[k] != expected.get(k)]
-        if diff:
-            odd[host] = diff
-    return expected, odd, values
-
-
 def skew_table(expected: Mapping[str, Any], odd: Mapping[str, list[str]],
                values: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A table for the console: the odd hosts, then the value the others agree on."""
-    rows = [[h, *(str(values[h][k]) for k in SKEW_COLUMNS)] for h in odd]
+    rows = [[h, *(str(values[h][k]) for k in AGREED)] for h in odd]
     rows.append([f"others ({len(values) - len(odd)})", *(str(expected.get(k))
-                                                         for k in SKEW_COLUMNS)])
-    return {"title": "version skew", "columns": ["host", *SKEW_COLUMNS.values()], "rows": rows,
-            "marks": {h: [1 + list(SKEW_COLUMNS).index(k) for k in keys]
+                                                         for k in AGREED)])
+    return {"title": "version skew", "columns": ["host", *AGREED.values()], "rows": rows,
+            "marks": {h: [1 + list(AGREED).index(k) for k in keys]
                       for h, keys in odd.items()}}
 
 
 @task("skew", scope="cluster")
 def skew_task(contexts: Mapping[str, TaskContext], args: Mapping[str, Any]
               ) -> dict[str, Outcome]:
-    facts = {name: ctx.facts for name, ctx in contexts.items()}
+    facts = {name: ctx.facts for name, ctx in contexts.items() if ctx.facts is not None}
+    unread = {name: Outcome.skipped("no facts (the facts task was skipped)")
+              for name in contexts if name not in facts}
+    if not facts:
+        return unread
     first = next(iter(contexts.values()))
-    expected, odd, values = find_skew(facts, pinned_version(first.host))
+    agreed = agreement([Versions.from_facts(n, f) for n, f in facts.items()],
+                       pinned_version(first.host))
+    expected, odd = agreed.expected, agreed.odd
     if not odd:
-        summary = ", ".join(f"{SKEW_COLUMNS[k]} {v}" for k, v in expected.items() if v != "-")
-        return {name: Outcome.ok(summary) for name in contexts}
-    table = skew_table(expected, odd, values)
-    out = {}
-    for name in contexts:
+        summary = ", ".join(f"{AGREED[k]} {v}" for k, v in expected.items() if v != NOT_A_MAC)
+        return {**unread, **{name: Outcome.ok(summary) for name in facts}}
+    table = skew_table(expected, odd, agreed.values)
+    out = dict(unread)
+    for name in facts:
         if name in odd:
-            what = ", ".join(f"{SKEW_COLUMNS[k]} {values[name][k]} (others: {expected[k]})"
-                             for k in odd[name])
-            out[name] = Outcome.failed(f"differs: {what}", table=table)
+            found, fix = joined(findings_of(agreed.findings, name))
+            out[name] = Outcome.failed(f"{found}: {fix}", table=table)
         else:
             out[name] = Outcome.ok("agrees", table=table)
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import paths
+from mlxops.hostfacts import HostFacts
 from mlxops.ignore import Ignore
 from mlxops.node.protocol.layout import CODE_DIR, job_code_path
 from mlxops.sync import DEFAULT_EXCLUDES, SyncError, collect, sync_files
@@ -53,9 +54,8 @@ def bundle(workdir: Path | None = None, job: str | None = None
     return files, roots, ignore
 
 
-def node_python(facts: Mapping[str, Any]) -> str | None:
-    py = facts.get("python") or {}
-    return py.get("path") if isinstance(py, Mapping) else None
+def node_python(facts: HostFacts | None) -> str | None:
+    return facts.python.path if facts else None
 
 
 def check_args(args: Mapping[str, Any]) -> None:

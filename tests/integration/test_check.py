@@ -112,7 +112,7 @@ def test_a_provisioned_cluster_passes_with_a_users_check_beside_the_shipped_ones
         def test_node_user(host, node):
             # testinfra's modules, over mlxops's SSH connection to the node
             assert host.user().name == {sandbox.user!r}
-            assert host.file(node.facts["root"] + "/env.sh").mode == 0o600
+            assert host.file(node.facts.root + "/env.sh").mode == 0o600
     """))
     before = snapshot(sandbox)
     proc, cases = check(cluster, str(mine))

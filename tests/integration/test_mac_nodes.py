@@ -21,6 +21,7 @@ import yaml
 from cli_helpers import mlxops
 from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
 
+from mlxops.hostfacts import MacState
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -64,17 +65,17 @@ def on_node(sandbox, node: str, command: str) -> str:
 def test_facts_are_the_recorded_mac(mac_sandbox, connector):
     host = load_inventory(mac_sandbox.inventory_path).hosts["node1"]
     facts = ask_facts(connector.connect(host), host)
-    assert (facts["system"], facts["arch"], facts["hostname"]) == ("Darwin", "arm64", "node1")
-    assert facts["chip"] == MAC["machdep.cpu.brand_string"] == "Apple M1 Pro"
-    assert facts["memory_bytes"] == int(MAC["hw.memsize"])
-    assert (facts["cpu_cores"], facts["perf_cores"]) == (10, 8)
-    assert (facts["macos_version"], facts["macos_build"]) == ("14.4.1", "23E224")
-    assert facts["interfaces"]["en0"] == [mac_sandbox.ip("node1")]   # the node's own wire
-    assert facts["interfaces"]["lo0"] == ["127.0.0.1"]
-    assert facts["macos"] == {
-        "wired_limit_mb": int(node_state(mac_sandbox, "node1", "iogpu.wired_limit_mb")),
-        "sleep": int(node_state(mac_sandbox, "node1", "sleep")),
-        "thunderbolt_bridge_up": False}
+    assert (facts.system, facts.arch, facts.hostname) == ("Darwin", "arm64", "node1")
+    assert facts.chip == MAC["machdep.cpu.brand_string"] == "Apple M1 Pro"
+    assert facts.memory_bytes == int(MAC["hw.memsize"])
+    assert (facts.cpu_cores, facts.perf_cores) == (10, 8)
+    assert (facts.macos_version, facts.macos_build) == ("14.4.1", "23E224")
+    assert facts.interfaces["en0"] == [mac_sandbox.ip("node1")]   # the node's own wire
+    assert facts.interfaces["lo0"] == ["127.0.0.1"]
+    assert facts.macos == MacState(
+        wired_limit_mb=int(node_state(mac_sandbox, "node1", "iogpu.wired_limit_mb")),
+        sleep=int(node_state(mac_sandbox, "node1", "sleep")),
+        thunderbolt_bridge_up=False)
     # The node really has no /proc, and its tools are the BSD ones.
     assert on_node(mac_sandbox, "node1", "ls -A /proc") == ""
     assert "bsdtar" in on_node(mac_sandbox, "node1", "tar --version")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory import load_inventory
 from mlxops.sync import collect, sync_files
 from mlxops.tasks.base import TaskContext
@@ -29,7 +31,8 @@ def _run_all(cluster, args, check=False, diff=False, python=True):
     inv, hosts, conns = cluster
 
     def one(h):
-        facts = {"python": {"path": h.python}} if python else {}
+        facts = (replace(HostFacts.unknown(), python=Interpreter(h.python, None, None))
+                 if python else None)
         ctx = TaskContext(h, conns[h.name], inv, hosts, facts=facts, check=check, diff=diff)
         return h.name, sync_task(ctx, args)
 

@@ -29,7 +29,7 @@ from mlxops.bench.results import (
     ring_order,
     save,
 )
-from mlxops.bench.run import inventory_backend, parse_sizes
+from mlxops.bench.run import parse_sizes
 from mlxops.cli import cli
 from mlxops.cli.bench import allreduce_table, loopback_table, pairs_table, parse_streams
 from mlxops.errors import UserError
@@ -133,15 +133,8 @@ def test_sizes_streams_and_backends_are_checked_before_any_connection():
     for bad in ("0", "x", "", "1,500"):
         with pytest.raises(UserError, match="--streams"):
             parse_streams(bad)
-
-    class H:
-        def __init__(self, backend):
-            self.vars = {"mlxops_backend": backend} if backend else {}
-
-    assert inventory_backend([H(None), H(None)], "inv") == "ring"
-    assert inventory_backend([H("mpi"), H(None)], "inv") == "mpi"
-    with pytest.raises(UserError, match="inv: mlxops_backend"):
-        inventory_backend([H("mpi"), H("ring")], "inv")
+    # The inventory's backend: tests/unit/test_inventory_backend.py (one rule for bench,
+    # check and the selftest).
 
 
 @pytest.mark.parametrize("args,message", [

@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory.model import Host
 from mlxops.node.blas import find_openblas
 from mlxops.tasks import blas
@@ -101,7 +103,8 @@ class Node:
 def run_task(node: Node, *, become=False, check=False, system="Linux", **args):
     host = Host("n1", {"ansible_host": "10.0.0.1", "ansible_become": become})
     ctx = TaskContext(host=host, conn=node, inventory=None, hosts=[host], check=check,
-                      facts={"system": system, "python": {"path": "/usr/bin/python3"}})
+                      facts=replace(HostFacts.unknown(), system=system,
+                                    python=Interpreter("/usr/bin/python3", None, None)))
     return blas.blas_task(ctx, args)
 
 

@@ -128,7 +128,7 @@ def test_a_user_check_directory_runs_beside_the_shipped_checks(cluster, tmp_path
     (mine / "test_site.py").write_text(
         "def test_has_tmp(host, node):\n"
         "    assert host.file('/tmp').is_directory\n"
-        "    assert node.facts['system'] == 'Linux'\n"
+        "    assert node.facts.system == 'Linux'\n"
         "\n"
         "def check_nothing_on_b(host):\n"
         "    assert host.backend.get_hostname() != 'b', 'b is not wanted'\n"

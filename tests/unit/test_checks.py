@@ -26,10 +26,11 @@ from mlxops.checks.cluster import Cluster
 from mlxops.checks.state import UNTRUSTED, NodeState
 from mlxops.checks.target import load_target
 from mlxops.errors import UserError
+from mlxops.hostfacts import HostFacts, Interpreter, MacState
 from mlxops.node import protocol
+from mlxops.readiness import controller_mlx_version
 from mlxops.sync import SyncReport
 from mlxops.tasks.facts import build_facts, split_sections
-from mlxops.tasks.python import controller_mlx_version
 
 DATA = Path(__file__).parent / "data"
 GB = 1024**3
@@ -53,16 +54,16 @@ def write_job(tmp_path: Path, **keys) -> Path:
     return path
 
 
-def linux_facts(ip: str) -> dict:
-    facts = json.loads((DATA / "facts" / "linux_x86_64.json").read_text())
-    facts["python"] = {"path": "/usr/bin/python3", "version": "3.11.7", "mlx": PIN}
-    facts["venv"] = None
-    facts["interfaces"] = {"eth0": [ip]}
-    facts["root"] = "/srv/mlxops"
+def linux_facts(ip: str) -> HostFacts:
+    facts = HostFacts.from_json(json.loads((DATA / "facts" / "linux_x86_64.json").read_text()))
+    facts.python = Interpreter(path="/usr/bin/python3", version="3.11.7", mlx=PIN)
+    facts.venv = None
+    facts.interfaces = {"eth0": [ip]}
+    facts.root = "/srv/mlxops"
     return facts
 
 
-def darwin_facts() -> dict:
+def darwin_facts() -> HostFacts:
     text = (DATA / "facts" / "darwin_m2_ultra.txt").read_text()
     return build_facts(split_sections(text), "/srv/mlxops")
 
@@ -96,10 +97,10 @@ def finding(check, *args) -> str:
 def test_an_mlx_that_is_not_the_pin_says_both_and_the_fix(tmp_path):
     cluster = cluster_of(tmp_path)
     node = cluster.state("mac2")
-    node.facts["python"]["mlx"] = "0.31.0"
+    node.facts.python.mlx = "0.31.0"
     assert finding(check_host.check_mlx, node) == \
         f"mac2: mlx 0.31.0, controller {PIN}: run mlxops provision"
-    node.facts["python"]["mlx"] = None
+    node.facts.python.mlx = None
     assert finding(check_host.check_mlx, node) == \
         f"mac2: mlx not importable by /usr/bin/python3, controller {PIN}: run mlxops provision"
     check_host.check_mlx(cluster.state("mac1"))
@@ -108,14 +109,14 @@ def test_an_mlx_that_is_not_the_pin_says_both_and_the_fix(tmp_path):
 def test_the_interpreter_jobs_run_is_the_venv_when_there_is_one(tmp_path):
     cluster = cluster_of(tmp_path, mlxops_mlx_version="0.30.0")
     node = cluster.state("mac1")
-    node.facts["venv"] = {"path": "/srv/mlxops/venv/bin/python", "version": "3.11.7",
-                          "mlx": "0.30.0"}
+    node.facts.venv = Interpreter(path="/srv/mlxops/venv/bin/python", version="3.11.7",
+                                  mlx="0.30.0")
     check_host.check_mlx(node)   # the venv has the pin; mlxops_python's mlx does not matter
-    node.facts["venv"]["mlx"] = "0.29.0"
+    node.facts.venv.mlx = "0.29.0"
     assert finding(check_host.check_mlx, node) == \
         "mac1: mlx 0.29.0, mlxops_mlx_version 0.30.0: run mlxops provision"
-    node.facts["venv"] = None
-    node.facts["python"] = {"path": None, "version": None, "mlx": None}
+    node.facts.venv = None
+    node.facts.python = Interpreter(path=None, version=None, mlx=None)
     assert "mlxops_python 'python3' not found" in finding(check_host.check_interpreter, node)
     with pytest.raises(pytest.skip.Exception, match="see check_interpreter"):
         check_host.check_mlx(node)
@@ -256,7 +257,7 @@ def test_disk_and_memory_follow_the_jobs_plan(tmp_path):
     node.ready.disk_free = 200 * 1024**2
     assert finding(check_resources.check_disk, node, cluster).startswith(
         "mac1: 0.2 GB free under /srv/mlxops, job.yml needs 1.0 GB (4 checkpoints of")
-    node.facts["memory_bytes"] = 1024**2
+    node.facts.memory_bytes = 1024**2
     assert "even at micro-batch 1 with gradient checkpointing" in finding(
         check_resources.check_memory, node, cluster)
 
@@ -285,19 +286,19 @@ def test_memory_is_planned_with_the_share_balance_gives_the_host(tmp_path):
     one, three = _least_memory(job, 2, 1), _least_memory(job, 2, 3)
     assert one < three
     for name in ("mac1", "mac2"):
-        cluster.state(name).facts["memory_bytes"] = one
+        cluster.state(name).facts.memory_bytes = one
     check_resources.check_memory(cluster.state("mac2"), cluster)
     assert finding(check_resources.check_memory, cluster.state("mac1"), cluster).startswith(
         "mac1: one rank of job.yml needs ")
     assert "1 ranks, 3 sequences a step under balance)" in finding(
         check_resources.check_memory, cluster.state("mac1"), cluster)
-    cluster.state("mac1").facts["memory_bytes"] = three
+    cluster.state("mac1").facts.memory_bytes = three
     check_resources.check_memory(cluster.state("mac1"), cluster)
 
     # auto: the split is measured at launch, so any rank may take all but one per peer.
     auto = cluster_of(tmp_path, n=2, job={"trainer": trainer, "balance": "auto"})
     for name in ("mac1", "mac2"):
-        auto.state(name).facts["memory_bytes"] = one
+        auto.state(name).facts.memory_bytes = one
         assert "3 sequences a step under balance" in finding(
             check_resources.check_memory, auto.state(name), auto)
 
@@ -306,13 +307,13 @@ def test_macos_settings_as_the_macos_task_would_set_them(tmp_path):
     cluster = cluster_of(tmp_path)
     node = cluster.state("mac1")
     node.facts = darwin_facts()
-    want = int(node.facts["memory_bytes"] * 0.75) // 1024**2
+    want = int(node.facts.memory_bytes * 0.75) // 1024**2
     assert finding(check_macos.check_wired_limit, node, cluster) == (
         f"mac1: iogpu.wired_limit_mb 0, want {want}: run mlxops provision with "
         "ansible_become: true (a reboot resets it)")
     assert finding(check_macos.check_sleep, node, cluster).startswith(
         "mac1: sleeps after 1 min idle: run mlxops provision with ansible_become: true")
-    node.facts["macos"] = {"wired_limit_mb": want, "sleep": 0}
+    node.facts.macos = MacState(wired_limit_mb=want, sleep=0, thunderbolt_bridge_up=False)
     check_macos.check_wired_limit(node, cluster)
     check_macos.check_sleep(node, cluster)
     # Where they apply: Macs, and hosts not read (their checks must error, not vanish).
@@ -320,15 +321,15 @@ def test_macos_settings_as_the_macos_task_would_set_them(tmp_path):
     assert not check_macos._mac(cluster, cluster.state("mac2"))
     assert check_macos._mac(cluster, NodeState(node.host, "unreachable", "down"))
     assert not check_macos._mac(cluster, NodeState(node.host, "unreachable", "down",
-                                                   cached={"system": "Linux"}))
+                                                   cached=linux_facts("10.0.0.1")))
 
 
 def test_versions_agree_names_the_odd_host_and_leaves_the_mlx_pin_to_check_mlx(tmp_path):
     cluster = cluster_of(tmp_path)
     for name in cluster.states:
         check_cluster.check_versions_agree(cluster.state(name), cluster)
-    cluster.state("mac3").facts["python"]["version"] = "3.12.1"
-    cluster.state("mac2").facts["python"]["mlx"] = "0.1.0"   # check_mlx's finding
+    cluster.state("mac3").facts.python.version = "3.12.1"
+    cluster.state("mac2").facts.python.mlx = "0.1.0"   # check_mlx's finding
     assert finding(check_cluster.check_versions_agree, cluster.state("mac3"), cluster) == (
         "mac3: python 3.12, others 3.11: make them agree (mlxops_mlx_version, the Python of "
         "mlxops_python, macOS updates), then run mlxops provision")
@@ -337,7 +338,7 @@ def test_versions_agree_names_the_odd_host_and_leaves_the_mlx_pin_to_check_mlx(t
 
 def test_a_pin_that_differs_across_hosts_is_a_version_skew(tmp_path):
     cluster = cluster_of(tmp_path, per_host={"mac3": {"mlxops_mlx_version": "0.31.0"}})
-    cluster.state("mac3").facts["python"]["mlx"] = "0.31.0"
+    cluster.state("mac3").facts.python.mlx = "0.31.0"
     check_host.check_mlx(cluster.state("mac3"))
     assert finding(check_cluster.check_versions_agree, cluster.state("mac3"), cluster) \
         .startswith(f"mac3: mlx 0.31.0, others {PIN}")
@@ -402,8 +403,8 @@ def test_hosts_come_from_the_inventory_and_its_patterns(tmp_path):
     ({"limit": "mac1", "job": {"hosts": "mac2"}},
      "--limit: 'mac1' selects none of the hosts of job.yml"),
     ({"vars": {"mac2": {"mlxops_backend": "mpi"}}},
-     "inventory.yml: mlxops_backend: the checked hosts name different backends "
-     "(mac1 ring, mac2 mpi)"),
+     "inventory.yml: mlxops_backend: the selected hosts name different backends "
+     "(mac1 ring (unset), mac2 mpi)"),
     ({"limit": "nosuch"}, "--limit: no host or group named 'nosuch'"),
 ])
 def test_bad_input_is_one_line_naming_the_file_and_key(tmp_path, change, error):
@@ -429,11 +430,11 @@ def test_a_job_of_another_inventory_is_refused(tmp_path):
 
 
 def test_states_are_copied_not_shared_between_hosts(tmp_path):
-    # Guard for the tests above: each host's facts are its own dict.
+    # Guard for the tests above: each host's facts are its own record.
     cluster = cluster_of(tmp_path)
     a, b = cluster.state("mac1").facts, cluster.state("mac2").facts
-    a["python"]["mlx"] = "x"
-    assert b["python"]["mlx"] == PIN
+    a.python.mlx = "x"
+    assert b.python.mlx == PIN
     assert copy.deepcopy(a) == a
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxops.hostfacts import MacState
 from mlxops.node import host, procs
 from mlxops.node.sample import ioreg_gpu, vm_stat_used
 from mlxops.sandbox import darwin
@@ -50,13 +51,13 @@ def test_darwin_facts_from_the_recorded_mac(node):
         "ifconfig": shim.ifconfig([("192.168.1.21", 24)], "3c:a6:f6:00:00:01", RECORDED),
         "pmset": shim.pmset(["-g"], {}, RECORDED, node)}
     facts = F.build_facts(sections, "~/.mlxops")
-    assert (facts["system"], facts["arch"]) == ("Darwin", "arm64")
-    assert (facts["macos_version"], facts["macos_build"]) == ("14.4.1", "23E224")
-    assert facts["chip"] == "Apple M1 Pro" and facts["memory_bytes"] == 34359738368
-    assert (facts["cpu_cores"], facts["perf_cores"]) == (10, 8)
-    assert facts["gpu_cores"] is None   # the recorded entry is cut before gpu-core-count
-    assert facts["interfaces"] == {"lo0": ["127.0.0.1"], "en0": ["192.168.1.21"]}
-    assert facts["macos"] == {"wired_limit_mb": 0, "sleep": 1, "thunderbolt_bridge_up": False}
+    assert (facts.system, facts.arch) == ("Darwin", "arm64")
+    assert (facts.macos_version, facts.macos_build) == ("14.4.1", "23E224")
+    assert facts.chip == "Apple M1 Pro" and facts.memory_bytes == 34359738368
+    assert (facts.cpu_cores, facts.perf_cores) == (10, 8)
+    assert facts.gpu_cores is None   # the recorded entry is cut before gpu-core-count
+    assert facts.interfaces == {"lo0": ["127.0.0.1"], "en0": ["192.168.1.21"]}
+    assert facts.macos == MacState(wired_limit_mb=0, sleep=1, thunderbolt_bridge_up=False)
     _, tb = F.parse_ifconfig(sections["ifconfig"])
     assert {n: i["active"] for n, i in tb.items() if n in ("en1", "en3", "en4")} == \
         {"en1": False, "en3": False, "en4": False}

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
+from mlxops.hostfacts import HostFacts, Interpreter
+from mlxops.readiness import Versions, agreement
 from mlxops.tasks import python as P
 
-PY = {"path": "/usr/bin/python3", "version": "3.11.7", "mlx": "0.30.0"}
-VENV = {"path": "/h/.mlxops/venv/bin/python", "version": "3.11.7", "mlx": "0.32.4"}
+PY = Interpreter(path="/usr/bin/python3", version="3.11.7", mlx="0.30.0")
+VENV = Interpreter(path="/h/.mlxops/venv/bin/python", version="3.11.7", mlx="0.32.4")
+
+
+def facts(**values) -> HostFacts:
+    return replace(HostFacts.unknown(), **values)
 
 
 def test_decide() -> None:
-    assert P.decide({"python": {**PY, "mlx": "0.32.4"}}, "0.32.4")[0] == "ok"
-    assert P.decide({"python": PY, "venv": VENV}, "0.32.4") == ("venv", VENV)
-    assert P.decide({"python": PY, "venv": None}, "0.32.4") == ("install", None)
-    assert P.decide({"python": {"path": None}, "venv": None}, "0.32.4") == ("missing", None)
+    assert P.decide(facts(python=replace(PY, mlx="0.32.4")), "0.32.4")[0] == "ok"
+    assert P.decide(facts(python=PY, venv=VENV), "0.32.4") == ("venv", VENV)
+    assert P.decide(facts(python=PY, venv=None), "0.32.4") == ("install", None)
+    assert P.decide(facts(python=Interpreter.none(), venv=None), "0.32.4") == ("missing", None)
 
 
 def test_requirement_per_system() -> None:
@@ -23,14 +30,14 @@ def test_requirement_per_system() -> None:
 
 
 def test_install_command_offline_and_quoted() -> None:
-    facts = {"root": "/Users/a b/.mlxops", "system": "Darwin", "python": PY}
-    cmd = P.install_command(facts, "0.32.4", ["numpy"], "/Users/a b/.mlxops/wheelhouse")
+    node = facts(root="/Users/a b/.mlxops", system="Darwin", python=PY)
+    cmd = P.install_command(node, "0.32.4", ["numpy"], "/Users/a b/.mlxops/wheelhouse")
     words = shlex.split(cmd.replace("{", "").replace("}", "").replace(";", " "))
     assert "/Users/a b/.mlxops/venv/bin/python" in words
     assert ["--no-index", "--find-links", "/Users/a b/.mlxops/wheelhouse"] == \
         words[words.index("--no-index"):words.index("--no-index") + 3]
     assert "mlx==0.32.4" in words and "numpy" in words
-    online = P.install_command(facts, "0.32.4", [], None)
+    online = P.install_command(node, "0.32.4", [], None)
     assert "--no-index" not in online
 
 
@@ -45,20 +52,26 @@ def test_wheelhouse_archive(tmp_path) -> None:
 
 
 def _facts(mlx, py="3.11.7", build="23E224", system="Darwin"):
-    return {"system": system, "macos_build": build,
-            "python": {"path": "/p", "version": py, "mlx": mlx}}
+    return facts(system=system, macos_build=build,
+                 python=Interpreter(path="/p", version=py, mlx=mlx))
+
+
+def find_skew(nodes: dict, pin: str):
+    """The skew task's question: the readiness agreement over the hosts' facts."""
+    agreed = agreement([Versions.from_facts(n, f) for n, f in nodes.items()], pin)
+    return agreed.expected, agreed.odd, agreed.values
 
 
 def test_no_skew() -> None:
-    expected, odd, _ = P.find_skew({f"n{i}": _facts("0.32.4") for i in range(4)}, "0.32.4")
+    expected, odd, _ = find_skew({f"n{i}": _facts("0.32.4") for i in range(4)}, "0.32.4")
     assert odd == {} and expected == {"mlx": "0.32.4", "python": "3.11", "macos_build": "23E224"}
 
 
 def test_skew_names_the_odd_hosts() -> None:
-    facts = {f"n{i}": _facts("0.32.4") for i in range(5)}
-    facts["n2"] = _facts("0.31.0")
-    facts["n4"] = _facts("0.32.4", py="3.12.1", build="24B83")
-    expected, odd, values = P.find_skew(facts, "0.32.4")
+    nodes = {f"n{i}": _facts("0.32.4") for i in range(5)}
+    nodes["n2"] = _facts("0.31.0")
+    nodes["n4"] = _facts("0.32.4", py="3.12.1", build="24B83")
+    expected, odd, values = find_skew(nodes, "0.32.4")
     assert odd == {"n2": ["mlx"], "n4": ["python", "macos_build"]}
     table = P.skew_table(expected, odd, values)
     assert [r[0] for r in table["rows"]] == ["n2", "n4", "others (3)"]
@@ -66,7 +79,7 @@ def test_skew_names_the_odd_hosts() -> None:
 
 
 def test_skew_tie_prefers_the_pin_and_ignores_linux_builds() -> None:
-    facts = {"a": _facts("0.31.0", system="Linux", build=None),
+    nodes = {"a": _facts("0.31.0", system="Linux", build=None),
              "b": _facts("0.32.4", system="Linux", build=None)}
-    expected, odd, _ = P.find_skew(facts, "0.32.4")
+    expected, odd, _ = find_skew(nodes, "0.32.4")
     assert expected["mlx"] == "0.32.4" and odd == {"a": ["mlx"]}

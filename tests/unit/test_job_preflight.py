@@ -38,9 +38,10 @@ def test_all_good_starts_fresh():
 
 
 @pytest.mark.parametrize("answers,message", [
-    ({"a": {"mlx": None}, "b": {}}, "a: mlx is not importable by /py (run 'mlxops provision')"),
-    ({"a": {}, "b": {"mlx": "0.31.0"}}, "mlx/python versions differ across hosts"),
-    ({"a": {}, "b": {"python_version": "3.12.1"}}, "mlx/python versions differ across hosts"),
+    ({"a": {"mlx": None}, "b": {}},
+     "a: mlx not importable by /py, every rank imports it: run mlxops provision"),
+    ({"a": {}, "b": {"mlx": "0.31.0"}}, "b: mlx 0.31.0, others 0.32.4: make them agree"),
+    ({"a": {}, "b": {"python_version": "3.12.1"}}, "b: python 3.12, others 3.11: make them"),
     ({"a": {"leftovers": [Leftover(0, 42)]}, "b": {}},
      "a: ranks of job 'j' still run (pids 42); run 'mlxops stop j'"),
     ({"a": {}, "b": {"ports_busy": [30001]}}, "b: ring ports in use: 30001"),

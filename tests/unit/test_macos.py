@@ -7,11 +7,13 @@ hold. The task itself runs against Mac-like nodes in tests/integration/test_mac_
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
+from mlxops.hostfacts import HostFacts
 from mlxops.inventory import Host
 from mlxops.tasks import macos
 from mlxops.tasks.facts import build_facts, split_sections
@@ -20,7 +22,7 @@ DATA = Path(__file__).parent / "data"
 CASES = sorted((DATA / "macos").glob("*.yml"))
 
 
-def recorded_facts(name: str) -> dict:
+def recorded_facts(name: str) -> HostFacts:
     text = (DATA / "facts" / f"{name}.txt").read_text()
     return build_facts(split_sections(text), "~/.mlxops")
 
@@ -44,7 +46,7 @@ def test_the_cases_cover_every_mac_recording_and_name_only_macs() -> None:
     case steps from a Linux one (the task skips those before its steps)."""
     named = {yaml.safe_load(case.read_text())["facts"] for case in CASES}
     darwin = {p.stem for p in (DATA / "facts").glob("*.txt") if recorded_facts(p.stem)
-              .get("system") == "Darwin"}
+              .system == "Darwin"}
     assert darwin and named == darwin
 
 
@@ -68,7 +70,7 @@ def test_bad_args_are_refused(args, problem) -> None:
 
 
 def test_wired_limit_explicit_share_or_none() -> None:
-    facts = {"memory_bytes": 64 * 1024**3}
+    facts = replace(HostFacts.unknown(), memory_bytes=64 * 1024**3)
     assert macos.wired_limit_mb(facts, 50000, 0.5) == 50000
     assert macos.wired_limit_mb(facts, None, 0.5) == 32768
     assert macos.wired_limit_mb(facts, None, None) is None

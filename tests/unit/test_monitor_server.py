@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 from test_monitor_mirror import Cluster
 
 from mlxops.cli import cli
+from mlxops.hostfacts import HostFacts
 from mlxops.monitor import files, report, server
 from mlxops.transport import Connector
 
@@ -163,7 +165,8 @@ def test_report_json_is_the_same_data_whole(home, tmp_path, monkeypatch):
 def test_the_report_plans_from_cached_facts(home, tmp_path):
     facts = home / "facts"
     facts.mkdir()
-    (facts / "localhost.json").write_text(json.dumps({"memory_bytes": 16 * 1024**3}))
+    cached = replace(HostFacts.unknown(), memory_bytes=16 * 1024**3)
+    (facts / "localhost.json").write_text(json.dumps(cached.to_json()))
     result = CliRunner().invoke(cli, ["report", "tiny-lm", "--json"])
     [row] = json.loads(result.stdout)["plan"]
     assert (row["host"], row["ranks"], row["memory_bytes"], row["fits"]) == \

@@ -7,11 +7,13 @@ machine, so what is tested is the engine: ordering, dropping failed hosts, count
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mlxops.errors import UserError
+from mlxops.hostfacts import HostFacts
 from mlxops.inventory import load_inventory
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook, parse_tag_list, run_play, selected
@@ -24,8 +26,12 @@ CALLS: list[tuple[str, str]] = []
 @task("_t_mark", args=["status", "only"])
 def _mark(ctx, args):
     CALLS.append(("_t_mark", ctx.host.name))
-    ctx.facts.setdefault("seen", 0)
-    ctx.facts["seen"] += 1
+    # The play's facts record, as the facts task would give it; its cpu_cores counts this
+    # task's runs on the host so that a `when:` and the JSON show what every host did.
+    if ctx.facts is None:
+        ctx.facts = ctx.cluster_facts[ctx.host.name] = replace(HostFacts.unknown(),
+                                                               cpu_cores=0)
+    ctx.facts.cpu_cores += 1
     if ctx.host.name in args.get("only", [ctx.host.name]):
         return Outcome(args.get("status", "ok"), f"{ctx.host.name} {args.get('status', 'ok')}")
     return Outcome.ok()
@@ -132,7 +138,7 @@ def test_linear_run_drops_failed_hosts(tmp_path: Path, inventory) -> None:
           - {name: mark, task: _t_mark, args: {status: changed, only: [a]}}
           - {name: fail b, task: _t_mark, args: {status: failed, only: [b]}}
           - {name: workers only, task: _t_mark, when: "vars.role | default('') == 'worker'"}
-          - {name: cluster, task: _t_count, when: [not check, "facts.seen >= 2"]}
+          - {name: cluster, task: _t_count, when: [not check, "facts.cpu_cores >= 2"]}
         """))
     hosts = inventory.select(None)
     result = run_play(play, hosts, inventory, Connector())
@@ -144,7 +150,8 @@ def test_linear_run_drops_failed_hosts(tmp_path: Path, inventory) -> None:
     assert sum(1 for t, h in CALLS if h == "b") == 2
     assert result.exit_code == 1 and result.failed["b"].startswith("fail b:")
     doc = result.to_json()
-    assert doc["hosts"]["a"]["unreachable"] is False and doc["hosts"]["a"]["facts"]["seen"] == 2
+    assert doc["hosts"]["a"]["unreachable"] is False
+    assert doc["hosts"]["a"]["facts"]["cpu_cores"] == 2
     assert set(doc["hosts"]["b"]) >= {"ok", "changed", "failed", "skipped", "unreachable", "facts"}
 
 

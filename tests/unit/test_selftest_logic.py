@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mlxops.bench.results import AllreduceRow, BenchResult, PairResult
 from mlxops.errors import MlxopsError, UserError
+from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord, Restart
 from mlxops.jobs.spec import check_world
@@ -53,13 +55,14 @@ def test_host_info_from_the_facts_recorded_on_a_sandbox_node():
 
 
 def test_host_info_of_a_mac_names_version_and_build_and_the_venv_wins():
-    # Illustrative facts (the schema of mlxops.tasks.facts; 14.4.1 is build 23E224).
-    facts = {"system": "Darwin", "macos_version": "14.4.1", "macos_build": "23E224",
-             "arch": "arm64", "chip": "Apple M2 Ultra", "memory_bytes": 192 << 30,
-             "cpu_cores": 24, "gpu_cores": 76,
-             "python": {"path": "/opt/homebrew/bin/python3", "version": "3.11.7", "mlx": None},
-             "venv": {"path": "/Users/ml/.mlxops/venv/bin/python", "version": "3.11.7",
-                      "mlx": "0.32.4"}}
+    # Illustrative facts (the record of mlxops.hostfacts; 14.4.1 is build 23E224).
+    facts = replace(
+        HostFacts.unknown(), system="Darwin", macos_version="14.4.1", macos_build="23E224",
+        arch="arm64", chip="Apple M2 Ultra", memory_bytes=192 << 30, cpu_cores=24,
+        gpu_cores=76,
+        python=Interpreter(path="/opt/homebrew/bin/python3", version="3.11.7", mlx=None),
+        venv=Interpreter(path="/Users/ml/.mlxops/venv/bin/python", version="3.11.7",
+                         mlx="0.32.4"))
     info = S.HostInfo.from_facts("studio1", facts)
     assert (info.os, info.python, info.mlx) == ("macOS 14.4.1 (23E224)", "3.11.7", "0.32.4")
     assert S.HostInfo.from_facts("gone", None) == S.HostInfo("gone")

@@ -1,0 +1,155 @@
+"""Readiness rules: one answer to "is this host's software what a job needs?".
+
+Three places ask: a job's pre-flight (which raises on the findings, before anything
+starts), ``mlxops check`` (which reports them per host) and provision's ``skew`` task. They
+read the answer from different sources (the pre-flight answer, the facts), so each turns
+what it read into :class:`Versions` and asks the same pure rules:
+
+- **mlx** (:func:`mlx_findings`): the interpreter jobs run imports mlx, and, when a pin is
+  given (``mlxops_mlx_version``, else the controller's mlx), that very version. Pre-flight
+  gives no pin: it refuses what cannot run (no mlx, hosts that disagree), and leaves a
+  controller whose mlx differs from the nodes' to ``mlxops check``.
+- **agreement** (:func:`agreement`): mlx, Python's ``major.minor`` (the version's dotted
+  parts, never a prefix of its text: ``3.9`` is not ``3.9.``) and, on Macs, the macOS
+  build are the same on every host. The expected value of each is the one most hosts
+  have; a tie goes to the pin for mlx, else to the first host's. A host whose value
+  differs is named with its value and the others'. Pre-flight compares mlx and Python
+  only: its answer does not carry the macOS build.
+
+A finding says who (``host``), what was found, against what, and the fix.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from mlxops.hostfacts import HostFacts
+
+PROVISION = "run mlxops provision"
+AGREE_FIX = ("make them agree (mlxops_mlx_version, the Python of mlxops_python, macOS "
+             "updates), then run mlxops provision")
+#: What must agree across hosts, and how a finding names it.
+AGREED = {"mlx": "mlx", "python": "python", "macos_build": "macOS build"}
+NOT_A_MAC = "-"   # the macOS build of a host that is not a Mac (not "another build")
+
+
+def controller_mlx_version() -> str | None:
+    """The default pin: the mlx the controller runs (metadata only: no import)."""
+    try:
+        return metadata.version("mlx")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def pinned_version(host: Any) -> str | None:
+    """The mlx a host must run: its ``mlxops_mlx_version``, else the controller's."""
+    return host.var("mlxops_mlx_version") or controller_mlx_version()
+
+
+def pin_source(host: Any) -> str:
+    """Where :func:`pinned_version` took the pin from, as a finding names it."""
+    return "mlxops_mlx_version" if host.is_set("mlxops_mlx_version") else "controller"
+
+
+def python_series(version: str | None) -> str | None:
+    """``3.11.7`` -> ``3.11``: the part of a Python version that must agree."""
+    parts = (version or "").split(".")
+    return ".".join(parts[:2]) if parts[0] else None
+
+
+@dataclass(frozen=True)
+class Versions:
+    """What one host runs, as its facts or its pre-flight answer say (None: not known)."""
+
+    host: str
+    interpreter: str | None        # the path of the Python jobs run
+    python: str | None             # its X.Y.Z
+    mlx: str | None                # the mlx it imports; None: not importable
+    system: str | None             # uname -s
+    macos_build: str | None = None
+
+    @classmethod
+    def from_facts(cls, host: str, facts: HostFacts) -> Versions:
+        """The interpreter jobs run (the venv provision made, else ``mlxops_python``)."""
+        python = facts.interpreter()
+        return cls(host, python.path, python.version, python.mlx, facts.system,
+                   facts.macos_build)
+
+    def agreed(self) -> dict[str, str | None]:
+        """The values that must agree across hosts, keyed as :data:`AGREED`."""
+        return {"mlx": self.mlx, "python": python_series(self.python),
+                "macos_build": (self.macos_build if self.system == "Darwin"
+                                else NOT_A_MAC)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    host: str
+    subject: str                   # "mlx", "python", "macos_build"
+    found: str                     # "mlx 0.31.0"
+    against: str                   # "controller 0.32.4", "others 0.32.4"
+    fix: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.host}: {self.found}, {self.against}: {self.fix}"
+
+
+def mlx_findings(node: Versions, pin: str | None = None, source: str = "controller"
+                 ) -> list[Finding]:
+    """The interpreter imports mlx, and the pin when one is given (``source``: where the
+    pin came from, :func:`pin_source`)."""
+    wanted = f"{source} {pin}" if pin else "every rank imports it"
+    if node.mlx is None:
+        return [Finding(node.host, "mlx", f"mlx not importable by {node.interpreter}",
+                        wanted, PROVISION)]
+    if pin and node.mlx != pin:
+        return [Finding(node.host, "mlx", f"mlx {node.mlx}", wanted, PROVISION)]
+    return []
+
+
+@dataclass(frozen=True)
+class Agreement:
+    expected: dict[str, str | None]          # per key of AGREED: what most hosts have
+    odd: dict[str, list[str]]                # host -> the keys it differs on
+    values: dict[str, dict[str, str | None]]  # host -> its values
+    findings: list[Finding]                  # one per odd host and key
+
+
+def agreement(nodes: Sequence[Versions], pin: str | None = None,
+              keys: Sequence[str] = tuple(AGREED)) -> Agreement:
+    """Whether the ``keys`` of :data:`AGREED` agree across ``nodes`` (see the module)."""
+    values = {n.host: n.agreed() for n in nodes}
+    expected: dict[str, str | None] = {}
+    for key in keys:
+        counts = Counter(v[key] for v in values.values())
+        top = max(counts.values(), default=0)
+        leaders = [value for value, c in counts.items() if c == top]
+        if key == "mlx" and pin in leaders:
+            expected[key] = pin
+        else:
+            expected[key] = leaders[0] if leaders else None   # first host's, on a tie
+    odd: dict[str, list[str]] = {}
+    findings = []
+    for host, mine in values.items():
+        for key in keys:
+            if mine[key] != expected[key]:
+                odd.setdefault(host, []).append(key)
+                findings.append(Finding(host, key, f"{AGREED[key]} {mine[key]}",
+                                        f"others {expected[key]}", AGREE_FIX))
+    return Agreement(expected, odd, values, findings)
+
+
+def findings_of(findings: Sequence[Finding], host: str) -> list[Finding]:
+    return [f for f in findings if f.host == host]
+
+
+def joined(findings: Sequence[Finding]) -> tuple[str, str]:
+    """One host's findings as one ``(found, fix)``: what ``mlxops check`` reports."""
+    found = ", ".join(f"{f.found}, {f.against}" for f in findings)
+    fixes = list(dict.fromkeys(f.fix for f in findings))
+    return found, "; ".join(fixes)
