@@ -80,7 +80,11 @@ def seed(source: Path, target: Path, user: pwd.struct_passwd) -> None:
 
 
 def _mkdirs_as(folder: Path, user: pwd.struct_passwd) -> None:
+    """``folder`` and its missing parents, ``user``'s and private (0700): a kernel cache
+    open to others is refused by the nodes' rule (:mod:`mlxops.node.tempdir`), and its
+    ranks would compile every kernel again."""
     if not folder.exists():
         _mkdirs_as(folder.parent, user)
         folder.mkdir()
         os.chown(folder, user.pw_uid, user.pw_gid)
+        folder.chmod(0o700)

@@ -58,3 +58,5 @@ def test_a_node_users_kernel_cache_starts_with_what_another_user_compiled(tmp_pa
     assert mine == tmp_path / "kernels" / me.pw_name and mine.stat().st_mode & 0o777 == 0o700
     seeded = mine / "mlx" / "0.32.4" / "cpu" / f"lib{KERNEL}.so"
     assert seeded.read_bytes() == b"\x7fELF kernel" and seeded.stat().st_uid == me.pw_uid
+    for folder in (mine / "mlx", seeded.parent):  # private, or the nodes refuse the cache
+        assert folder.stat().st_mode & 0o777 == 0o700
