@@ -2,7 +2,9 @@
 
 Node memory comes from the facts ``mlxops provision`` cached; hosts without cached facts
 are asked (one facts command each). The plan itself is the trainer's own
-(:func:`mlxops.trainer.plan.plan_memory`), so it is the same estimate the ranks use.
+(:func:`mlxops.trainer.plan.plan_memory`), so it is the same estimate the ranks log. Its
+budget on a Mac is the recommended working set the node's MLX reported in those facts
+(:func:`mlxops.tasks.facts.working_set`).
 
 Per step, beside the compute (6 x parameters x tokens, per rank), the all-reduce of the
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
@@ -20,7 +22,7 @@ from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import gather as gather_facts
-from mlxops.tasks.facts import load_cached_facts, save_facts
+from mlxops.tasks.facts import load_cached_facts, save_facts, working_set
 from mlxops.trainer.config import load_config
 from mlxops.trainer.plan import MemoryPlan, plan_memory
 from mlxops.transport import Connector, Results, run_parallel
@@ -68,7 +70,8 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
         node, source = facts[host.name]
         memory = int(node.get("memory_bytes") or 0)
         plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
-                           per_rank=split.largest(host.name) if split else None)
+                           per_rank=split.largest(host.name) if split else None,
+                           working_set=working_set(node))
         plans.append(NodePlan(host.name, memory, node.get("chip") or node.get("arch") or "",
                               host.slots, plan, source))
     return plans, results

@@ -16,7 +16,7 @@ from typing import Any
 from mlxops.jobs.record import JobRecord
 from mlxops.monitor import bench
 from mlxops.monitor.data import Mirror, document
-from mlxops.tasks.facts import load_cached_facts
+from mlxops.tasks.facts import load_cached_facts, working_set
 from mlxops.trainer.plan import plan_memory
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -40,7 +40,8 @@ def plan(record: JobRecord) -> list[dict[str, Any]] | None:
         if not memory:
             continue
         ranks = len(record.ranks_on(host.name))
-        memory_plan = plan_memory(trainer, int(memory), record.world_size, ranks_per_node=ranks)
+        memory_plan = plan_memory(trainer, int(memory), record.world_size, ranks_per_node=ranks,
+                                  working_set=working_set(facts))
         rows.append({"host": host.name, "memory_bytes": int(memory), "ranks": ranks,
                      **memory_plan.to_dict()})
     return rows or None

@@ -7,10 +7,11 @@ task, the jobs code)::
 
     {"system": "Darwin"|"Linux", "hostname", "arch", "macos_version", "macos_build",
      "chip", "memory_bytes", "cpu_cores", "perf_cores", "gpu_cores",
-     "python": {"path", "version", "mlx"}, "interfaces": {"en0": ["192.168.1.10"]},
+     "python": {"path", "version", "mlx", "working_set"},
+     "interfaces": {"en0": ["192.168.1.10"]},
      "disk_free_bytes", "root",
      # extras read by later tasks, so that they need no round trip of their own:
-     "venv": {"path", "version", "mlx"} | None,      # mlxops_root/venv, if there is one
+     "venv": {"path", "version", "mlx", "working_set"} | None,  # mlxops_root/venv, if any
      "macos": {"wired_limit_mb", "sleep", "thunderbolt_bridge_up"} | None}
 
 Facts are cached on the controller in ``controller_home()/facts/<host>.json``.
@@ -32,16 +33,24 @@ from mlxops.tasks.base import Outcome, TaskContext, task
 MARK = "@@mlxops:"
 
 # Runs under the node's interpreter: its version and the mlx it imports (import, not
-# package metadata: the test is "does mlx.core load", and it is as fast here).
+# package metadata: the test is "does mlx.core load", and it is as fast here), and that
+# mlx's recommended GPU working set, the memory plan's budget on a Mac (read as
+# mlxops/node/memory.py reads it; this probe runs before the node has mlxops' code).
 PROBE = (
     "import json, sys\n"
     "v = '%d.%d.%d' % sys.version_info[:3]\n"
+    "w = None\n"
     "try:\n"
     "    import mlx.core as mx\n"
     "    m = str(mx.__version__)\n"
     "except Exception:\n"
     "    m = None\n"
-    "print(json.dumps({'version': v, 'mlx': m}))\n"
+    "try:\n"
+    "    info = mx.device_info() if hasattr(mx, 'device_info') else mx.metal.device_info()\n"
+    "    w = int(info.get('max_recommended_working_set_size') or 0) or None\n"
+    "except Exception:\n"
+    "    pass\n"
+    "print(json.dumps({'version': v, 'mlx': m, 'working_set': w}))\n"
 )
 
 # The constant part of the script. `$py` and `$root` are set before it from quoted values.
@@ -117,6 +126,8 @@ def parse_probe(text: str) -> dict[str, Any] | None:
         if isinstance(data, dict):
             info["version"] = data.get("version")
             info["mlx"] = data.get("mlx")
+            if "working_set" in data:  # absent from the output of older probes
+                info["working_set"] = data["working_set"]
     return info
 
 
@@ -181,6 +192,15 @@ def _int(value: Any) -> int | None:
         return int(str(value).split()[0])
     except (ValueError, IndexError):
         return None
+
+
+def working_set(facts: Mapping[str, Any]) -> int | None:
+    """The GPU's recommended working set reported by the MLX the ranks run with: the venv's
+    under mlxops_root when there is one (the ranks' interpreter), else mlxops_python's;
+    None without one (MLX's CPU build, or facts from an older probe)."""
+    python = facts.get("venv") or facts.get("python") or {}
+    value = python.get("working_set")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def absolute_root(root: str, home: str) -> str:
