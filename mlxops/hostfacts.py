@@ -35,6 +35,8 @@ class Interpreter:
     path: str | None
     version: str | None
     mlx: str | None
+    # MLX's recommended GPU working set in bytes (a Mac's memory budget); None on the CPU.
+    working_set: int | None = None
 
     @classmethod
     def none(cls) -> Interpreter:
@@ -92,6 +94,13 @@ class HostFacts:
     def interpreter(self) -> Interpreter:
         """The Python jobs run: the venv provision made, else ``mlxops_python``."""
         return self.venv if self.venv is not None and self.venv.path else self.python
+
+    @property
+    def ranks_working_set(self) -> int | None:
+        """The GPU's recommended working set reported by the MLX the ranks run with (the
+        :meth:`interpreter`'s); None without one (MLX's CPU build, an older probe)."""
+        value = self.interpreter().working_set
+        return value if isinstance(value, int) and value > 0 else None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

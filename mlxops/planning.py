@@ -2,7 +2,9 @@
 
 Node memory comes from the facts ``mlxops provision`` cached; hosts without cached facts
 are asked (one facts command each). The plan itself is the trainer's own
-(:func:`mlxops.trainer.plan.plan_memory`), so it is the same estimate the ranks use.
+(:func:`mlxops.trainer.plan.plan_memory`), so it is the same estimate the ranks log. Its
+budget on a Mac is the recommended working set the node's MLX reported in those facts
+(:func:`mlxops.tasks.facts.working_set`).
 
 Per step, beside the compute (6 x parameters x tokens, per rank), the all-reduce of the
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
@@ -67,7 +69,8 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
         node, source = facts[host.name]
         memory = int(node.memory_bytes or 0)
         plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
-                           per_rank=split.largest(host.name) if split else None)
+                           per_rank=split.largest(host.name) if split else None,
+                           working_set=node.ranks_working_set)
         plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
     return plans, results

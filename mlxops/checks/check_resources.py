@@ -50,19 +50,24 @@ def check_disk(node, cluster):
 def check_memory(node, cluster):
     """One rank of the job fits this host's memory (the plan of ``mlxops plan``: some
     micro-batch, with gradient checkpointing if need be), with the largest share of the
-    global batch the job's ``balance:`` may give a rank there."""
+    global batch the job's ``balance:`` may give a rank there. On a Mac the budget is the
+    recommended working set the node's MLX reports now (its ``ready`` answer)."""
     job = cluster.target.job
     memory = node.facts.memory_bytes
     if not memory:
         raise node.fail("memory size unknown (the facts did not say)", "check the node")
+    ready = node.need(node.ready, NODE_ANSWER)
     share = largest_share(job, cluster.target.planned, node.name)
     plan = plan_memory(job.trainer, memory, cluster.target.world,
-                       ranks_per_node=node.host.slots, per_rank=share)
+                       ranks_per_node=node.host.slots, per_rank=share,
+                       working_set=ready.working_set)
     if not plan.fits:
         taking = f", {share} sequences a step under balance" if share else ""
+        usable = ("of MLX's recommended working set" if plan.budget_from == "working set"
+                  else f"of {memory / GB:.0f} GB")
         raise node.fail(f"one rank of {job.path.name} needs {plan.total_bytes / GB:.1f} GB "
                         f"even at micro-batch 1 with gradient checkpointing, "
-                        f"{plan.budget_bytes / GB:.1f} GB usable ({memory / GB:.0f} GB, "
+                        f"{plan.budget_bytes / GB:.1f} GB usable ({usable}, "
                         f"{node.host.slots} ranks{taking})",
                         f"a smaller model, fewer mlxops_slots or more nodes "
                         f"(mlxops plan {job.path.name})")

@@ -56,10 +56,13 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
         return []
     m = plans[0].plan
     lines = [f"chip: {chip}" for chip in _grouped({p.host: p.chip or "?" for p in plans})]
-    lines += [f"per rank: {split}" for split in _grouped({
-        p.host: f"weights+grads+optimizer "
-                f"{(p.plan.param_bytes + p.plan.grad_bytes + p.plan.optimizer_bytes) / GB:.2f}"
-                f" GB, activations {p.plan.activation_bytes / GB:.2f} GB" for p in plans})]
+    lines.append(f"per rank: weights+moments {(4 + 8) * m.params / GB:.3g} GB")
+    lines += [f"peak: {above}" for above in _grouped({
+        p.host: f"backward +{p.plan.activation_bytes / GB:.3g} GB, update "
+                f"+{p.plan.update_bytes / GB:.3g} GB" for p in plans})]
+    lines += [f"budget: {source}" for source in _grouped({
+        p.host: "MLX's recommended working set" if p.plan.budget_from == "working set"
+        else "80% of memory (no GPU working set reported)" for p in plans})]
     shares = {p.plan.micro_batch * p.plan.accumulation for p in plans}
     if len(shares) == 1:
         lines.append(f"{m.params / 1e6:.1f}M parameters; global batch "

@@ -41,7 +41,8 @@ def plan(record: JobRecord) -> list[dict[str, Any]] | None:
         if not memory:
             continue
         ranks = len(record.ranks_on(host.name))
-        memory_plan = plan_memory(trainer, int(memory), record.world_size, ranks_per_node=ranks)
+        memory_plan = plan_memory(trainer, int(memory), record.world_size, ranks_per_node=ranks,
+                                  working_set=facts.ranks_working_set)
         rows.append({"host": host.name, "memory_bytes": int(memory), "ranks": ranks,
                      **memory_plan.to_dict()})
     return rows or None

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from mlxops.node import protocol
+from mlxops.node.memory import recommended_working_set
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import open_mpi
 from mlxops.node.status import leftovers
@@ -46,4 +47,5 @@ def ready(root: Path, *, ip: str, ports: list[int], mpi: bool) -> protocol.Ready
         running=running_ranks(root),
         mpirun=mpirun,
         mpi_libname=libname,
+        working_set=recommended_working_set(),
     )

@@ -29,16 +29,24 @@ from mlxops.tasks.base import Outcome, TaskContext, task
 MARK = "@@mlxops:"
 
 # Runs under the node's interpreter: its version and the mlx it imports (import, not
-# package metadata: the test is "does mlx.core load", and it is as fast here).
+# package metadata: the test is "does mlx.core load", and it is as fast here), and that
+# mlx's recommended GPU working set, the memory plan's budget on a Mac (read as
+# mlxops/node/memory.py reads it; this probe runs before the node has mlxops' code).
 PROBE = (
     "import json, sys\n"
     "v = '%d.%d.%d' % sys.version_info[:3]\n"
+    "w = None\n"
     "try:\n"
     "    import mlx.core as mx\n"
     "    m = str(mx.__version__)\n"
     "except Exception:\n"
     "    m = None\n"
-    "print(json.dumps({'version': v, 'mlx': m}))\n"
+    "try:\n"
+    "    info = mx.device_info() if hasattr(mx, 'device_info') else mx.metal.device_info()\n"
+    "    w = int(info.get('max_recommended_working_set_size') or 0) or None\n"
+    "except Exception:\n"
+    "    pass\n"
+    "print(json.dumps({'version': v, 'mlx': m, 'working_set': w}))\n"
 )
 
 # The constant part of the script. `$py`, `$root` and `$venv` are set before it from quoted
@@ -113,9 +121,10 @@ def parse_probe(text: str) -> Interpreter | None:
             data = json.loads(line)
         except ValueError:
             continue
-        if isinstance(data, dict):  # the PROBE's own line: {'version', 'mlx'}
+        if isinstance(data, dict):  # the PROBE's own line: {'version', 'mlx', 'working_set'}
             info.version = data.get("version")
             info.mlx = data.get("mlx")
+            info.working_set = data.get("working_set")
     return info
 
 

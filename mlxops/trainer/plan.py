@@ -1,19 +1,69 @@
-"""Memory plan: what one rank holds, and the micro-batch / accumulation / checkpointing to use.
+"""Memory plan: the peak one rank reaches, and the micro-batch / accumulation / checkpointing
+that keep it within its node's budget.
 
-Pure standard library, so the controller can print it (``mlxops plan JOB``) without mlx.
-Estimates per rank, in bytes:
+Standard library only: the controller prints it (``mlxops plan JOB``, ``mlxops check
+--job``) without mlx, and the trainer logs it beside what MLX measured (``planned_memory``
+and ``peak_memory`` in ``metrics.jsonl``).
 
-- parameters: fp32 master weights, 4 B each (plus a 2 B bf16 copy with ``dtype: bfloat16``)
-- gradients: fp32, 4 B each, twice when accumulating (the running sum and the new micro-step)
-- optimizer: AdamW's two fp32 moments, 8 B each
-- activations of one micro-batch: per layer ~``(10*dims + 3*ffn) * B*T`` saved elements
-  (norm inputs, q/k/v, attention output, SwiGLU gate/up/product) plus the fused attention's
-  ``heads*B*T`` softmax statistics; with gradient checkpointing only each layer's input is
-  kept and one layer at a time is recomputed. The float32 logits, their softmax and their
-  gradient (``3*B*T*vocab*4``) come on top.
+**What is estimated** is the peak of MLX's allocator (``mx.get_peak_memory()``) over a run
+of the bundled trainer: the arrays alive at once, not the process's resident size. Its
+terms were measured, not derived: ``benchmarks/memory.py`` runs the trainer over a grid of
+widths, depths, heads, sequence lengths, vocabularies, micro-batches, accumulation,
+compute dtypes, gradient checkpointing and world sizes and compares; the estimate is
+within 15% of the measured peak and never more than 10% below it over that grid
+(``tests/trainer/test_plan.py`` holds it on a smaller one). The counts below are "copies":
+how many arrays of that size MLX keeps alive at the peak, as fitted to those measurements.
 
-Only a fraction of a node's memory is usable (macOS wires at most ~75% for the GPU by
-default); ``usable_fraction`` says how much we allow ourselves.
+**Notation**, per rank: P parameters; N = micro_batch x seq_len tokens of one micro-batch;
+D dims, F the SwiGLU width, H heads, T seq_len, V vocabulary, L layers; w = 4 bytes per
+activation in float32, 2 in bfloat16. Weights, gradients and AdamW's moments are float32
+whatever the compute dtype.
+
+**A step peaks at one of two moments**, and the plan is the larger:
+
+``compute``, the top of one micro-batch's forward/backward pass::
+
+    12 P                      weights (4) and AdamW's two moments (8), alive all along
+  + G P                       gradients already made when the backward pass starts
+  + 2 P  (bfloat16)           the bfloat16 copy of the weights the pass runs on
+  + 8 P  (accumulating)       the running sum of the micro-batches' gradients and the new ones
+  + 4 x 2 V D                 the tied embedding's two gradients (the head's, the lookup's)
+  + L x layer                 what every layer keeps for its backward pass:
+        w N (a_D D + a_F F)   its norms, q/k/v, RoPE, attention output, SwiGLU gate/up/product
+      + w N H T a_S           attention probabilities (B x H x T x T): MLX's CPU and Metal
+                              training paths materialise them (Metal's fused attention is
+                              forward-only); the seq^2 term
+        with grad_checkpoint: each layer keeps its input, w N D, and one layer is redone
+        at a time (one ``layer`` more)
+  + w N (x_D D + x_F F + x_S H T)   the layer being differentiated: its gradients and the
+                              softmax's backward (a T x T array per head, twice)
+  + 4 N V x_V                 the float32 logits, their softmax and their gradient (the
+                              cross-entropy is computed in float32 in any dtype)
+
+``update``, the optimizer step after the last micro-batch::
+
+    12 P                      the weights and moments before the step: the trainer keeps
+                              them until the step is known good (the out-of-memory back-off
+                              undoes a failed step)
+  + U P                       the new weights and moments and the gradients they are made of
+  + R P  (2 ranks or more)    the all-reduce's buffers (the gradients concatenated, summed,
+                              averaged); at full size when the model has few weight arrays,
+                              since MLX evaluates up to 20 independent branches of a graph
+                              side by side (``MLX_BFS_MAX_WIDTH``), less as arrays outnumber
+                              that: R (20 / arrays)^2
+  + 4 V D u_V + 4 N V u_N     the embedding's gradients and the logits' buffers, not yet
+                              released when the update starts
+
+**Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
+(``mx.device_info()["max_recommended_working_set_size"]``, about 65-75% of RAM, raised by
+``sysctl iogpu.wired_limit_mb``); the node reports it (mlxops/node/memory.py) and it is
+shared by the node's ranks. MLX's CPU build has no such figure: its allocator's own limit,
+80% of RAM (``mx.get_memory_limit()``; recorded, not enforced), is the budget there.
+
+Not included: a consistency repair (``train.consistency_every`` found ranks that differ:
+rank 0's state is sent to all, about twice the state for a moment) and a resume's loading
+of a checkpoint beside the fresh model, both rare; and the compile cache and the Python
+process, which are not MLX arrays.
 """
 
 from __future__ import annotations
@@ -23,19 +73,62 @@ from typing import Any
 
 from .config import TrainerConfig, load_config
 
-USABLE_FRACTION = 0.75
-OVERHEAD = 1.10  # allocator slack and temporaries the estimate does not itemise
+#: Bytes per parameter of the state: float32 weights and AdamW's two float32 moments.
+STATE = 12
+#: Without a recommended working set (MLX's CPU build), the share of RAM the plan may use:
+#: MLX's CPU allocator sets its memory limit at 80% of RAM (mlx/backend/no_gpu/allocator.cpp).
+CPU_FRACTION = 0.80
+#: MLX evaluates up to this many independent branches of a graph side by side.
+MLX_BFS_WIDTH = 20
+
+# The terms' weights, fitted to measured peaks (benchmarks/memory.py; the docstring says
+# what each counts). Bytes per parameter:
+G = 1.8            # gradients already made when the backward pass peaks
+BF16 = 4.6         # bfloat16 compute: the weights' bfloat16 copy and bfloat16 gradients
+ACCUMULATE = 4.4   # accumulating: the running sum of the micro-batches' gradients
+U = 15.8           # the update: new weights and moments, the gradients they are made of
+U_BF16 = 1.3       # ... the gradients cast back from bfloat16
+U_ACCUMULATE = 0.6  # ... the summed gradients divided by the accumulation
+R = 7.6            # the all-reduce's buffers at full size, float32 on the wire
+R_BF16 = 9.8       # ... bfloat16 on the wire (cast, summed, cast back)
+# Bytes per activation element (w bytes each) per token, per layer:
+A_D, A_F, A_S = 11.2, 5.5, 1.3       # x D, x F, x H T (the attention probabilities)
+CHECKPOINT = 2.5                     # x D with grad_checkpoint: the layer's input
+RECOMPUTED = 0.5                     # with grad_checkpoint: layers recomputed at once, past one
+# ... of the layer being differentiated:
+X_D, X_F, X_S = 28.0, 3.3, 1.3
+# Bytes per logit (N x V): float32 logits, softmax and gradient; bfloat16's extra copy:
+LOGITS, LOGITS_BF16 = 14.1, 4.2
+# Bytes per element of the tied embedding (V x D): its two gradients in the backward pass,
+# and what is left of them when the update starts (one rank, no accumulation):
+EMBED, EMBED_LEFT = 1.0, 3.3
+LOGITS_LEFT = 11.9  # bytes per logit left when the update starts (one rank, no accumulation)
+
+
+@dataclass
+class Peak:
+    """One rank's estimated peak in bytes: the larger of its two moments."""
+
+    state: int      # weights and AdamW's moments
+    compute: int    # the top of a micro-batch's forward/backward pass (state included)
+    update: int     # the optimizer step (state included)
+
+    @property
+    def total(self) -> int:
+        return max(self.compute, self.update)
 
 
 @dataclass
 class MemoryPlan:
     params: int            # number of parameters
-    param_bytes: int       # per rank
-    grad_bytes: int
-    optimizer_bytes: int
-    activation_bytes: int  # for the suggested micro-batch
-    total_bytes: int
-    budget_bytes: int      # usable memory of this rank
+    param_bytes: int       # per rank: float32 weights (and their bfloat16 copy)
+    grad_bytes: int        # float32 gradients (twice when accumulating)
+    optimizer_bytes: int   # AdamW's two moments
+    activation_bytes: int  # the backward pass's peak above the state, suggested micro-batch
+    update_bytes: int      # the optimizer step's peak above the state
+    total_bytes: int       # the estimated peak: state + the larger of the two above
+    budget_bytes: int      # what this rank may use
+    budget_from: str       # "working set" (MLX's recommended, Metal) or "memory" (CPU)
     micro_batch: int
     accumulation: int
     grad_checkpoint: bool
@@ -54,17 +147,48 @@ def count_params(cfg: TrainerConfig) -> int:
     return v * d + m.layers * per_layer + d + head
 
 
-def activation_bytes(cfg: TrainerConfig, micro: int, grad_checkpoint: bool) -> int:
-    m = cfg.model
-    bt = micro * m.seq_len
-    width = 2 if cfg.train.dtype == "bfloat16" else 4
-    per_layer = (bt * (10 * m.dims + 3 * m.hidden()) + m.heads * bt) * width
-    if grad_checkpoint:
-        layers = m.layers * bt * m.dims * width + per_layer
+def weight_arrays(cfg: TrainerConfig) -> int:
+    """How many arrays the model's weights are: 7 per layer, the embedding, the final norm
+    (and the untied head)."""
+    return 7 * cfg.model.layers + 2 + (0 if cfg.model.tie_embeddings else 1)
+
+
+def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int = 1,
+             grad_checkpoint: bool | None = None) -> Peak:
+    """One rank's peak with ``micro`` sequences per forward/backward, ``accumulation`` of
+    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default)."""
+    m, t = cfg.model, cfg.train
+    ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
+    p, d, f, v = count_params(cfg), m.dims, m.hidden(), m.vocab_size
+    n, ht = micro * m.seq_len, m.heads * m.seq_len
+    bf16, accumulating = t.dtype == "bfloat16", accumulation > 1
+    w = 2 if bf16 else 4
+    vd = v * d if m.tie_embeddings else 0
+    layer = w * n * (A_D * d + A_F * f + A_S * ht)
+    if ckpt:  # each layer's input; one layer recomputed (two, at times, side by side)
+        layers = (1 + RECOMPUTED * (m.layers > 1)) * layer + m.layers * w * n * d * CHECKPOINT
     else:
-        layers = m.layers * per_layer
-    logits = 3 * bt * m.vocab_size * 4
-    return layers + logits
+        layers = m.layers * layer
+    compute = ((G + BF16 * bf16 + ACCUMULATE * accumulating) * p + EMBED * vd + layers
+               + w * n * (X_D * d + X_F * f + X_S * ht) + (LOGITS + LOGITS_BF16 * bf16) * n * v)
+    update = (U + U_BF16 * bf16 + U_ACCUMULATE * accumulating) * p
+    if world > 1:
+        side_by_side = min(1.0, MLX_BFS_WIDTH / weight_arrays(cfg)) ** 2
+        update += (R_BF16 if t.grad_reduce_dtype == "bfloat16" else R) * side_by_side * p
+    elif not accumulating:  # the update is in the backward pass's graph
+        update += EMBED_LEFT * vd + LOGITS_LEFT * n * v
+    state = STATE * p
+    return Peak(state, int(state + compute), int(state + update))
+
+
+def budget_bytes(memory_bytes: int, working_set: int | None, ranks_per_node: int = 1
+                 ) -> tuple[int, str]:
+    """What one of ``ranks_per_node`` ranks may use, and where that comes from: the GPU's
+    recommended working set where MLX reports one (a Mac), else :data:`CPU_FRACTION` of
+    ``memory_bytes``; shared equally by the node's ranks."""
+    if working_set:
+        return working_set // max(1, ranks_per_node), "working set"
+    return int(memory_bytes * CPU_FRACTION) // max(1, ranks_per_node), "memory"
 
 
 def plan_memory(
@@ -72,41 +196,41 @@ def plan_memory(
     memory_bytes: int,
     world_size: int,
     ranks_per_node: int = 1,
-    usable_fraction: float = USABLE_FRACTION,
     per_rank: int | None = None,
+    working_set: int | None = None,
 ) -> MemoryPlan:
-    """Plan one rank on a node with ``memory_bytes`` of memory shared by ``ranks_per_node``.
+    """Plan one rank on a node with ``memory_bytes`` of memory shared by ``ranks_per_node``
+    (and, on a Mac, MLX's recommended ``working_set``: the budget, see :func:`budget_bytes`).
 
     ``per_rank``: the rank's sequences per step when ``train.balance`` gives it its own
     share (trainer/balance.py); by default ``global_batch / world_size``.
 
-    The suggested micro-batch is the largest divisor of the per-rank batch that fits, first
-    without gradient checkpointing, then with it; ``fits`` is False if even micro-batch 1
-    with checkpointing does not.
+    The suggested micro-batch is the largest divisor of the per-rank batch, not above
+    ``train.micro_batch``, that fits, first without gradient checkpointing (unless the
+    config asks for it), then with it; ``fits`` is False if even micro-batch 1 with
+    checkpointing does not.
     """
     cfg = config if isinstance(config, TrainerConfig) else load_config(config)
     t = cfg.train
     n = count_params(cfg)
-    budget = int(memory_bytes * usable_fraction / max(1, ranks_per_node))
+    budget, source = budget_bytes(memory_bytes, working_set, ranks_per_node)
     per_rank = per_rank or max(1, t.global_batch // world_size)
     divisors = [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
-    param_b = n * (6 if t.dtype == "bfloat16" else 4)
-    opt_b = 8 * n
-
-    def total(micro: int, ckpt: bool) -> tuple[int, int, int]:
-        grad_b = 4 * n * (2 if per_rank // micro > 1 else 1)
-        act = activation_bytes(cfg, micro, ckpt)
-        return int((param_b + grad_b + opt_b + act) * OVERHEAD), grad_b, act
-
-    # Respect the configured choices first: micro_batch is an upper bound, and a config
-    # that asks for checkpointing keeps it.
     candidates = [d for d in divisors if d <= t.micro_batch] or [1]
-    for ckpt in ([t.grad_checkpoint] if t.grad_checkpoint else [False, True]):
+    bf16 = t.dtype == "bfloat16"
+
+    def plan(micro: int, ckpt: bool, fits: bool) -> MemoryPlan:
+        accumulation = per_rank // micro
+        peak = estimate(cfg, micro, accumulation, world_size, ckpt)
+        return MemoryPlan(
+            params=n, param_bytes=n * (6 if bf16 else 4),
+            grad_bytes=4 * n * (2 if accumulation > 1 else 1), optimizer_bytes=8 * n,
+            activation_bytes=peak.compute - peak.state, update_bytes=peak.update - peak.state,
+            total_bytes=peak.total, budget_bytes=budget, budget_from=source, micro_batch=micro,
+            accumulation=accumulation, grad_checkpoint=ckpt, fits=fits, world_size=world_size)
+
+    for ckpt in ([True] if t.grad_checkpoint else [False, True]):
         for micro in candidates:
-            tot, grad_b, act = total(micro, ckpt)
-            if tot <= budget:
-                return MemoryPlan(n, param_b, grad_b, opt_b, act, tot, budget, micro,
-                                  per_rank // micro, ckpt, True, world_size)
-    tot, grad_b, act = total(1, True)
-    return MemoryPlan(n, param_b, grad_b, opt_b, act, tot, budget, 1, per_rank, True, False,
-                      world_size)
+            if estimate(cfg, micro, per_rank // micro, world_size, ckpt).total <= budget:
+                return plan(micro, ckpt, True)
+    return plan(1, True, False)

@@ -74,8 +74,10 @@ def mean_over_ranks(
             at += a.size
             offsets.append(at)
         pad = -at % (ALIGN_ELEMENTS * n)
-        parts = chunk + [mx.zeros((pad,), chunk[0].dtype)] if pad else chunk
-        buf = (mx.concatenate(parts) if len(parts) > 1 else parts[0]).astype(wire)
+        # Each piece cast before the concatenation: a bfloat16 wire then never holds a
+        # float32 copy of the whole buffer besides the bfloat16 one (same bits either way).
+        parts = [a.astype(wire) for a in chunk] + ([mx.zeros((pad,), wire)] if pad else [])
+        buf = mx.concatenate(parts) if len(parts) > 1 else parts[0]
         if prev is not None:
             buf = mx.depends(buf, prev)
         prev = mx.distributed.all_sum(buf, group=group)

@@ -264,11 +264,11 @@ def test_disk_and_memory_follow_the_jobs_plan(tmp_path):
 
 def _least_memory(job: Path, world: int, per_rank: int) -> int:
     """The fewest bytes of memory in which one rank taking ``per_rank`` sequences a step
-    fits (the trainer's own plan, bisected to a MiB)."""
+    fits (the trainer's own plan, bisected to a KiB)."""
     from mlxops.jobs.spec import load_job
     trainer = load_job(job).trainer
     lo, hi = 1, 64 * GB
-    while hi - lo > 1024**2:
+    while hi - lo > 1024:
         mid = (lo + hi) // 2
         fits = check_resources.plan_memory(trainer, mid, world, per_rank=per_rank).fits
         lo, hi = (lo, mid) if fits else (mid, hi)
@@ -277,7 +277,7 @@ def _least_memory(job: Path, world: int, per_rank: int) -> int:
 
 def test_memory_is_planned_with_the_share_balance_gives_the_host(tmp_path):
     trainer = {"model": {"dims": 64, "layers": 2, "heads": 4, "vocab_size": 256,
-                         "seq_len": 32}, "train": {"global_batch": 4}}
+                         "seq_len": 512}, "train": {"global_batch": 4}}
     cluster = cluster_of(tmp_path, n=2, job={"trainer": trainer,
                                              "balance": {"mac1": 3, "mac2": 1}})
     job = tmp_path / "job.yml"

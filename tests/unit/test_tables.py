@@ -81,7 +81,7 @@ def test_plan_table_fits_80_columns_and_says_the_rest_below():
     notes = plan_notes(plans)
     assert "chip: Apple M2 Ultra (studio1, studio2)" in notes
     assert "chip: Apple M4 Pro (mini-rack-07)" in notes
-    assert any(n.startswith("per rank: weights+grads+optimizer ") for n in notes)
+    assert any(n.startswith("per rank: weights+moments ") for n in notes)
     assert notes[-1].endswith("global batch 48 = micro_batch "
                               f"{plans[0].plan.micro_batch} x accumulation "
                               f"{plans[0].plan.accumulation} x world 6")

@@ -167,6 +167,7 @@ class ReadyAnswer(Record):
     running: list[RunningRank]           # ranks of any job alive here
     mpirun: str | None = None            # asked with --mpi: mpirun's absolute path
     mpi_libname: str | None = None       # ... and the libmpi MLX should dlopen
+    working_set: int | None = None       # MLX's recommended GPU working set, bytes; None: CPU
 
 
 

@@ -32,9 +32,10 @@ class MetricsLine(Record):
     lr: float
     active_memory: int
     peak_memory: int
-    # The recorded runs of tests/unit/data/monitor predate these two: a line may lack them.
+    # The recorded runs of tests/unit/data/monitor predate these: a line may lack them.
     consistency_repairs: int = 0         # weights repaired so far (train.consistency_every)
     batch_split: list[int] | None = None  # sequences of each global batch, by rank
+    planned_memory: int | None = None    # the memory plan's peak for this rank (trainer/plan.py)
 
     def line(self) -> str:
         """The record as the file's line (with its newline)."""
