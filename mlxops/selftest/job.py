@@ -69,6 +69,9 @@ STOP_GRACE = 2.0
 MODEL = {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32}
 
 
+STALL_TIMEOUT = 300.0
+
+
 def job_spec(inventory: Path, hosts: str, backend: str, world: int) -> JobSpec:
     """The selftest's job over ``hosts`` (a pattern) of ``world`` ranks; refused as a job
     file would be when the trainer rejects it (exit 2, before any connection)."""
@@ -80,7 +83,11 @@ def job_spec(inventory: Path, hosts: str, backend: str, world: int) -> JobSpec:
     spec = JobSpec(path=inventory.resolve(), name=NAME, inventory=inventory.resolve(),
                    hosts=hosts, backend=backend, trainer=parse_trainer(inventory, trainer),
                    env={MARKER: "1"},
-                   restart=RestartPolicy(max_restarts=1, stall_timeout=60, poll_interval=POLL),
+                   # The kill is seen as an exit, not a stall; a long stall timeout lets a
+                   # Linux node's first job compile MLX's CPU kernels (a minute, cold, on
+                   # 2 busy cores: a zsh-node run in CI stalled out at 60 s).
+                   restart=RestartPolicy(max_restarts=1, stall_timeout=STALL_TIMEOUT,
+                                         poll_interval=POLL),
                    stop_grace=STOP_GRACE)
     check_world(spec, world)
     return spec
