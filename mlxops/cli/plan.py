@@ -39,6 +39,11 @@ def plan_table(plans: Sequence[NodePlan]) -> Table:
     return table
 
 
+def _size(nbytes: int) -> str:
+    """``2.26 GB``, or ``14.8 MB`` below a GB (binary units, as the table's)."""
+    return f"{nbytes / GB:.3g} GB" if nbytes >= GB else f"{nbytes / 1024**2:.3g} MB"
+
+
 def _grouped(values: dict[str, str]) -> list[str]:
     """``value (host, host)`` per distinct value, in first-seen order; ``value`` alone when
     every host has it."""
@@ -56,10 +61,10 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
         return []
     m = plans[0].plan
     lines = [f"chip: {chip}" for chip in _grouped({p.host: p.chip or "?" for p in plans})]
-    lines.append(f"per rank: weights+moments {(4 + 8) * m.params / GB:.3g} GB")
+    lines.append(f"per rank: weights+moments {_size((4 + 8) * m.params)}")
     lines += [f"peak: {above}" for above in _grouped({
-        p.host: f"backward +{p.plan.activation_bytes / GB:.3g} GB, update "
-                f"+{p.plan.update_bytes / GB:.3g} GB" for p in plans})]
+        p.host: f"backward +{_size(p.plan.activation_bytes)}, update "
+                f"+{_size(p.plan.update_bytes)}" for p in plans})]
     lines += [f"budget: {source}" for source in _grouped({
         p.host: "MLX's recommended working set" if p.plan.budget_from == "working set"
         else "80% of memory (no GPU working set reported)" for p in plans})]

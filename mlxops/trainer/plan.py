@@ -81,28 +81,27 @@ CPU_FRACTION = 0.80
 #: MLX evaluates up to this many independent branches of a graph side by side.
 MLX_BFS_WIDTH = 20
 
-# The terms' weights, fitted to measured peaks (benchmarks/memory.py; the docstring says
-# what each counts). Bytes per parameter:
+# The terms' weights, fitted to measured peaks (benchmarks/memory.py; the module's
+# docstring says what each counts). Bytes per parameter:
 G = 1.8            # gradients already made when the backward pass peaks
-BF16 = 4.6         # bfloat16 compute: the weights' bfloat16 copy and bfloat16 gradients
-ACCUMULATE = 4.4   # accumulating: the running sum of the micro-batches' gradients
-U = 15.8           # the update: new weights and moments, the gradients they are made of
-U_BF16 = 1.3       # ... the gradients cast back from bfloat16
-U_ACCUMULATE = 0.6  # ... the summed gradients divided by the accumulation
-R = 7.6            # the all-reduce's buffers at full size, float32 on the wire
-R_BF16 = 9.8       # ... bfloat16 on the wire (cast, summed, cast back)
+BF16 = 4.0         # bfloat16 compute: the weights' bfloat16 copy, bfloat16 gradients
+ACCUMULATE = 2.0   # accumulating: the running sum of the micro-batches' gradients
+U = 16.0           # the update: new weights and moments, the gradients they are made of
+U_BF16 = 1.2       # ... with bfloat16 compute
+R = 7.3            # the all-reduce's buffers at full size, float32 on the wire
+R_BF16 = 9.1       # ... bfloat16 on the wire (cast, summed, cast back)
 # Bytes per activation element (w bytes each) per token, per layer:
-A_D, A_F, A_S = 11.2, 5.5, 1.3       # x D, x F, x H T (the attention probabilities)
-CHECKPOINT = 2.5                     # x D with grad_checkpoint: the layer's input
-RECOMPUTED = 0.5                     # with grad_checkpoint: layers recomputed at once, past one
-# ... of the layer being differentiated:
-X_D, X_F, X_S = 28.0, 3.3, 1.3
+A_D, A_F, A_S = 12.8, 6.2, 1.1        # x D, x F, x H T (the attention probabilities)
+CHECKPOINT = 2.4                     # x D with grad_checkpoint: the layer's input
+RECOMPUTED = 0.47                    # with grad_checkpoint: layers recomputed at once, past one
+# ... and of the layer being differentiated:
+X_D, X_F, X_S = 25.6, 3.1, 1.7
 # Bytes per logit (N x V): float32 logits, softmax and gradient; bfloat16's extra copy:
-LOGITS, LOGITS_BF16 = 14.1, 4.2
-# Bytes per element of the tied embedding (V x D): its two gradients in the backward pass,
-# and what is left of them when the update starts (one rank, no accumulation):
-EMBED, EMBED_LEFT = 1.0, 3.3
-LOGITS_LEFT = 11.9  # bytes per logit left when the update starts (one rank, no accumulation)
+LOGITS, LOGITS_BF16 = 14.3, 3.0
+# Left over when the update starts, with one rank and no accumulation (the update is then
+# in the backward pass's graph): bytes per element of the tied embedding (V x D), its
+# gradients, and per logit (N x V), the logits' buffers:
+EMBED_LEFT, LOGITS_LEFT = 3.0, 11.1
 
 
 @dataclass
@@ -169,9 +168,9 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
         layers = (1 + RECOMPUTED * (m.layers > 1)) * layer + m.layers * w * n * d * CHECKPOINT
     else:
         layers = m.layers * layer
-    compute = ((G + BF16 * bf16 + ACCUMULATE * accumulating) * p + EMBED * vd + layers
+    compute = ((G + BF16 * bf16 + ACCUMULATE * accumulating) * p + layers
                + w * n * (X_D * d + X_F * f + X_S * ht) + (LOGITS + LOGITS_BF16 * bf16) * n * v)
-    update = (U + U_BF16 * bf16 + U_ACCUMULATE * accumulating) * p
+    update = (U + U_BF16 * bf16) * p
     if world > 1:
         side_by_side = min(1.0, MLX_BFS_WIDTH / weight_arrays(cfg)) ** 2
         update += (R_BF16 if t.grad_reduce_dtype == "bfloat16" else R) * side_by_side * p
