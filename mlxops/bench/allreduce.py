@@ -27,7 +27,7 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.jobs.status import job_status
-from mlxops.jobs.stop import stop_job
+from mlxops.jobs.stop import remove_run_dirs, stop_job
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.node.protocol.bench import BENCH_JOB, allreduce_result
 from mlxops.transport import Connector, run_parallel
@@ -135,15 +135,7 @@ def _read(record: JobRecord, connector: Connector) -> list[list[dict]]:
 
 def _forget(record: JobRecord, connector: Connector) -> None:
     """Remove the run directory on every host, then the record (once nothing runs)."""
-    inv = inventory_hosts(record)
-
-    def work(host) -> None:
-        run_dir = record.host(host.name).paths(record.name).run_dir
-        result = connector.connect(host).run(shell.join(["rm", "-rf", run_dir]), timeout=60)
-        if not result.ok:
-            raise MlxopsError(f"rm -rf {run_dir}: {result.error_line()}")
-
-    results = run_parallel([inv[h.name] for h in record.hosts], work)
+    results = remove_run_dirs(record, connector)
     shutil.rmtree(job_dir(record.name), ignore_errors=True)
     if results.exit_code:
         raise MlxopsError(f"removing {BENCH_JOB}'s run directories: {_why(results)}")

@@ -11,6 +11,8 @@ stop looked, its own record of them is refused and it stops them itself.
 
 from __future__ import annotations
 
+from mlxops import shell
+from mlxops.errors import MlxopsError
 from mlxops.jobs.record import JobRecord, inventory_hosts, update
 from mlxops.jobs.record import mark_stopped as mark_stopped_record
 from mlxops.node import protocol
@@ -109,3 +111,18 @@ def _stop_on(record: JobRecord, connector: Connector, host, grace: float,
                             protocol.stop_args(paths.run_dir, grace, ip=host.ip,
                                                ports=ports or ()),
                             timeout=grace + 60)
+
+
+def remove_run_dirs(record: JobRecord, connector: Connector,
+                    forks: int | None = None) -> Results:
+    """``rm -rf`` the job's run directory on every host of its record (once nothing of it
+    runs: the caller stopped it); a host that cannot is failed with the reason."""
+    hosts = inventory_hosts(record)
+
+    def work(host) -> None:
+        run_dir = record.host(host.name).paths(record.name).run_dir
+        done = connector.connect(host).run(shell.join(["rm", "-rf", run_dir]), timeout=60)
+        if not done.ok:
+            raise MlxopsError(f"rm -rf {run_dir}: {done.error_line()}")
+
+    return run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)

@@ -40,14 +40,13 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch
 from mlxops.jobs.record import (
     JobRecord,
-    inventory_hosts,
     job_dir,
     load_record,
     supervisor_lock,
 )
 from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world, parse_trainer
 from mlxops.jobs.status import JobStatus
-from mlxops.jobs.stop import stop_job
+from mlxops.jobs.stop import remove_run_dirs, stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.mirror import Feeder
 from mlxops.node import protocol
@@ -269,15 +268,7 @@ def stop_and_remove(record: JobRecord, connector: Connector, *, keep: bool,
     stopped = stop_job(record, connector, grace=STOP_GRACE, forks=forks)
     if keep or stopped.exit_code:
         return stopped  # what could not be stopped keeps its files for `mlxops stop`
-    hosts = inventory_hosts(record)
-
-    def work(host) -> None:
-        run_dir = record.host(host.name).paths(record.name).run_dir
-        done = connector.connect(host).run(shell.join(["rm", "-rf", run_dir]), timeout=60)
-        if not done.ok:
-            raise MlxopsError(f"rm -rf {run_dir}: {done.error_line()}")
-
-    removed = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)
+    removed = remove_run_dirs(record, connector, forks=forks)
     if removed.exit_code == 0:
         shutil.rmtree(job_dir(record.name), ignore_errors=True)
     return removed if removed.exit_code else stopped
