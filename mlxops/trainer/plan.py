@@ -66,7 +66,8 @@ iogpu.wired_limit_mb``). The node reports it (mlxops/node/memory.py) and the nod
 share it. MLX's CPU build has no such figure: the budget there is 80% of RAM, the memory
 limit MLX's CPU allocator sets itself (``mx.get_memory_limit()``; recorded, not enforced).
 
-Not included: a consistency repair (``train.consistency_every`` found ranks that differ:
+Writing a checkpoint and the consistency check measured no higher than the step. Not
+included: a consistency repair (``train.consistency_every`` found ranks that differ:
 rank 0's state is sent to all, about twice the state for a moment) and a resume's loading
 of a checkpoint, both rare; the compile cache and the Python process, which are not MLX
 arrays.
