@@ -6,64 +6,71 @@ Standard library only: the controller prints it (``mlxops plan JOB``, ``mlxops c
 and ``peak_memory`` in ``metrics.jsonl``).
 
 **What is estimated** is the peak of MLX's allocator (``mx.get_peak_memory()``) over a run
-of the bundled trainer: the arrays alive at once, not the process's resident size. Its
-terms were measured, not derived: ``benchmarks/memory.py`` runs the trainer over a grid of
-widths, depths, heads, sequence lengths, vocabularies, micro-batches, accumulation,
-compute dtypes, gradient checkpointing and world sizes and compares; the estimate is
-within 15% of the measured peak and never more than 10% below it over that grid
-(``tests/trainer/test_plan.py`` holds it on a smaller one). The counts below are "copies":
-how many arrays of that size MLX keeps alive at the peak, as fitted to those measurements.
+of the bundled trainer: the arrays alive at once, not the process's resident size. The
+terms are what a step holds; their weights were measured, not derived: MLX frees an array
+when its last user has run, and it runs up to 20 independent branches of a graph side by
+side (``MLX_BFS_MAX_WIDTH``), so how many copies of each are alive at the peak depends on
+its scheduling. ``benchmarks/memory.py`` runs the trainer over a grid of widths, depths,
+heads, sequence lengths, vocabularies, micro-batches, accumulation, compute dtypes,
+gradient checkpointing, world sizes and all-reduce dtypes, and the weights below were
+fitted to 384 such runs: the plan is 0.90 to 1.20 times the measured peak there (median
+1.015), above 1.15 in 3 (tiny models in bfloat16 on 2 ranks). The README gives the
+figures of a grid drawn afresh; ``tests/trainer/test_plan.py`` holds 9 runs in the suite.
 
 **Notation**, per rank: P parameters; N = micro_batch x seq_len tokens of one micro-batch;
 D dims, F the SwiGLU width, H heads, T seq_len, V vocabulary, L layers; w = 4 bytes per
 activation in float32, 2 in bfloat16. Weights, gradients and AdamW's moments are float32
 whatever the compute dtype.
 
-**A step peaks at one of two moments**, and the plan is the larger:
+**A step peaks at one of two moments**, and the plan is the larger. In bytes:
 
-``compute``, the top of one micro-batch's forward/backward pass::
+the top of one micro-batch's forward/backward pass::
 
-    12 P                      weights (4) and AdamW's two moments (8), alive all along
-  + G P                       gradients already made when the backward pass starts
-  + 2 P  (bfloat16)           the bfloat16 copy of the weights the pass runs on
-  + 8 P  (accumulating)       the running sum of the micro-batches' gradients and the new ones
-  + 4 x 2 V D                 the tied embedding's two gradients (the head's, the lookup's)
-  + L x layer                 what every layer keeps for its backward pass:
-        w N (a_D D + a_F F)   its norms, q/k/v, RoPE, attention output, SwiGLU gate/up/product
-      + w N H T a_S           attention probabilities (B x H x T x T): MLX's CPU and Metal
-                              training paths materialise them (Metal's fused attention is
-                              forward-only); the seq^2 term
-        with grad_checkpoint: each layer keeps its input, w N D, and one layer is redone
-        at a time (one ``layer`` more)
-  + w N (x_D D + x_F F + x_S H T)   the layer being differentiated: its gradients and the
-                              softmax's backward (a T x T array per head, twice)
-  + 4 N V x_V                 the float32 logits, their softmax and their gradient (the
-                              cross-entropy is computed in float32 in any dtype)
+    12 P                        weights (4) and AdamW's two moments (8), alive all along
+  + G P                         gradients already made
+  + BF16 P      (bfloat16)      the weights' bfloat16 copy the pass runs on, and its
+                                bfloat16 gradients
+  + ACCUMULATE P (accumulating) the running sum of the micro-batches' gradients
+  + L x layer                   what every layer keeps for its backward pass:
+      layer = w N (A_D D + A_F F  its norms, q/k/v, RoPE, attention output, SwiGLU
+                                  gate/up/product: A_D arrays D wide, A_F F wide, a token
+                   + A_S H T)     and the attention probabilities, H x T a token (T x T a
+                                  head): MLX's CPU and Metal training paths both materialise
+                                  them, the seq^2 term
+    with grad_checkpoint instead: CHECKPOINT w N D a layer (its input) and one layer
+                                  recomputed, sometimes two side by side (RECOMPUTED more)
+  + w N (X_D D + X_F F + X_S H T) the layer being differentiated: its gradients, the
+                                  softmax's backward
+  + LOGITS N V (+ LOGITS_BF16 N V in bfloat16)   the float32 logits, their softmax and
+                                  gradient: the cross-entropy is float32 in any dtype
 
-``update``, the optimizer step after the last micro-batch::
+the optimizer update after the last micro-batch::
 
-    12 P                      the weights and moments before the step: the trainer keeps
-                              them until the step is known good (the out-of-memory back-off
-                              undoes a failed step)
-  + U P                       the new weights and moments and the gradients they are made of
-  + R P  (2 ranks or more)    the all-reduce's buffers (the gradients concatenated, summed,
-                              averaged); at full size when the model has few weight arrays,
-                              since MLX evaluates up to 20 independent branches of a graph
-                              side by side (``MLX_BFS_MAX_WIDTH``), less as arrays outnumber
-                              that: R (20 / arrays)^2
-  + 4 V D u_V + 4 N V u_N     the embedding's gradients and the logits' buffers, not yet
-                              released when the update starts
+    12 P                        the weights and moments before the step: the trainer keeps
+                                them until the step is known good (the out-of-memory
+                                back-off undoes a failed step)
+  + U P (+ U_BF16 P)            the new weights and moments, the gradients they are made of
+  + R P x min(1, 20 / arrays)^2 (2 ranks or more) the all-reduce's buffers (gradients
+                                concatenated, summed, averaged; R_BF16 with a bfloat16 wire):
+                                all of them at once when the model has few weight arrays
+                                (7 a layer, 2 more), fewer as arrays outnumber MLX's 20
+                                branches side by side
+  + EMBED_LEFT V D + LOGITS_LEFT N V   (one rank, no accumulation: the update is then in the
+                                backward pass's graph) the tied embedding's gradients and the
+                                logits' buffers, not yet released when it starts
 
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
-(``mx.device_info()["max_recommended_working_set_size"]``, about 65-75% of RAM, raised by
-``sysctl iogpu.wired_limit_mb``); the node reports it (mlxops/node/memory.py) and it is
-shared by the node's ranks. MLX's CPU build has no such figure: its allocator's own limit,
-80% of RAM (``mx.get_memory_limit()``; recorded, not enforced), is the budget there.
+(``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
+84% of a 128 GB M5 Max's by default, as their owners reported (README); raised by ``sysctl
+iogpu.wired_limit_mb``). The node reports it (mlxops/node/memory.py) and the node's ranks
+share it. MLX's CPU build has no such figure: the budget there is 80% of RAM, the memory
+limit MLX's CPU allocator sets itself (``mx.get_memory_limit()``; recorded, not enforced).
 
-Not included: a consistency repair (``train.consistency_every`` found ranks that differ:
+Writing a checkpoint and the consistency check measured no higher than the step. Not
+included: a consistency repair (``train.consistency_every`` found ranks that differ:
 rank 0's state is sent to all, about twice the state for a moment) and a resume's loading
-of a checkpoint beside the fresh model, both rare; and the compile cache and the Python
-process, which are not MLX arrays.
+of a checkpoint, both rare; the compile cache and the Python process, which are not MLX
+arrays.
 """
 
 from __future__ import annotations
@@ -90,11 +97,11 @@ U = 16.0           # the update: new weights and moments, the gradients they are
 U_BF16 = 1.2       # ... with bfloat16 compute
 R = 7.3            # the all-reduce's buffers at full size, float32 on the wire
 R_BF16 = 9.1       # ... bfloat16 on the wire (cast, summed, cast back)
-# Bytes per activation element (w bytes each) per token, per layer:
-A_D, A_F, A_S = 12.8, 6.2, 1.1        # x D, x F, x H T (the attention probabilities)
-CHECKPOINT = 2.4                     # x D with grad_checkpoint: the layer's input
-RECOMPUTED = 0.47                    # with grad_checkpoint: layers recomputed at once, past one
-# ... and of the layer being differentiated:
+# Arrays (w bytes an element) a token keeps in every layer: D wide, F wide, H x T:
+A_D, A_F, A_S = 12.8, 6.2, 1.1
+CHECKPOINT = 2.4   # with grad_checkpoint instead: D wide, the layer's input
+RECOMPUTED = 0.47  # with grad_checkpoint: layers recomputed side by side, past one
+# ... and in the layer being differentiated:
 X_D, X_F, X_S = 25.6, 3.1, 1.7
 # Bytes per logit (N x V): float32 logits, softmax and gradient; bfloat16's extra copy:
 LOGITS, LOGITS_BF16 = 14.3, 3.0
