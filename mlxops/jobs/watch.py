@@ -144,6 +144,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 _end(record.name, FAILED, message)
                 on_event(message)
                 return job_status(load_record(record.name), connector, hosts=hosts)
+            ended = record.attempt
             try:
                 record = restart(record, connector, problem, on_event)
             except JobStopped:
@@ -155,7 +156,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 on_event(message)
                 raise
             unreachable_since.clear()
-            events.record(record.name, events.RESTARTED, problem, attempt=record.attempt,
+            events.record(record.name, events.RESTARTED, problem, attempt=ended,
                           excluded=record.excluded, resumed=record.message)
             on_event(f"restarted: attempt {record.attempt}"
                      + (f", {record.message}" if record.message else ""))

@@ -5,12 +5,13 @@ Built at each scrape from the same job documents the dashboard draws
 Grafana panel shows is what ``mlxops report`` says. Names and labels (docs/formats.md,
 "Prometheus metrics"):
 
-* per job (``job``): step, total steps, loss, validation loss, tokens/s, attempt,
+* per job (``job_name``; Prometheus keeps ``job`` for its own scrape job, as
+  kube-state-metrics names its jobs): step, total steps, loss, validation loss, tokens/s, attempt,
   restarts, alerts now, peak memory, world size, and its state as one series per state
   (1 for the current one) so a rule can say ``mlxops_job_state{state="stalled"} == 1``;
   events on its timeline by kind (a counter);
-* per rank (``job``, ``rank``, ``host``): step, heartbeat age, tokens/s, state;
-* per node of a job (``job``, ``host``): memory used and total, load, CPUs, GPU use;
+* per rank (``job_name``, ``rank``, ``host``): step, heartbeat age, tokens/s, state;
+* per node of a job (``job_name``, ``host``): memory used and total, load, CPUs, GPU use;
 * per link of the last bench (``src``, ``dst``): bandwidth and median latency.
 
 Labels are bounded: job names, hosts, ranks, states and event kinds, never a step or a
@@ -23,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from mlxops import events
 from mlxops.errors import MlxopsError
@@ -33,7 +35,9 @@ from mlxops.monitor import bench
 from mlxops.node.protocol.vocab import JOB_STATES, RANK_STATES
 
 PREFIX = "mlxops"
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# The text format every Prometheus reads (2.x included, Debian's); the names here are all
+# plain ASCII, so the body is the same in 1.0.0's.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 Documents = Callable[[str], dict[str, Any]]
 
 
@@ -62,7 +66,7 @@ class _Gauges:
 
 
 def _job(g: _Gauges, doc: dict[str, Any]) -> None:
-    job = {"job": doc["name"]}
+    job = {"job_name": doc["name"]}
     s = doc["summary"]
     g.add("job_step", "Last step the job reached.", job, s.get("step"))
     g.add("job_steps", "Steps the job runs in all (when known).", job, s.get("steps"))

@@ -131,8 +131,9 @@ class Notifier:
     """Delivers a job's notifications from a thread per target until :meth:`close`."""
 
     def __init__(self, job: str, config: NotifyConfig, *, log: Log = lambda _: None,
-                 poll: float = 1.0) -> None:
+                 poll: float = 1.0, backoff: float = 1.0) -> None:
         self.job, self.config, self.log, self.poll = job, config, log, poll
+        self.backoff = backoff   # the first retry's wait; each next one doubles
         self.ledger = Ledger(job)
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -165,11 +166,15 @@ class Notifier:
 
     def _run(self, target: str) -> None:
         while True:
+            delivered = False
             for event in self.pending(target):
                 if self._abandon.is_set():
                     return
                 if self.ledger.claim(event.id, target):
                     self._deliver(event, target)
+                    delivered = True
+            if delivered:
+                continue  # more may have come while this one was on its way
             if self._closing.is_set():
                 return
             self._wake.wait(self.poll)
@@ -195,7 +200,7 @@ class Notifier:
             if attempts > self.config.retries or self._abandon.is_set():
                 break
             # Back off, but a closing notifier stops waiting once its time is up.
-            if self._abandon.wait(min(MAX_BACKOFF, 2.0 ** (attempts - 1))):
+            if self._abandon.wait(min(MAX_BACKOFF, self.backoff * 2.0 ** (attempts - 1))):
                 break
         self.ledger.set(event.id, target, GAVE_UP)
         message = (f"could not send {event.kind} to the {target} after {attempts} "
