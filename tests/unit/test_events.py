@@ -94,3 +94,30 @@ def test_mlxops_events_prints_the_timeline_and_json(home, tmp_path):
     unknown = subprocess.run([sys.executable, "-m", "mlxops", "events", "nope"], env=env,
                              capture_output=True, text=True)
     assert unknown.returncode == 2 and "no job named 'nope'" in unknown.stderr
+
+
+def test_an_alert_is_an_event_once_while_it_lasts(tmp_path, monkeypatch):
+    from mlxops.jobs.record import load_record
+    from mlxops.monitor.mirror import AlertEvents
+
+    home = tmp_path / "home"
+    shutil.copytree(DATA / "running", home / "jobs")
+    monkeypatch.setenv("MLXOPS_HOME", str(home))
+    record = load_record("tiny-lm")
+    watcher = AlertEvents("tiny-lm")
+    [new] = watcher.look(record)                       # memory above the job's 2%
+    assert new["kind"] == "memory_share" and watcher.look(record) == []
+    [event] = events.read("tiny-lm")
+    assert (event.kind, event.detail["alert"], event.detail["host"]) == (
+        "alert", "memory_share", "localhost")
+    assert event.message.startswith("localhost: memory 3% in use (alert at 2%)")
+    samples = home / "jobs" / "tiny-lm" / "samples.jsonl"
+    last = json.loads(samples.read_text().splitlines()[-1])
+    calm = {**last, "nodes": {"localhost": {**last["nodes"]["localhost"], "memory_used": 1}}}
+    with open(samples, "a") as handle:
+        handle.write(json.dumps(calm) + "\n")
+    assert watcher.look(record) == []                  # it cleared
+    with open(samples, "a") as handle:
+        handle.write(json.dumps(last) + "\n")
+    assert [a["kind"] for a in watcher.look(record)] == ["memory_share"]  # back: a new one
+    assert [e.kind for e in events.read("tiny-lm")] == ["alert", "alert"]
