@@ -39,6 +39,7 @@ COMMAND_MODULES = [
     "check",
     "bench",
     "monitor",
+    "events",
     "selftest",
 ]
 

@@ -7,7 +7,7 @@ import sys
 import click
 from rich.markup import escape
 
-from mlxops import console
+from mlxops import console, events
 from mlxops.cli.options import connect_options, forks_option, json_option
 from mlxops.cli.watch import echo_line, hints, print_failures, print_status, watch_job
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
@@ -72,6 +72,10 @@ def launch(job, detach, fresh, as_json, forks, connect):
     spec = load_job(job)
     with Connector(connect) as connector:
         record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
+        events.start_run(events.make(
+            record.name, events.STARTED, f"{record.world_size} ranks on "
+            f"{len(record.hosts)} host(s)", attempt=record.attempt,
+            hosts=[h.name for h in record.hosts], world_size=record.world_size))
         _after_start(record, connector, detach, as_json)
 
 
@@ -95,6 +99,11 @@ def resume(name, exclude, detach, as_json, forks, connect):
     with Connector(connect) as connector:
         record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
                             previous=record, on_warning=_warn)
+        events.record(record.name, events.RESUMED,
+                      (record.message or "resumed") + (f", without {', '.join(excluded)}"
+                                                       if excluded else ""),
+                      attempt=record.attempt, excluded=excluded,
+                      world_size=record.world_size)
         _after_start(record, connector, detach, as_json)
 
 
@@ -176,6 +185,9 @@ def stop(name, grace, as_json, connect):
     record = load_record(name)
     with Connector(connect) as connector:
         results = stop_job(record, connector, grace=grace)
+    stopped = load_record(name)
+    if results.exit_code == EXIT_OK and stopped.state == STOPPED:
+        events.record(name, events.STOPPED, "stopped (mlxops stop)", attempt=stopped.attempt)
     if as_json:
         console.print_json({"name": name, "state": load_record(name).state, "hosts": {
             h: {"status": r.status, "message": r.message, **r.data} for h, r in results.items()}})

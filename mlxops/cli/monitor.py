@@ -74,12 +74,14 @@ def monitor(name, interval, once, offline, connect):
               help="Seconds between looks at running jobs' clusters.")
 @click.option("--offline", is_flag=True,
               help="Never connect: serve the mirrors as they are.")
+@click.option("--metrics-only", is_flag=True,
+              help="Serve /metrics (Prometheus) and nothing else: a headless controller.")
 @connect_options
-def dashboard(port, bind, interval, offline, connect):
+def dashboard(port, bind, interval, offline, metrics_only, connect):
     """Serve a local web page of every job: state, loss and tokens/s curves updating live,
     compute/all-reduce split, memory, restarts, per-node health, the last bench."""
     try:
-        server = dashboard_server.make_server(bind, port)
+        server = dashboard_server.make_server(bind, port, metrics_only=metrics_only)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise MlxopsError(f"port {port} on {bind} is in use: pick another with "
@@ -91,7 +93,8 @@ def dashboard(port, bind, interval, offline, connect):
         raise MlxopsError(f"cannot listen on {bind}:{port}: {exc}") from None
     shown = f"[{bind}]" if ":" in bind else bind
     say = console.err.print
-    say(f"mlxops dashboard: http://{shown}:{port}/  (Ctrl-C stops)", soft_wrap=True)
+    say(f"mlxops dashboard: http://{shown}:{port}/{'metrics' if metrics_only else ''}  "
+        f"(Ctrl-C stops; Prometheus: http://{shown}:{port}/metrics)", soft_wrap=True)
     if dashboard_server.is_loopback(bind):
         say(f"  from another machine: ssh -L {port}:{shown}:{port} THIS_HOST", soft_wrap=True)
         say(f"  then open http://127.0.0.1:{port}/ there", soft_wrap=True)

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from mlxops import console
+from mlxops.jobs.notifying import start_notifier
 from mlxops.jobs.record import JobRecord, supervisor_lock
 from mlxops.jobs.status import JobStatus, job_status, where
 from mlxops.jobs.watch import supervise
@@ -82,7 +83,13 @@ def _watch(record: JobRecord, connector: Connector, supervising: bool) -> JobSta
                 on_status(status)
                 feeder.on_status(status)
 
-            return supervise(record, connector, on_status=show_and_feed, on_event=on_event)
+            notifier = start_notifier(record, on_event)  # beside the watchdog, never in it
+            try:
+                return supervise(record, connector, on_status=show_and_feed,
+                                 on_event=on_event)
+            finally:
+                if notifier:
+                    notifier.close()  # the last events (finished, failed) go out first
         while True:
             status = job_status(record, connector)
             on_status(status)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mlxops.node.protocol import BACKENDS
+from mlxops.notify import config as notify_config
 from mlxops.shell import is_env_name
 
 Parser = Callable[[Any], Any]
@@ -286,3 +287,11 @@ def rdma_devices(value: Any) -> dict[str, Any]:
             raise Invalid(f"must be a device name such as 'rdma_en3' (or a list), got {device!r}",
                           subkey=peer)
     return dict(value)
+
+
+def notify(value: Any) -> Any:
+    """A ``notify:`` section (docs/job-file.md, "Notifications"): the jobs' default."""
+    try:
+        return notify_config.parse_default(value)
+    except notify_config.NotifyError as exc:
+        raise Invalid(exc.problem, subkey=exc.subkey) from None

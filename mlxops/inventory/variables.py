@@ -149,6 +149,9 @@ register("mlxops_metal_fast_synch", 0, v.zero_or_one,
          "MLX_METAL_FAST_SYNCH: 1 turns it on (MLX warns it can wedge the GPU)")
 register("mlxops_rdma", None, v.rdma_devices,
          "jaccl: RDMA device towards each peer host, e.g. {studio2: rdma_en3}")
+register("mlxops_notify", None, v.notify,
+         "(under all: vars) the jobs' default notify: section (command:, webhook:, "
+         "events:, ...); a job's own notify: is read over it key by key")
 register("mlxops_ring_order", None, v.host_names,
          "(under all: vars) the hosts' order around the ring, so the order of ranks, "
          "hostfiles and rank ports: those listed first, in this order, then the others "

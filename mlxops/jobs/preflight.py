@@ -17,6 +17,7 @@ from mlxops import render
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
 from mlxops.jobs.code import code_bundle, sync_code
+from mlxops.jobs.notifying import job_notify
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
@@ -43,6 +44,7 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     inventory = load_inventory(spec.inventory)
     hosts = inventory.select(spec.hosts, source=f"{spec.path}: hosts")
     check_balance(spec, hosts)
+    job_notify(spec.path, spec.notify, hosts, spec.inventory)  # names a target, hosts agree
     unknown = [h for h in exclude if h not in inventory.hosts]
     if unknown:
         raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")

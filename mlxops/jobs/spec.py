@@ -25,13 +25,14 @@ from typing import Any
 from mlxops import shell
 from mlxops.errors import bad_input
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
+from mlxops.notify import config as notify_config
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer.config import TrainerConfig
 from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -82,6 +83,9 @@ class JobSpec:
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
     balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
+    # ``notify:`` as written (checked; read over the inventory's ``mlxops_notify`` by
+    # :func:`mlxops.jobs.notifying.job_notify` once the inventory is known).
+    notify: dict[str, Any] | bool | None = None
 
     @property
     def base_port(self) -> int:
@@ -169,7 +173,17 @@ def load_job(path: str | Path) -> JobSpec:
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=_alerts(path, data.get("alerts")),
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
+        notify=_notify(path, data.get("notify")),
     )
+
+
+def _notify(path: Path, data: Any) -> dict[str, Any] | bool | None:
+    try:
+        notify_config.check_section(data if data is not None else {})
+    except notify_config.NotifyError as exc:
+        raise bad_input(path, "notify" + (f".{exc.subkey}" if exc.subkey else ""),
+                        exc.problem) from None
+    return data
 
 
 def _balance(path: Path, value: Any, trainer: bool) -> str | dict[str, float]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from mlxops import events
 from mlxops.errors import MlxopsError
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import (
@@ -29,7 +30,7 @@ from mlxops.jobs.record import (
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
-from mlxops.node.protocol import FAILED, FINISHED, STOPPED
+from mlxops.node.protocol import FAILED, FINISHED, STALLED, STOPPED
 from mlxops.transport import Connector, GroupError
 
 OnStatus = Callable[[JobStatus], None]
@@ -93,7 +94,10 @@ def _end(name: str, state: str, message: str) -> None:
         if current.state != STOPPED:
             current.state, current.message = state, message
 
-    update(name, end)
+    ended = update(name, end)
+    if ended.state == state:
+        events.record(name, events.FAILED if state == FAILED else events.FINISHED, message,
+                      attempt=ended.attempt)
 
 
 def _finished(current: JobRecord) -> None:
@@ -121,18 +125,26 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
         on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
+            events.record(record.name, events.FINISHED,
+                          f"every rank finished (step {status.step})", attempt=record.attempt,
+                          step=status.step)
             return status
         if status.state == STOPPED or load_record(record.name).state == STOPPED:
             return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
         problem = status.problem or _long_unreachable(status, unreachable_since,
                                                       record.restart.stall_timeout)
         if problem:
+            stalled = [r for r in status.ranks if r.state == STALLED]
+            if stalled:
+                events.record(record.name, events.STALLED, problem, attempt=record.attempt,
+                              ranks=[r.rank for r in stalled], step=status.step)
             if len(record.restarts) >= record.restart.max_restarts:
                 stop_job(record, connector, mark_stopped=False)
                 message = f"gave up after {len(record.restarts)} restarts: {problem}"
                 _end(record.name, FAILED, message)
                 on_event(message)
                 return job_status(load_record(record.name), connector, hosts=hosts)
+            ended = record.attempt
             try:
                 record = restart(record, connector, problem, on_event)
             except JobStopped:
@@ -144,6 +156,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 on_event(message)
                 raise
             unreachable_since.clear()
+            events.record(record.name, events.RESTARTED, problem, attempt=ended,
+                          excluded=record.excluded, resumed=record.message)
             on_event(f"restarted: attempt {record.attempt}"
                      + (f", {record.message}" if record.message else ""))
         time.sleep(poll if poll is not None else record.restart.interval)

@@ -71,6 +71,12 @@ def summary(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def latest_doc() -> dict[str, Any] | None:
+    """The newest result as ``mlxops bench`` saved it (its links, for ``/metrics``)."""
+    saved = _saved()
+    return saved[0][1] if saved else None
+
+
 def latest(hosts: list[str] | None = None) -> dict[str, Any] | None:
     """The newest result; with ``hosts``, the newest that measured all of them."""
     for path, doc in _saved():

@@ -9,12 +9,16 @@ every line.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mlxops import events
+from mlxops.events import Event
 from mlxops.jobs.record import JobRecord, load_record
 from mlxops.monitor import alerts, files
 from mlxops.monitor.files import METRICS, SAMPLES, JsonlTail, MirrorState
@@ -32,6 +36,7 @@ class Mirror:
     metrics: list[MetricsLine]
     samples: list[dict[str, Any]]
     state: MirrorState
+    events: list[Event] = field(default_factory=list)   # the job's timeline (mlxops.events)
 
 
 class MirrorReader:
@@ -48,8 +53,9 @@ class MirrorReader:
         state = files.read_state(self.name)
         if state.created is not None and state.created != record.created:
             # A new launch of the name that nothing fed yet: the files are the old run's.
-            return Mirror(record, [], [], MirrorState())
-        return Mirror(record, self._metrics.read(), self._samples.read(), state)
+            return Mirror(record, [], [], MirrorState(), events.read(self.name))
+        return Mirror(record, self._metrics.read(), self._samples.read(), state,
+                      events.read(self.name))
 
 
 def columns(lines: Sequence[MetricsLine], names: Sequence[str]) -> dict[str, list[Any]]:
@@ -78,14 +84,27 @@ def _state(record: JobRecord, last: dict[str, Any] | None) -> str:
     return last.get("state") or record.state
 
 
+def step_at(metrics: Sequence[MetricsLine]) -> Callable[[float], int | None]:
+    """``when -> the highest step logged at or before it`` (None before the first line):
+    where something that happened at ``when`` sits on the curves."""
+    times = [m.time for m in metrics]
+    best: list[int] = list(itertools.accumulate((m.step for m in metrics), max))
+    if times != sorted(times):  # lines out of time order (clocks moved): read them all
+        return lambda when: max((m.step for m in metrics if m.time <= when), default=None)
+    return lambda when: best[i - 1] if (i := bisect.bisect_right(times, when)) else None
+
+
 def restarts(record: JobRecord, metrics: Sequence[MetricsLine]) -> list[dict[str, Any]]:
-    """The record's restarts, each with the last step logged before it (its place on the
-    curves; None before the first line)."""
-    out = []
-    for r in record.restarts:
-        before = [m.step for m in metrics if m.time <= r.time]
-        out.append({**asdict(r), "step": max(before, default=None)})
-    return out
+    """The record's restarts, each with the last step logged before it."""
+    at = step_at(metrics)
+    return [{**asdict(r), "step": at(r.time)} for r in record.restarts]
+
+
+def timeline(found: Sequence[Event], metrics: Sequence[MetricsLine]) -> list[dict[str, Any]]:
+    """The job's events, each with the last step logged before it, as the dashboard and
+    the report mark them."""
+    at = step_at(metrics)
+    return [{**event.to_dict(), "step": at(event.time)} for event in found]
 
 
 def _ranks(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -152,6 +171,9 @@ def summary(record: JobRecord, metrics: Sequence[MetricsLine],
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "loss_min": min(losses) if losses else None,
+        # Validation is every few steps: the last line that has one.
+        "val_loss_last": next((v for m in reversed(metrics)
+                               if (v := getattr(m, "val_loss", None)) is not None), None),
         "tokens_per_sec": tps[-1] if tps else None,
         "tokens_per_sec_median": statistics.median(tps) if tps else None,
         "compute_time": compute / len(recent) if recent else None,
@@ -200,6 +222,7 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
         "metrics": decimate(cols, points),
         "metrics_lines": len(metrics),
         "restarts": restarts(record, metrics),
+        "events": timeline(mirror.events, metrics),
         "ranks": ranks,
         "nodes": nodes,
         "alerts": alerts.evaluate(limits, last, cols["tokens_per_sec"]),

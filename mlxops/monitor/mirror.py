@@ -22,10 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mlxops import events
 from mlxops.filelock import exclusive
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, classify
-from mlxops.monitor import files
+from mlxops.monitor import alerts, files
+from mlxops.monitor.data import MirrorReader
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES
@@ -178,6 +180,7 @@ class Feeder:
         self.interval = interval
         self._last = 0.0
         self._hosts: dict[str, Any] | None = None
+        self._alerts = AlertEvents(name)
 
     def _due(self, status: JobStatus) -> bool:
         now = time.monotonic()
@@ -196,5 +199,30 @@ class Feeder:
         record = load_record(self.name)
         if self._hosts is None:
             self._hosts = inventory_hosts(record)
-        feed(record, self.connector, status=status, hosts=self._hosts)
+        if feed(record, self.connector, status=status, hosts=self._hosts) is not None:
+            self._alerts.look(record)
+
+
+class AlertEvents:
+    """Puts an ``alert`` event on the job's timeline when one of its alerts appears: once
+    per alert (its kind, host and rank) while it lasts; one that clears and comes back is
+    a new event. What is an alert is :func:`mlxops.monitor.alerts.evaluate`'s, as the
+    monitor, the dashboard and the report show it."""
+
+    def __init__(self, name: str) -> None:
+        self._mirror = MirrorReader(name)
+        self._active: set[tuple[Any, ...]] = set()
+
+    def look(self, record: JobRecord) -> list[dict[str, Any]]:
+        mirror = self._mirror.read()
+        last = mirror.samples[-1] if mirror.samples else None
+        found = alerts.evaluate(alerts.thresholds(record.job), last,
+                                [m.tokens_per_sec for m in mirror.metrics])
+        now = {(a["kind"], a.get("host"), a.get("rank")): a for a in found}
+        new = [a for key, a in now.items() if key not in self._active]
+        self._active = set(now)
+        for alert in new:
+            events.record(record.name, events.ALERT, alert["message"], attempt=record.attempt,
+                          alert=alert["kind"], host=alert.get("host"), rank=alert.get("rank"))
+        return new
 

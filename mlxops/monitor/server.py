@@ -5,7 +5,11 @@ wheel (``static/``) and two JSON endpoints the page polls:
 
 * ``GET /api/jobs``: ``{"now", "jobs": [one line per job], "bench": the last bench}``;
 * ``GET /api/job/NAME?points=N``: the job document (docs/formats.md, "mlxops report
-  --json"), each series thinned to about N rows.
+  --json"), each series thinned to about N rows;
+
+and ``GET /metrics``, the same jobs for Prometheus (:mod:`mlxops.monitor.prom`). With
+``metrics_only`` (``mlxops dashboard --metrics-only``, a headless controller) it serves
+``/metrics`` and nothing else.
 
 Every answer carries ``Content-Security-Policy: default-src 'self'``: the page can load
 nothing from anywhere else. It binds 127.0.0.1 unless told otherwise, and while bound to
@@ -31,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 from mlxops.errors import MlxopsError
 from mlxops.jobs.record import list_jobs, load_record
 from mlxops.jobs.spec import NAME
-from mlxops.monitor import bench, files
+from mlxops.monitor import bench, files, prom
 from mlxops.monitor.data import MirrorReader, document
 from mlxops.monitor.mirror import feed
 from mlxops.node.protocol import ENDED_STATES
@@ -87,7 +91,8 @@ class Jobs:
             reader = self._readers.setdefault(name, MirrorReader(name))
             mirror = reader.read()
             key = (mirror.record.updated, mirror.state.updated, mirror.state.generation,
-                   len(mirror.metrics), len(mirror.samples), mirror.record.state)
+                   len(mirror.metrics), len(mirror.samples), mirror.record.state,
+                   len(mirror.events))
             cached = self._docs.get((name, points))
             if cached and cached[0] == key:
                 return cached[1]
@@ -163,8 +168,8 @@ class JobFeeds:
             self._stop.wait(self.interval)
 
 
-def handler(jobs: Jobs, pages: dict[str, tuple[bytes, str]], bound: str
-            ) -> type[BaseHTTPRequestHandler]:
+def handler(jobs: Jobs, pages: dict[str, tuple[bytes, str]], bound: str,
+            metrics_only: bool = False) -> type[BaseHTTPRequestHandler]:
     guard = is_loopback(bound)
 
     class Handler(BaseHTTPRequestHandler):
@@ -195,7 +200,12 @@ def handler(jobs: Jobs, pages: dict[str, tuple[bytes, str]], bound: str
                 self._error(HTTPStatus.FORBIDDEN, "this dashboard answers loopback names only")
                 return
             url = urlsplit(self.path)
-            if url.path in pages:
+            if url.path == "/metrics":
+                self._send(200, prom.exposition(lambda n: jobs.document(n, 2)),
+                           prom.CONTENT_TYPE)
+            elif metrics_only:
+                self._error(HTTPStatus.NOT_FOUND, "this server answers /metrics only")
+            elif url.path in pages:
                 self._send(200, *pages[url.path])
             elif url.path == "/api/jobs":
                 self._json(jobs.overview())
@@ -228,7 +238,7 @@ class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
-def make_server(host: str, port: int) -> ThreadingHTTPServer:
+def make_server(host: str, port: int, *, metrics_only: bool = False) -> ThreadingHTTPServer:
     """The dashboard's server, bound and ready (``serve_forever`` to run it)."""
     kind = _Server6 if ":" in host else _Server
-    return kind((host, port), handler(Jobs(), static_files(), host))
+    return kind((host, port), handler(Jobs(), static_files(), host, metrics_only))

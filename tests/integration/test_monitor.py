@@ -29,6 +29,7 @@ import pytest
 from job_helpers import BackgroundWatchdog
 from test_jobs import trainer_pid, wait_for_step, write_job
 
+from mlxops import events
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
@@ -120,8 +121,24 @@ class Dashboard:
         return out
 
 
+def recorded_timeline() -> None:
+    """Events on the recorded run's timeline, at the times of its own metrics lines."""
+    lines = [json.loads(line) for line in (RECORDED / "finished" / "tiny-lm" / "metrics.jsonl")
+             .read_text().splitlines()]
+    at = {line["step"]: line["time"] for line in lines}
+    events.start_run(events.make("tiny-lm", events.STARTED, "3 ranks on 1 host(s)",
+                                 now=at[5] - 2, attempt=1))
+    events.record("tiny-lm", events.ALERT, "localhost: memory 3% in use (alert at 2%)",
+                  now=at[100] + 0.1, attempt=1, alert="memory_share", host="localhost")
+    events.record("tiny-lm", events.STALLED, "rank 2 on localhost: no progress for 21s",
+                  now=at[150] + 0.2, attempt=1, ranks=[2], step=150)
+    events.record("tiny-lm", events.FINISHED, "every rank finished (step 300)",
+                  now=at[300] + 0.5, attempt=2, step=300)
+
+
 @needs_chromium
 def test_the_report_opens_offline_with_its_plots_drawn(recorded, tmp_path):
+    recorded_timeline()
     target = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "mlxops", "report", "tiny-lm", "-o",
                            str(target)], capture_output=True, text=True, timeout=60,
@@ -132,8 +149,17 @@ def test_the_report_opens_offline_with_its_plots_drawn(recorded, tmp_path):
     drawn = charts(dom)
     assert drawn == {"loss": 60, "tokens": 60, "split": 120, "rank-tokens": 21, "memory": 8}
     assert loss_chart(dom).count('class="restart-marker"') == 1
+    # The timeline's alert and stall are marked on the curves, every event is listed.
+    assert re.findall(r'class="event-marker event-(\w+)"', loss_chart(dom)) == [
+        "alert", "stalled"]
+    assert dom.count('<li class="event-') == 4
+    assert "rank 2 on localhost: no progress for 21s" in dom
     assert "Config (as launched)" in dom and '"global_batch": 24' in dom
     assert "attempt 1 ended after step 150" in dom
+    shot = tmp_path / "report.png"
+    chromium(target.as_uri(), f"--screenshot={shot}", "--window-size=1400,2600",
+             offline=os.geteuid() == 0)
+    print(f"report screenshot: {shot}")
 
 
 @needs_chromium

@@ -128,8 +128,9 @@ const MlxopsChart = (() => {
       if (m.x === null || m.x === undefined) return;
       const x = sx(m.x);
       const g = svg("g", { class: "marker" }, root);
-      svg("line", { x1: x, x2: x, y1: M.top, y2: M.top + H, class: "restart-marker" }, g);
-      svg("text", { x: x + 3, y: M.top + 11, class: "marker-label" }, g).textContent =
+      svg("line", { x1: x, x2: x, y1: M.top, y2: M.top + H, class: m.cls || "restart-marker" }, g);
+      // Labels staggered over three rows: markers at one step stay readable.
+      svg("text", { x: x + 3, y: M.top + 11 + (i % 3) * 11, class: "marker-label" }, g).textContent =
         m.label || `restart ${i + 1}`;
       svg("title", {}, g).textContent = m.title || m.label || "";
     });

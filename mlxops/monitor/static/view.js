@@ -85,15 +85,25 @@ const MlxopsView = (() => {
     return [el("figure", {}, el("figcaption", { text: title }), box), box];
   }
 
+  // Timeline events drawn on the curves beside the restarts (which the record has): what
+  // changed the run or needs a person. Notifications and the launch itself are listed only.
+  const MARKED = ["resumed", "stalled", "stopped", "failed", "alert", "plateau"];
+  const marked = (doc) => (doc.events || []).filter((e) => MARKED.includes(e.kind));
+
   function stepMarkers(doc) {
     return doc.restarts.filter((r) => r.step !== null).map((r, i) => ({
-      x: r.step, label: `restart ${i + 1}`, title: `attempt ${r.attempt}: ${r.reason}` }));
+      x: r.step, label: `restart ${i + 1}`, title: `attempt ${r.attempt}: ${r.reason}` }))
+      .concat(marked(doc).filter((e) => e.step !== null).map((e) => ({
+        x: e.step, label: e.kind, title: e.message, cls: `event-marker event-${e.kind}` })));
   }
 
   function timeMarkers(doc) {
     return doc.restarts.map((r, i) => ({
       x: r.time - doc.job.created, label: `restart ${i + 1}`,
-      title: `attempt ${r.attempt}: ${r.reason}` }));
+      title: `attempt ${r.attempt}: ${r.reason}` }))
+      .concat(marked(doc).map((e) => ({
+        x: e.time - doc.job.created, label: e.kind, title: e.message,
+        cls: `event-marker event-${e.kind}` })));
   }
 
   // The curves. Returns the charts drawn (each an <svg>).
@@ -165,6 +175,15 @@ const MlxopsView = (() => {
             `(${fmt.dur(r.time - doc.job.created)} after launch): ${r.reason}` })));
   }
 
+  function timeline(doc) {
+    const found = doc.events || [];
+    if (!found.length) return el("p", { class: "quiet", text: "none yet" });
+    return el("ol", { class: "events" }, found.map((e) => el("li", { class: `event-${e.kind}` },
+      el("span", { class: "event-when", text: `+${fmt.dur(e.time - doc.job.created)}` }),
+      el("span", { class: "event-kind", text: e.kind }),
+      el("span", { text: e.message }))));
+  }
+
   // The whole job: returns the charts drawn.
   function job(root, doc) {
     root.textContent = "";
@@ -175,7 +194,8 @@ const MlxopsView = (() => {
     const drawn = charts(root, doc);
     root.append(el("h3", { text: "Ranks" }), ranks(doc),
                 el("h3", { text: "Nodes" }), nodes(doc),
-                el("h3", { text: "Restarts" }), restarts(doc));
+                el("h3", { text: "Restarts" }), restarts(doc),
+                el("h3", { text: "Events" }), timeline(doc));
     return drawn;
   }
 

@@ -1,0 +1,1 @@
+"""Notifications: a job's ``notify:`` (:mod:`.config`) and their delivery (:mod:`.deliver`)."""

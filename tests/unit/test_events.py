@@ -1,0 +1,123 @@
+"""A job's timeline (mlxops/events.py, docs/formats.md "events.jsonl") and ``mlxops events``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxops import events
+from mlxops.monitor.data import MirrorReader, document
+
+DATA = Path(__file__).parent / "data" / "monitor"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_events_round_trip_in_order_with_unique_ids(home):
+    a = events.start_run(events.make("job", events.STARTED, "2 ranks on 2 host(s)", attempt=1,
+                                     hosts=["n1", "n2"]))
+    b = events.record("job", events.RESTARTED, "rank 1 on n2 exited with code 137", attempt=1,
+                      excluded=[])
+    assert events.read("job") == [a, b]
+    assert a.id != b.id and a.detail == {"hosts": ["n1", "n2"]}
+    line = json.loads(events.path("job").read_text().splitlines()[1])
+    assert line == b.to_dict()
+    assert oct(events.path("job").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_fresh_launch_starts_the_timeline_over(home):
+    events.record("job", events.FAILED, "gave up")
+    fresh = events.start_run(events.make("job", events.STARTED, "again"))
+    assert events.read("job") == [fresh]
+
+
+def test_a_torn_or_foreign_line_is_skipped(home):
+    kept = events.record("job", events.STOPPED, "stopped (mlxops stop)")
+    with open(events.path("job"), "a") as handle:
+        handle.write('{"id": "x", "time": 1}\n')          # a field missing
+        handle.write('{"id": "y", "time": 2, "job": "jo')  # cut short by a kill
+    assert events.read("job") == [kept]
+
+
+def test_an_unknown_kind_is_a_bug_not_a_line():
+    with pytest.raises(ValueError, match="unknown event kind"):
+        events.make("job", "exploded", "?")
+
+
+def test_writers_in_several_processes_never_interleave_a_line(home):
+    code = ("import sys; from mlxops import events\n"
+            "for i in range(200): events.record('job', events.ALERT, sys.argv[1] * 300)")
+    env = {**os.environ, "MLXOPS_HOME": str(home)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, c], env=env) for c in "abcd"]
+    assert [p.wait() for p in procs] == [0] * 4
+    found = events.read("job")
+    assert len(found) == 800 and len(events.path("job").read_text().splitlines()) == 800
+    assert {e.message for e in found} == {c * 300 for c in "abcd"}
+
+
+def test_the_job_document_places_events_on_the_curves(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    shutil.copytree(DATA / "finished", home / "jobs")
+    monkeypatch.setenv("MLXOPS_HOME", str(home))
+    reader = MirrorReader("tiny-lm")
+    lines = reader.read().metrics
+    at_150 = next(m.time for m in lines if m.step == 150)
+    events.start_run(events.make("tiny-lm", events.STARTED, "3 ranks", now=lines[0].time - 5))
+    events.record("tiny-lm", events.RESTARTED, "rank 2 killed", now=at_150 + 0.5, attempt=1)
+    doc = document(reader.read())
+    assert [(e["kind"], e["step"]) for e in doc["events"]] == [("started", None),
+                                                               ("restarted", 150)]
+
+
+def test_mlxops_events_prints_the_timeline_and_json(home, tmp_path):
+    shutil.copytree(DATA / "finished", home / "jobs")
+    events.start_run(events.make("tiny-lm", events.STARTED, "3 ranks on 1 host(s)", attempt=1))
+    events.record("tiny-lm", events.RESTARTED, "rank 2 on localhost exited with code 137",
+                  attempt=1)
+    env = {**os.environ, "MLXOPS_HOME": str(home), "COLUMNS": "120"}
+    run = [sys.executable, "-m", "mlxops", "events", "tiny-lm"]
+    shown = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    assert "started" in shown and "restarted     rank 2 on localhost exited" in shown
+    doc = json.loads(subprocess.run([*run, "--json", "--kind", "restarted"], env=env,
+                                    capture_output=True, text=True, check=True).stdout)
+    assert [e["kind"] for e in doc["events"]] == ["restarted"]
+    unknown = subprocess.run([sys.executable, "-m", "mlxops", "events", "nope"], env=env,
+                             capture_output=True, text=True)
+    assert unknown.returncode == 2 and "no job named 'nope'" in unknown.stderr
+
+
+def test_an_alert_is_an_event_once_while_it_lasts(tmp_path, monkeypatch):
+    from mlxops.jobs.record import load_record
+    from mlxops.monitor.mirror import AlertEvents
+
+    home = tmp_path / "home"
+    shutil.copytree(DATA / "running", home / "jobs")
+    monkeypatch.setenv("MLXOPS_HOME", str(home))
+    record = load_record("tiny-lm")
+    watcher = AlertEvents("tiny-lm")
+    [new] = watcher.look(record)                       # memory above the job's 2%
+    assert new["kind"] == "memory_share" and watcher.look(record) == []
+    [event] = events.read("tiny-lm")
+    assert (event.kind, event.detail["alert"], event.detail["host"]) == (
+        "alert", "memory_share", "localhost")
+    assert event.message.startswith("localhost: memory 3% in use (alert at 2%)")
+    samples = home / "jobs" / "tiny-lm" / "samples.jsonl"
+    last = json.loads(samples.read_text().splitlines()[-1])
+    calm = {**last, "nodes": {"localhost": {**last["nodes"]["localhost"], "memory_used": 1}}}
+    with open(samples, "a") as handle:
+        handle.write(json.dumps(calm) + "\n")
+    assert watcher.look(record) == []                  # it cleared
+    with open(samples, "a") as handle:
+        handle.write(json.dumps(last) + "\n")
+    assert [a["kind"] for a in watcher.look(record)] == ["memory_share"]  # back: a new one
+    assert [e.kind for e in events.read("tiny-lm")] == ["alert", "alert"]
