@@ -11,7 +11,6 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from mlxops.hostfacts import HostFacts, Interpreter, MacState
 from mlxops.jobs.status import LauncherStatus
 from mlxops.node.protocol.calibration import Calibration, CalibrationAnswer
 from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
@@ -112,21 +111,3 @@ def test_the_calibration_fields_are_spelt_in_its_definition_only():
     own = names - {"step", "time", "hosts", "world_size", "batch_split", "calibration"}
     assert own == {"samples_per_sec", "unreadable"}
     assert _spelt_outside(own, PROTOCOL / "calibration.py") == []
-
-
-#: Other records with a field of the same name and meaning, each spelt in its own
-#: definition: ``mlxops plan --json``'s node (planning.NodePlan.to_dict), the report
-#: document's memory rows (docs/formats.md), the readiness rule's keys of what must agree
-#: across hosts (readiness.AGREED, the words of its findings).
-FACTS_NAMES_OF_OTHER_RECORDS = {("planning.py", "memory_bytes"),
-                                ("monitor/report.py", "memory_bytes"),
-                                ("readiness.py", "macos_build")}
-
-
-def test_the_facts_fields_are_spelt_in_its_definition_only():
-    """The facts record (hostfacts.py) is read by attribute everywhere; its words shared
-    with everything else (system, python, path, version, mlx, root, ...) are left out."""
-    names = {f.name for c in (HostFacts, Interpreter, MacState) for f in fields(c)}
-    own = {n for n in names if "_" in n or n == "interfaces"}  # "chip": a table's header
-    assert own >= {"macos_build", "memory_bytes", "working_set", "wired_limit_mb"}
-    assert _spelt_outside(own, PACKAGE / "hostfacts.py", FACTS_NAMES_OF_OTHER_RECORDS) == []
