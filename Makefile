@@ -37,15 +37,27 @@ system-deps:
 demo: venv
 	$(VENV)/bin/mlxops launch --fresh jobs/demo.yml
 
+# The unit tests run on every core (pytest-xdist; --dist loadfile keeps a module on one
+# worker, so its module fixtures are made once); then the rest in one process: the trainer
+# tests, whose ranks measure their own speed (train.balance: auto), and the integration
+# tests, which share the session's sandboxes; both want the cores to themselves. Both
+# always run; the exit code is the first failure's.
+PYTEST_WORKERS ?= auto
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+
 test: venv system-deps
-	$(PY) -m pytest -q -ra
+	@$(PY) -m pytest -q -ra tests/unit $(PARALLEL); unit=$$?; \
+	$(PY) -m pytest -q -ra --ignore=tests/unit; rest=$$?; \
+	if [ $$unit != 0 ]; then exit $$unit; fi; exit $$rest
 
 test-unit: venv
-	$(PY) -m pytest -q tests/unit -m "not tools"
+	$(PY) -m pytest -q tests/unit -m "not tools" $(PARALLEL)
 
 # A developer's quick subset: no sandbox, no slow scenario, no package index or linter.
 test-quick: venv
-	$(PY) -m pytest -q -m "not integration and not slow and not tools"
+	@$(PY) -m pytest -q tests/unit -m "not slow and not tools" $(PARALLEL); unit=$$?; \
+	$(PY) -m pytest -q --ignore=tests/unit -m "not integration and not slow and not tools"; \
+	rest=$$?; if [ $$unit != 0 ]; then exit $$unit; fi; exit $$rest
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -3,7 +3,8 @@ compute time a step is predicted to need, and the nodes that do not pay for them
 
 Speeds (samples/s of forward/backward per rank) come from the last calibration a run of
 this job recorded (``calibration.json`` in its run directory, written by ``balance:
-auto``; docs/trainer.md), read from one of the job's hosts. Without one, the split of a
+auto``; docs/trainer.md), read by the node's ``calibration`` command on one of the job's
+hosts. Without one, the split of a
 ``{host: weight}`` or ``equal`` balance is still shown, without times. The split rule
 is the trainer's own (:mod:`mlxops.trainer.balance`), so the plan is what the ranks do.
 """
@@ -14,15 +15,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from mlxops import render, shell
+from mlxops import render
 from mlxops.errors import UserError
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import BALANCE_AUTO, BALANCE_EQUAL, JobSpec, rank_weights
-from mlxops.node import protocol
+from mlxops.node.protocol.calibration import Calibration, calibration_args
 from mlxops.trainer import balance as rule
 from mlxops.trainer import config as trainer_config
-from mlxops.transport import Connector, HostUnreachable
+from mlxops.transport import Connector, HostUnreachable, nodecmd
+from mlxops.transport.nodecmd import NodeCommandError
 
 
 @dataclass
@@ -80,13 +82,14 @@ def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
         return None
 
 
-def plan_balance(spec: JobSpec, hosts: Sequence, calibration: rule.Calibration | None = None,
+def plan_balance(spec: JobSpec, hosts: Sequence, calibration: Calibration | None = None,
                  source: str = "") -> BalancePlan:
     """The split of ``hosts`` (inventory order, ``slots`` ranks each) and, with a
     ``calibration`` naming every host, predicted compute times and who does not pay."""
     batch = (spec.trainer or trainer_config.default_config()).train.global_batch
     rank_hosts = [h.name for h in render.rank_hosts(hosts)]
-    speeds = calibration.speeds_for(rank_hosts) if calibration is not None else None
+    speeds = (rule.recorded_speeds(rank_hosts, calibration.hosts, calibration.samples_per_sec)
+              if calibration is not None else None)
     counts = _split(spec, rank_hosts, batch, speeds) or [0] * len(rank_hosts)
     out = BalancePlan(_mode(spec), batch, [], source if speeds else "")
     for h in hosts:
@@ -127,9 +130,10 @@ def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
 
 
 def recorded_calibration(spec: JobSpec, hosts: Sequence, connector: Connector
-                         ) -> tuple[rule.Calibration | None, str]:
-    """The last ``calibration.json`` a run of this job wrote, from the first of its hosts
-    (per the job's record) that answers; and a line saying where it came from."""
+                         ) -> tuple[Calibration | None, str]:
+    """The last ``calibration.json`` a run of this job wrote, read by the node's
+    ``calibration`` command on the first of its hosts (per the job's record) that answers;
+    and a line saying where it came from."""
     try:
         record = load_record(spec.name)
     except UserError:
@@ -139,19 +143,18 @@ def recorded_calibration(spec: JobSpec, hosts: Sequence, connector: Connector
         host = by_name.get(kept.name)
         if host is None:
             continue
-        path = f"{kept.root}/{protocol.run_path(spec.name)}/{protocol.CALIBRATION}"
+        paths = kept.paths(spec.name)
         try:
-            result = connector.connect(host).run(f"cat {shell.quote(path)}", timeout=15)
+            answer = nodecmd.run_node(connector.connect(host), kept.python, paths.code,
+                                      calibration_args(paths.run_dir), timeout=15)
         except HostUnreachable:
             continue
-        if not result.ok:
-            return None, ""  # that run recorded none (balance was not auto)
-        try:
-            calibration = rule.Calibration.from_json(result.stdout, f"{kept.name}:{path}")
-        except ValueError:
-            return None, ""  # not a record this trainer wrote: no times shown
-        return calibration, (f"measured by job {spec.name} at step {calibration.step} "
-                             f"on {kept.name}")
+        except NodeCommandError:
+            return None, ""  # helpers older than the command: no times shown
+        if answer.calibration is None:
+            return None, ""  # that run recorded none (balance was not auto), or junk
+        return answer.calibration, (f"measured by job {spec.name} at step "
+                                    f"{answer.calibration.step} on {kept.name}")
     return None, ""
 
 

@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 from mlxops.node import protocol
+from mlxops.node.calibration import read_calibration
 from mlxops.node.logs import read_logs
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
 from mlxops.node.protocol import bench as benchproto
+from mlxops.node.protocol.calibration import READ_CALIBRATION
 from mlxops.node.reach import reach
 from mlxops.node.ready import ready
 from mlxops.node.rundir import keep_checkpoints_up_to
@@ -39,6 +41,8 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
                       metrics_from=args.metrics_from, metrics_inode=args.metrics_inode,
                       max_bytes=args.max_bytes)
     run_dir = Path(args.run_dir)
+    if args.cmd == READ_CALIBRATION:
+        return read_calibration(run_dir)
     if args.cmd == protocol.PREFLIGHT:
         return preflight(run_dir, ip=args.ip, ports=args.ports, mpi=args.mpi)
     if args.cmd == protocol.SPAWN:

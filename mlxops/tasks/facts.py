@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops import shell
-from mlxops.hostfacts import HostFacts, Interpreter, MacState
+from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState, decode
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
 from mlxops.tasks.base import Outcome, TaskContext, task
@@ -115,17 +115,18 @@ def parse_probe(text: str) -> Interpreter | None:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         return None
-    info = Interpreter(path=lines[0].strip(), version=None, mlx=None)
+    path = lines[0].strip()
     for line in lines[1:]:
         try:
             data = json.loads(line)
         except ValueError:
             continue
-        if isinstance(data, dict):  # the PROBE's own line: {'version', 'mlx', 'working_set'}
-            info.version = data.get("version")
-            info.mlx = data.get("mlx")
-            info.working_set = data.get("working_set")
-    return info
+        if isinstance(data, dict):  # the PROBE's own line: the rest of an Interpreter
+            try:
+                return decode(Interpreter, {**data, "path": path}, "facts.python")
+            except FactsError:
+                continue
+    return Interpreter(path=path, version=None, mlx=None)
 
 
 def parse_df(text: str) -> int | None:

@@ -9,21 +9,19 @@ Which split a rank takes is one rule, :meth:`Balance.split`, called by the train
 ``mlxops plan`` (jobs/balance.py): ``equal`` is ``global_batch / world`` each (refused when
 it does not divide); a list of weights is :func:`split_counts` by them; ``auto`` is the
 near-equal split until speeds are measured, then :func:`auto_split` by them. The speeds
-``auto`` measured are the :class:`Calibration` record (``calibration.json``), written by the
-trainer and read by the controller.
+``auto`` measured are the :class:`~mlxops.node.protocol.calibration.Calibration` record
+(``calibration.json``), written by the trainer and read by the controller through a node
+command; :func:`recorded_speeds` applies one to the ranks of a run.
 
 Standard library only: the controller imports it to show a split in ``mlxops plan``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 #: ``balance: auto`` keeps the split it has unless the measured speeds predict a step at
 #: least this much shorter with another (equal ranks measure a little apart).
@@ -142,58 +140,3 @@ class Balance:
         if speeds is None:
             return split_counts(global_batch, [1.0] * world)  # auto before it measured
         return auto_split(global_batch, speeds)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """``calibration.json``: what ``balance: auto`` measured, written by the trainer's node
-    writer (trainer/train.py) and read by ``mlxops plan`` (jobs/balance.py)."""
-
-    step: int                       # the step after which the ranks measured
-    world_size: int
-    hosts: list[str]                # the host of each rank
-    samples_per_sec: list[float]    # each rank's measured speed
-    batch_split: list[int]          # the split taken from then on
-    time: float                     # when (seconds since the epoch)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self)) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "calibration.json") -> Calibration:
-        """The record in ``text``; ValueError naming ``where`` and the field that is
-        missing or of the wrong kind."""
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{where}: not JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: not a JSON object")
-        return cls(**{f.name: _field(where, f.name, _KINDS[f.name], data)
-                      for f in dataclasses.fields(cls)})
-
-    def speeds_for(self, rank_hosts: Sequence[str]) -> list[float] | None:
-        """Each rank's samples/s on ``rank_hosts``, or None (:func:`recorded_speeds`)."""
-        return recorded_speeds(rank_hosts, self.hosts, self.samples_per_sec)
-
-
-#: Each field of :class:`Calibration`: the JSON kind of it, and of its items for a list.
-_KINDS: dict[str, tuple[type | tuple[type, ...], type | tuple[type, ...] | None]] = {
-    "step": (int, None), "world_size": (int, None), "hosts": (list, str),
-    "samples_per_sec": (list, (int, float)), "batch_split": (list, int),
-    "time": ((int, float), None),
-}
-
-
-def _field(where: str, name: str, kind: tuple[Any, Any], data: dict[str, Any]) -> Any:
-    if name not in data:
-        raise ValueError(f"{where}: missing field {name!r}")
-    value, (outer, inner) = data[name], kind
-    ok = isinstance(value, outer) and not isinstance(value, bool)
-    if ok and inner is not None:
-        ok = all(isinstance(x, inner) and not isinstance(x, bool) for x in value)
-    if not ok:
-        raise ValueError(f"{where}: field {name!r}: unexpected value {value!r}")
-    if inner == (int, float):
-        return [float(x) for x in value]
-    return float(value) if outer == (int, float) else value

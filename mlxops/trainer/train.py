@@ -17,6 +17,7 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
+from mlxops.node.protocol.calibration import Calibration
 from mlxops.node.protocol.metrics import MetricsLine, step_of
 
 from . import balance, checkpoint, consistency, hooks, plan
@@ -323,7 +324,7 @@ class Trainer:
                   f"{balance.step_seconds(before, speeds) * 1e3:.0f} -> "
                   f"{balance.step_seconds(self.counts, speeds) * 1e3:.0f} ms/step)")
         if self.writer:
-            write_atomic(self.out / protocol.CALIBRATION, balance.Calibration(
+            write_atomic(self.out / protocol.CALIBRATION, Calibration(
                 step=self.step, world_size=self.world, hosts=self.speed_hosts,
                 samples_per_sec=speeds, batch_split=self.counts, time=time.time()).to_json())
 

@@ -71,15 +71,20 @@ def wait_for_record(name: str, timeout: float = 60) -> JobRecord:
 class BackgroundWatchdog:
     """``supervise`` in a thread, as a `mlxops watch` beside the test would run it."""
 
-    def __init__(self, record: JobRecord, connector) -> None:
+    def __init__(self, record: JobRecord, connector, feed_interval: float | None = None
+                 ) -> None:
         self.events: list[str] = []
         self._outcome: dict = {}
+        # as `mlxops watch` feeds the mirror; a test that waits for the feeds may ask
+        # for them sooner than every Feeder.INTERVAL seconds
+        self._feed_interval = feed_interval
         self._thread = threading.Thread(target=self._run, args=(record, connector), daemon=True)
         self._thread.start()
 
     def _run(self, record: JobRecord, connector) -> None:
         try:
-            feeder = Feeder(record.name, connector)  # as `mlxops watch` feeds the mirror
+            feeder = Feeder(record.name, connector) if self._feed_interval is None \
+                else Feeder(record.name, connector, interval=self._feed_interval)
             self._outcome["status"] = supervise(record, connector, on_status=feeder.on_status,
                                                 on_event=self.events.append)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread

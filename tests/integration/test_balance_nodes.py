@@ -27,6 +27,7 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.watch import supervise
+from mlxops.node.calibration import read_calibration
 from mlxops.sandbox import cgroups
 
 FAST, SLOW = "node7", "node8"
@@ -73,12 +74,12 @@ def test_auto_balance_gives_a_slow_node_less_and_trains_the_same(sandbox_mut, tm
     auto = load_job(write_job(tmp_path, sandbox_mut, "t-bal-auto", "auto", stop_at=12))
     assert supervise(launch(auto, connector, fresh=True), connector).state == "finished"
 
-    calibration = json.loads(
-        (run_dir(sandbox_mut, SLOW, "t-bal-auto") / "calibration.json").read_text())
-    assert calibration["hosts"] == [FAST, SLOW] and calibration["step"] == 4
-    fast, slow = calibration["samples_per_sec"]
+    calibration = read_calibration(run_dir(sandbox_mut, SLOW, "t-bal-auto")).calibration
+    assert calibration is not None
+    assert calibration.hosts == [FAST, SLOW] and calibration.step == 4
+    fast, slow = calibration.samples_per_sec
     assert fast > 1.5 * slow, calibration
-    split = calibration["batch_split"]
+    split = calibration.batch_split
     assert split[0] > split[1] >= 1 and sum(split) == 8
 
     want, got = losses(sandbox_mut, "t-bal-equal"), losses(sandbox_mut, "t-bal-auto")

@@ -98,23 +98,43 @@ def test_launch_runs_to_finished_with_falling_loss(login_sandbox, tmp_path, conn
     # The same name again is refused (it has checkpoints) unless told to start over.
     with pytest.raises(PreflightError, match="mlxops resume t-finish"):
         launch(spec, connector)
-    again = launch(spec, connector, fresh=True)
+    # A few steps show it: the new run's lines only, not the old one's appended to.
+    shorter = load_job(write_job(tmp_path, sandbox, "t-finish", steps=10))
+    again = launch(shorter, connector, fresh=True)
     assert supervise(again, connector).state == "finished"
     steps = [json.loads(line)["step"] for line in
              (run_dir(sandbox, "node1", "t-finish") / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 41))  # a new run, not the old one appended to
+    assert steps == list(range(1, 11))
+
+
+#: The uninterrupted run the stop/resume scenarios compare with: long enough that a stop
+#: lands mid-run however fast the steps are (the fused step and OpenBLAS made 30 steps end
+#: before a stop at step 12 could land); a global batch that 4 ranks and 3 both divide.
+REFERENCE_STEPS, REFERENCE_BATCH = 120, 12
+
+
+@pytest.fixture(scope="session")
+def reference_losses(sandbox, tmp_path_factory) -> dict[int, float]:
+    """step -> loss of one uninterrupted run on 4 bash nodes, made once for the session.
+
+    The resumed runs on bash and on zsh nodes, and the one resumed without a node, all
+    compare with it: the same trainer on the same interpreter and mlx computes the same
+    losses whichever shell the node user logs in to (each run used to make its own)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    with pytest.MonkeyPatch.context() as patch, Connector() as connector:
+        patch.setenv("MLXOPS_HOME", str(tmp / "home"))
+        spec = load_job(write_job(tmp, sandbox, "t-reference", steps=REFERENCE_STEPS,
+                                  global_batch=REFERENCE_BATCH))
+        assert supervise(launch(spec, connector), connector).state == "finished"
+    return losses(sandbox, "t-reference")
 
 
 @pytest.mark.slow
 def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
-        login_sandbox, tmp_path, connector):
+        login_sandbox, tmp_path, connector, reference_losses):
     sandbox = login_sandbox
-    # Long enough that the stop lands mid-run however fast the steps are.
-    steps = 120
-    straight = load_job(write_job(tmp_path, sandbox, "t-straight", steps=steps))
-    assert supervise(launch(straight, connector), connector).state == "finished"
-
-    spec = load_job(write_job(tmp_path, sandbox, "t-resume", steps=steps))
+    spec = load_job(write_job(tmp_path, sandbox, "t-resume", steps=REFERENCE_STEPS,
+                              global_batch=REFERENCE_BATCH))
     record = launch(spec, connector)
     wait_for_step(record, connector, 24)
     results = stop_job(record, connector)
@@ -125,23 +145,21 @@ def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
 
     resumed = launch(spec, connector, resume=True, previous=load_record("t-resume"))
     start = int(resumed.message.removeprefix("resumed from step "))
-    assert 20 <= start < steps and start % 10 == 0, resumed.message   # checkpoint_every 10
+    assert 20 <= start < REFERENCE_STEPS and start % 10 == 0, resumed.message  # ckpt every 10
     assert supervise(resumed, connector).state == "finished"
-    want, got = losses(sandbox, "t-straight"), losses(sandbox, "t-resume")
+    want, got = reference_losses, losses(sandbox, "t-resume")
     after = [s for s in want if s > start]
     assert after and all(got[s] == want[s] for s in after), \
         [(s, want[s], got[s]) for s in after if got[s] != want[s]]
 
 
 @pytest.mark.slow
-def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connector):
+def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connector,
+                                                      reference_losses):
     """--exclude: 4 ranks -> 3, the same global batches, losses within 1e-4 relative."""
-    # Long enough that the stop lands mid-run however fast the steps are (the fused step
-    # and OpenBLAS made 30 steps end before a stop at step 12 could land).
-    steps = 120
-    straight = load_job(write_job(tmp_path, sandbox, "t-wide", steps=steps, global_batch=12))
-    assert supervise(launch(straight, connector), connector).state == "finished"
-    spec = load_job(write_job(tmp_path, sandbox, "t-narrow", steps=steps, global_batch=12))
+    steps = REFERENCE_STEPS
+    spec = load_job(write_job(tmp_path, sandbox, "t-narrow", steps=steps,
+                              global_batch=REFERENCE_BATCH))
     record = launch(spec, connector)
     wait_for_step(record, connector, 12)
     assert stop_job(record, connector).exit_code == 0
@@ -151,7 +169,7 @@ def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connect
     start = int(resumed.message.removeprefix("resumed from step "))
     assert 10 <= start < steps and start % 10 == 0, resumed.message   # checkpoint_every 10
     assert supervise(resumed, connector).state == "finished"
-    want, got = losses(sandbox, "t-wide"), losses(sandbox, "t-narrow")
+    want, got = reference_losses, losses(sandbox, "t-narrow")
     for step in range(start + 1, steps + 1):
         assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step],
                                                                        want[step])
@@ -201,8 +219,8 @@ def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
     finally:
         cli.kill()  # SIGKILL: no chance to clean anything up
         cli.wait()
-    step_then = job_status(record, connector).step
-    time.sleep(2)
+    step_then = job_status(record, connector).step or 0
+    wait_for_step(record, connector, step_then + 2)  # trains on with nobody watching
     status = job_status(record, connector)
     assert status.state == "running" and status.step > step_then
     out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],

@@ -208,9 +208,10 @@ def look(dashboard: Dashboard, *flags: str) -> str:
 def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp_path,
                                                                     connector):
     record = launch(three_node_job(tmp_path, sandbox, "t-dash", steps=400), connector)
-    # The watchdog restarts the job and is what feeds its mirror (every 5 s, and at once
-    # when a rank dies): the dashboard only reads it (its own looks: a unit test).
-    watchdog = BackgroundWatchdog(record, connector)
+    # The watchdog restarts the job and is what feeds its mirror (here every second
+    # rather than every 5 s, and at once when a rank dies): the dashboard only reads it
+    # (its own looks: a unit test).
+    watchdog = BackgroundWatchdog(record, connector, feed_interval=1.0)
     dashboard = Dashboard("--offline")
     try:
         wait_for_step(record, connector, 8)

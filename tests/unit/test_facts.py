@@ -156,7 +156,8 @@ FIELDS = frozenset(f.name for cls in (HostFacts, Interpreter, MacState)
                    for f in dataclasses.fields(cls))
 # Names only the facts use: any string literal equal to one is a facts read or write.
 OWN = frozenset({"macos_version", "macos_build", "memory_bytes", "cpu_cores", "perf_cores",
-                 "gpu_cores", "disk_free_bytes", "wired_limit_mb", "thunderbolt_bridge_up"})
+                 "gpu_cores", "disk_free_bytes", "wired_limit_mb", "thunderbolt_bridge_up",
+                 "working_set"})
 # Other records that carry a figure the facts gave, under the same name, in their own JSON
 # (docs/formats.md): plan rows in `mlxops plan --json` and the report; the readiness
 # agreement's values (compared across hosts, the skew table's columns).

@@ -13,7 +13,8 @@ from mlxops import console
 from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.jobs.balance import plan_balance
 from mlxops.jobs.spec import load_job, rank_config
-from mlxops.trainer.balance import Balance, Calibration
+from mlxops.node.protocol.calibration import Calibration
+from mlxops.trainer.balance import Balance, recorded_speeds
 
 
 def spec_with(tmp_path, balance, global_batch=8, hosts=("studio", "air")):
@@ -53,7 +54,8 @@ def test_the_plan_shows_the_split_the_trainer_takes(tmp_path, balance, global_ba
     rank_hosts = [h.name for h in the_hosts for _ in range(h.slots)]
     # the ranks' config, as mlxops writes it, through the trainer's own rule
     config = rank_config(spec, rank_hosts)
-    speeds = calibration(**measured).speeds_for(rank_hosts) if measured else None
+    cal = calibration(**measured) if measured else None
+    speeds = recorded_speeds(rank_hosts, cal.hosts, cal.samples_per_sec) if cal else None
     try:
         trainer = Balance.of(config.train.balance).split(global_batch, len(rank_hosts), speeds)
     except ValueError:

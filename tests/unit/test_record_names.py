@@ -6,27 +6,29 @@ left out (they explain, they do not read)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
-from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
 from mlxops.jobs.status import LauncherStatus
+from mlxops.node.protocol.calibration import Calibration, CalibrationAnswer
 from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mlxops"
 PROTOCOL = PACKAGE / "node" / "protocol"
 
 
-def literals(path: Path) -> Iterator[tuple[int, str]]:
-    """Every string constant of a module but its docstrings (f-strings' parts included)."""
+@functools.cache
+def literals(path: Path) -> tuple[tuple[int, str], ...]:
+    """Every string constant of a module but its docstrings (f-strings' parts included);
+    parsed once for all the tests here."""
     tree = ast.parse(path.read_text())
     docs = {id(n.value) for n in ast.walk(tree)
             if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and id(node) not in docs:
-            yield node.lineno, node.value
+    return tuple((node.lineno, node.value) for node in ast.walk(tree)
+                 if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                 and id(node) not in docs)
 
 
 def modules(*, but: tuple[Path, ...] = ()) -> list[Path]:
@@ -91,3 +93,21 @@ def test_the_launchers_status_is_read_by_attribute():
             if key in names and re.search(r"(^|\.)launcher$", said):
                 found.append((path, node.lineno, f"{said}[{key!r}]"))
     assert where(found) == []
+
+
+def _spelt_outside(names: set[str], definition: Path,
+                   allowed: set[tuple[str, str]] = frozenset()) -> list[str]:
+    found = [(p, line, text) for p in modules(but=(definition,))
+             for line, text in literals(p) if text in names
+             and (str(p.relative_to(PACKAGE)), text) not in allowed]
+    return where(found)
+
+
+def test_the_calibration_fields_are_spelt_in_its_definition_only():
+    """``calibration.json`` is read on the node and carried typed (``mlxops plan`` used
+    to ``cat`` it and read it with ``.get``). Its other fields are words every record
+    uses (step, time, hosts, world_size) or the metrics line's (batch_split)."""
+    names = {f.name for c in (Calibration, CalibrationAnswer) for f in fields(c)}
+    own = names - {"step", "time", "hosts", "world_size", "batch_split", "calibration"}
+    assert own == {"samples_per_sec", "unreadable"}
+    assert _spelt_outside(own, PROTOCOL / "calibration.py") == []

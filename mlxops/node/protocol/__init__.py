@@ -18,6 +18,8 @@ state spelt here is spelt nowhere else. The contract is written out for people i
   the controller reads back with :func:`parse_answer`.
 
 * :mod:`.metrics`: the trainer's ``metrics.jsonl`` line.
+* :mod:`.calibration`: the trainer's ``calibration.json`` (``balance: auto``'s speeds) and
+  the ``calibration`` command that reads it.
 
 This module re-exports the names of the first five, so callers write ``protocol.STATUS``;
 the records of one writer and few readers are imported from their own module.
