@@ -55,7 +55,7 @@ class ModelSection:
 
 @dataclass
 class MethodSection:
-    type: str = _f("lora", "lora | dora | full")
+    type: str = _f("lora", "lora, dora or full")
     rank: int = _f(8, "LoRA/DoRA rank")
     scale: float = _f(20.0, "LoRA/DoRA scale (mlx-lm's; the update is scale x B A x)")
     dropout: float = _f(0.0, "dropout on the adapter's input, 0 <= dropout < 1")
@@ -69,17 +69,17 @@ class MethodSection:
 @dataclass
 class DataSection:
     path: str | None = _f(None, "directory holding train.jsonl and valid.jsonl in mlx-lm's "
-                          "formats (messages | prompt+completion | text); required")
+                          "formats (chat messages, prompt/completion or text); required")
     mask_prompt: bool = _f(False, "leave the prompt out of the loss (chat and completions "
                            "data: only the last message / the completion is learnt)")
 
 
 @dataclass
 class OptimizerSection:
-    name: str = _f("adamw", "adamw | adam | sgd")
+    name: str = _f("adamw", "adamw, adam or sgd")
     lr: float = _f(1e-5, "peak learning rate")
     min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
-    schedule: str = _f("constant", "cosine | constant (after the warmup)")
+    schedule: str = _f("constant", "cosine or constant (after the warmup)")
     warmup: int = _f(0, "linear warmup steps from 0")
     weight_decay: float = _f(0.0, "weight decay (adamw only)")
     grad_clip: float = _f(0.0, "clip the global gradient norm to this; 0 = off")
@@ -106,11 +106,11 @@ class TrainSection:
     keep: int = _f(3, "keep the newest K checkpoints (best/ is kept besides)")
     patience: int = _f(0, "stop after this many validations without a new best "
                        "validation loss; 0 = never")
-    balance: list | str = _f("equal", "how the global batch is split over ranks: equal | "
-                             "auto (measured in the first steps) | a list of weights, one "
+    balance: list | str = _f("equal", "how the global batch is split over ranks: equal, "
+                             "auto (measured in the first steps) or a list of weights, one "
                              "per rank")
     grad_reduce_dtype: str = _f("float32", "gradients on the network in the all-reduce: "
-                                "float32 | bfloat16")
+                                "float32 or bfloat16")
     consistency_every: int = _f(100, "every N steps the ranks compare a checksum of their "
                                 "trainable weights and optimizer state; 0 = off")
 

@@ -98,3 +98,12 @@ def test_every_key_has_help_and_default():
     text = describe_options()
     for name in names:
         assert name in text
+
+
+def test_docs_list_every_key_with_its_default():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "finetune.md").read_text()
+    for name, default, _ in options():
+        shown = f"`{default}`" if isinstance(default, str) else json.dumps(default)
+        assert f"| `{name}` | {shown} |" in text, name
