@@ -48,8 +48,9 @@ class Examples:
         return len(self.tokens)
 
 
-def load_examples(cfg: FinetuneConfig, tokenizer: Any) -> tuple[Examples, Examples]:
-    """``(train, valid)`` of ``data.path`` through mlx-lm's datasets; valid may be empty."""
+def load_examples(cfg: FinetuneConfig, tokenizer: Any) -> tuple[Examples, Examples, int]:
+    """``(train, valid, left out)`` of ``data.path`` through mlx-lm's datasets (valid may
+    be empty); left out: the examples with no token to learn (every target masked)."""
     from mlx_lm.tuner.datasets import load_local_dataset
 
     path = Path(cfg.data.path or "")
@@ -60,14 +61,24 @@ def load_examples(cfg: FinetuneConfig, tokenizer: Any) -> tuple[Examples, Exampl
         train, valid, _ = load_local_dataset(path, tokenizer, options)
     except ValueError as e:  # mlx-lm's: an unknown format, masking a text dataset
         raise ConfigError(f"{path}: data.path: {str(e).splitlines()[0]}") from None
-    parts = []
+    parts, dropped = [], 0
     for name, dataset in (("train", train), ("valid", valid)):
-        parts.append(Examples([dataset.process(dataset[i]) for i in range(len(dataset))]))
+        rows = [dataset.process(dataset[i]) for i in range(len(dataset))]
+        # An example whose every target is masked (a prompt as long as max_seq_len) would
+        # make default_loss divide by zero: it teaches nothing, so it is left out.
+        kept = [r for r in rows if _targets(len(r[0]), r[1], cfg.train.max_seq_len) > 0]
+        dropped += len(rows) - len(kept)
+        parts.append(Examples(kept))
         if name == "train" and len(parts[0]) < cfg.train.global_batch:
             raise ConfigError(f"{path / 'train.jsonl'}: train.global_batch: "
                               f"{cfg.train.global_batch} examples per step, but the file "
                               f"has {len(parts[0])}")
-    return parts[0], parts[1]
+    return parts[0], parts[1], dropped
+
+
+def _targets(length: int, offset: int, max_seq_len: int) -> int:
+    """Tokens ``default_loss`` counts in one example (see :func:`token_count`)."""
+    return max(0, min(length, max_seq_len - 1) - max(offset, 1) + 1)
 
 
 def length_batches(examples: Examples, size: int) -> list[np.ndarray]:
