@@ -25,9 +25,10 @@ TINY = {
 }
 
 
-def write_config(tmp: Path, out: Path, model: Path, data: Path, **sections: dict) -> Path:
+def write_config(tmp: Path, out: Path, model_dir: Path, data_dir: Path, /,
+                 **sections: dict) -> Path:
     cfg = json.loads(json.dumps(TINY))
-    cfg["model"], cfg["data"]["path"] = {"path": str(model)}, str(data)
+    cfg["model"], cfg["data"]["path"] = {"path": str(model_dir)}, str(data_dir)
     for name, values in sections.items():
         cfg.setdefault(name, {}).update(values)
     cfg["out"] = str(out)
