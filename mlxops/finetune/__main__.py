@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mlxops.node.protocol.rankenv import VARIABLES as _VAR
+
 from .config import ConfigError, describe_options, load_config
 
 EPILOG = f"""\
@@ -17,8 +19,8 @@ ckpt/step-XXXXXXXX/ and best/step-XXXXXXXX/ (model.safetensors: the trainable we
 optimizer.safetensors, state.json, and the adapters in mlx-lm's format:
 adapters.safetensors + adapter_config.json, for mlx_lm.generate --adapter-path DIR).
 
-environment and test hooks: those of python -m mlxops.trainer (MLXOPS_WORLD_SIZE,
-MLXOPS_LOCAL_RANK, MLXOPS_BACKEND, MLXOPS_HOST, MLXOPS_TRAINER_FAKE_OOM,
+environment and test hooks: those of python -m mlxops.trainer ({_VAR["world_size"]},
+{_VAR["local_rank"]}, {_VAR["backend"]}, {_VAR["host"]}, MLXOPS_TRAINER_FAKE_OOM,
 MLXOPS_TRAINER_FAKE_SLOW, MLXOPS_TRAINER_CKPT_DELAY).
 
 exit codes: 0 all steps done (or patience ran out); 2 bad config or arguments; 1 any
