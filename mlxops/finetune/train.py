@@ -34,6 +34,7 @@ from mlxops.node import protocol
 from mlxops.node.protocol.metrics import MetricsLine, step_of
 from mlxops.trainer import balance, checkpoint, consistency, hooks
 from mlxops.trainer.checkpoint import write_atomic
+from mlxops.trainer.cursor import DataCursor
 from mlxops.trainer.distributed import (
     all_gather_cpu,
     expected_world_size,
@@ -43,9 +44,9 @@ from mlxops.trainer.distributed import (
 )
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 from mlxops.trainer.train import CALIBRATION_STEPS, GB, TrainerError, is_oom
+from mlxops.trainer.validation import Validation, ValidationState, perplexity
 
 from . import model as ftmodel
-from .best import Best
 from .config import ConfigError, FinetuneConfig, check_world, diff_resume_keys
 from .data import Cursor, Examples, length_batches, load_examples, micro_batches
 from .evaluate import validation_loss
@@ -85,7 +86,8 @@ class FineTuner:
         self.counts = self.balance.split(t.global_batch, self.world)
         self.speeds: list[float] | None = None
         self.speed_hosts: list[str] | None = None
-        self.best, self.step, self.repairs = Best(), 0, 0
+        self.validation = Validation(t.patience)
+        self.step, self.repairs = 0, 0
         self._beat_at: float | None = None
         self._last: tuple[float | None, float] = (None, 0.0)
         self._oom_error = ""
@@ -135,10 +137,11 @@ class FineTuner:
         self.optimizer.init(self.model.trainable_parameters())
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step, self.repairs = state["step"], state.get("consistency_repairs", 0)
-        self.best = Best.from_dict(state.get("best"))
-        if state["data_cursor"] != self.cursor.position(self.step):
-            raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
-                               f"step {self.step} ({self.cursor.position(self.step)})")
+        self.validation.state = ValidationState.from_dict(state["validation"])
+        expected = self.cursor.position(self.step)
+        if DataCursor.from_dict(state["data_position"]) != expected:
+            raise TrainerError(f"{latest}: data cursor {state['data_position']} does not "
+                               f"match step {self.step} ({expected.to_dict()})")
         if self.balance.measures and state.get("balance_speeds"):
             speeds = balance.recorded_speeds(host_names(self.group),
                                              state.get("balance_hosts") or [],
@@ -264,25 +267,27 @@ class FineTuner:
             val = None
             if t.eval_every and (step % t.eval_every == 0 or step == self.stop):
                 val = self.validate()
-                if val is not None and self.best.update(val, step):
+                if val is not None and self.validation.observe(step, val).improved:
                     self._checkpoint(self.out / protocol.BEST_DIR, keep=1)
             if logged or val is not None:
                 self._metrics(loss, window, val)
                 window = []
             if self._calibration is not None:
                 self._calibrate(compute)
-            patience = self.best.exhausted(t.patience)
+            patience = val is not None and self.validation.exhausted
             if step == self.stop or patience or (t.save_every and step % t.save_every == 0):
                 self._checkpoint(self.out / protocol.CKPT_DIR, keep=t.keep)
             if patience:
-                self._log(f"patience: {self.best.stale} validations without a loss below "
-                          f"{self.best.loss:.4f} (step {self.best.step}); stopping at step "
+                best = self.validation.state
+                self._log(f"patience: {best.stale} validations without a loss below "
+                          f"{best.best_loss:.4f} (step {best.best_step}); stopping at step "
                           f"{step}")
                 break
         self._progress(self._last[0], self._last[1], protocol.FINISHED)
+        best = self.validation.state
         self._log(f"done: {self.step} steps; best validation loss "
-                  + (f"{self.best.loss:.4f} at step {self.best.step}" if self.best.step
-                     else "none"))
+                  + (f"{best.best_loss:.4f} at step {best.best_step}"
+                     if best.best_loss is not None else "none"))
 
     def _calibrate(self, compute: float | None) -> None:
         """``balance: auto``: the trainer's rule (a step to compile, then the fastest of
@@ -343,7 +348,9 @@ class FineTuner:
             micro_batch=-(-rows // self.pieces), accumulation=min(self.pieces, rows),
             lr=self.optimizer.learning_rate.item(), active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), consistency_repairs=self.repairs,
-            batch_split=self.counts, val_loss=val, trainable_params=self.trainable)
+            batch_split=self.counts, val_loss=val,
+            val_perplexity=None if val is None else perplexity(val),
+            trainable_params=self.trainable)
         with open(self.out / protocol.METRICS, "a") as f:
             f.write(rec.line())
         shown = f" | val {val:.4f}" if val is not None else ""
@@ -356,13 +363,14 @@ class FineTuner:
         if not self.writer:
             return
         state: dict[str, Any] = {
-            "step": self.step, "data_cursor": self.cursor.position(self.step),
+            "step": self.step, "data_cursor": self.step,
+            "data_position": self.cursor.position(self.step).to_dict(),
             "rng": {"seed": self.cfg.train.seed, "rule": "seeded per micro-batch from "
                     "(train.seed, step, first example)"},
             "world_size": self.world, "accumulation": self.pieces,
             "consistency_repairs": self.repairs, "batch_split": self.counts,
             "balance_speeds": self.speeds, "balance_hosts": self.speed_hosts,
-            "best": self.best.to_dict(), "trainable": self.trainable,
+            "validation": self.validation.state.to_dict(), "trainable": self.trainable,
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         config = ftmodel.adapter_config(self.cfg, self.num_layers)

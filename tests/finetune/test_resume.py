@@ -38,7 +38,10 @@ def test_straight_run_learns_and_keeps_the_best(straight):
     best = straight / protocol.BEST_DIR
     assert (best / protocol.LATEST).read_text().strip() == "step-00000008"
     state = json.loads((best / "step-00000008" / protocol.CKPT_STATE).read_text())
-    assert state["best"] == {"loss": vals[1], "step": 8, "stale": 0}
+    assert state["validation"] == {"best_loss": vals[1], "best_step": 8, "stale": 0,
+                                   "evaluations": 2}
+    assert state["data_position"] == {"sample": 8, "epoch": 0, "shard": 0,
+                                      "position": state["data_position"]["position"], "seed": 0}
     line = json.loads((straight / protocol.METRICS).read_text().splitlines()[-1])
     assert line["trainable_params"] > 0 and line["batch_split"] == [2, 2]
 
