@@ -121,16 +121,18 @@ def write_tokenizer(out: Path, texts: list[str]) -> int:
 
 
 def build_model(out: str | Path, arch: str = "llama", *, quantize: bool = False,
-                seed: int = 0) -> Path:
+                seed: int = 0, sizes: dict | None = None) -> Path:
     """A tiny ``arch`` model in ``out`` (created): random weights from ``seed``, the
-    tokenizer, and with ``quantize`` 4-bit weights as ``mlx_lm.convert -q`` writes them."""
+    tokenizer, and with ``quantize`` 4-bit weights as ``mlx_lm.convert -q`` writes them.
+    ``sizes`` overrides config.json's sizes (``hidden_size``, ``num_hidden_layers``, ...:
+    the benchmark's larger model)."""
     import mlx.core as mx
     from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(out, [t for _, t in docstring_paragraphs()])
-    config = dict(ARCHITECTURES[arch], vocab_size=vocab)
+    config = dict(ARCHITECTURES[arch], vocab_size=vocab, **(sizes or {}))
     with open(out / "tokenizer.json") as f:
         specials = {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}
     config["eos_token_id"] = specials["<|im_end|>"]
