@@ -107,3 +107,14 @@ def test_docs_list_every_key_with_its_default():
     for name, default, _ in options():
         shown = f"`{default}`" if isinstance(default, str) else json.dumps(default)
         assert f"| `{name}` | {shown} |" in text, name
+
+
+def test_help_lists_every_key(capsys):
+    from mlxops.finetune.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for name, _, _ in options():
+        assert name in text

@@ -130,3 +130,19 @@ def test_patience_stops_a_run_that_stopped_improving(tiny, tmp_path):
     assert sorted(curve(out)) == [1, 2, 3, 4]
     assert (out / "ckpt" / protocol.LATEST).read_text().strip() == "step-00000004"
     assert (out / protocol.BEST_DIR / protocol.LATEST).read_text().strip() == "step-00000002"
+
+
+def test_balance_auto_measures_and_splits_by_speed(straight, tiny, tmp_path):
+    """Rank 1 made slower: auto measures it over steps 2-4 and moves examples to rank 0;
+    the curve stays the straight run's (within tolerance: only the summation moved)."""
+    out = tmp_path / "auto"
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"],
+                          train={"balance": "auto"})
+    proc = ok(run_finetune(config, ranks=2, env={"MLXOPS_TRAINER_FAKE_SLOW": "1:0.3"}))
+    assert "balance: auto: examples/s per rank" in proc.stdout
+    assert "split [2, 2] -> [3, 1]" in proc.stdout
+    calibration = json.loads((out / protocol.CALIBRATION).read_text())
+    assert calibration["batch_split"] == [3, 1] and calibration["step"] == 4
+    got, want = curve(out), curve(straight)
+    for step in got:
+        assert abs(got[step][0] - want[step][0]) < TOLERANCE, step
