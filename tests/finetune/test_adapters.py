@@ -31,10 +31,12 @@ def mlx_lm(command: str, *args: str) -> subprocess.CompletedProcess:
 def test_qlora_adapters_work_with_mlx_lm_generate_and_fuse(tiny, tmp_path):
     out = tmp_path / "qlora"
     ok(run_finetune(write_config(tmp_path, out, tiny.qwen2_4bit, tiny.data["completions"],
+                                 method={"keys": ["self_attn.q_proj", "self_attn.v_proj"]},
                                  train=SHORT)))
     ckpt = out / "ckpt" / "step-00000002"
     adapters = mx.load(str(ckpt / "adapters.safetensors"))
     assert set(adapters) == set(mx.load(str(ckpt / protocol.CKPT_MODEL)))
+    assert {k.rsplit(".", 2)[-2] for k in adapters} == {"q_proj", "v_proj"}
     assert all(k.endswith((".lora_a", ".lora_b")) for k in adapters)
     best = out / protocol.BEST_DIR / "step-00000002"
     text = mlx_lm("mlx_lm.generate", "--model", str(tiny.qwen2_4bit), "--adapter-path",
@@ -54,7 +56,7 @@ def test_dora_and_full_adapters_load_in_mlx_lm(tiny, tmp_path, method):
     out = tmp_path / method
     config = write_config(tmp_path, out, tiny.llama, tiny.data["text"],
                           method={"type": method, "num_layers": 1}, data={"mask_prompt": False},
-                          train=SHORT)
+                          train={**SHORT, "grad_checkpoint": method == "full"})
     ok(run_finetune(config))
     ckpt = out / "ckpt" / "step-00000002"
     saved = mx.load(str(ckpt / "adapters.safetensors"))
