@@ -49,6 +49,7 @@ def test_qlora_adapters_work_with_mlx_lm_generate_and_fuse(tiny, tmp_path):
     mlx_lm("mlx_lm.generate", "--model", str(fused), "--prompt", "hi", "--max-tokens", "2")
 
 
+@pytest.mark.slow  # the LoRA test above covers what a job needs; these two methods more
 @pytest.mark.parametrize("method", ["dora", "full"])
 def test_dora_and_full_adapters_load_in_mlx_lm(tiny, tmp_path, method):
     from mlx_lm import load
