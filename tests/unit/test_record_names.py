@@ -47,7 +47,8 @@ SPELLED = re.compile(
     r"|\bMLXOPS_(WORLD_SIZE|LOCAL_RANK|BACKEND|RUN_DIR|RESUME|HOST)\b"
     r"|\bMLX_(RANK|HOSTFILE|IBV_DEVICES|JACCL_COORDINATOR|JACCL_RING|MPI_LIBNAME)\b")
 #: Not the node root: the trainer's default ``out``, relative to wherever it is run.
-NOT_THE_NODE_ROOT = {("trainer/config.py", "runs/default")}
+NOT_THE_NODE_ROOT = {("trainer/config.py", "runs/default"),
+                     ("finetune/config.py", "runs/finetune")}
 
 
 def test_the_node_root_and_the_rank_environment_are_spelt_in_the_protocol_only():
@@ -62,15 +63,17 @@ def test_the_node_root_and_the_rank_environment_are_spelt_in_the_protocol_only()
 #: (until each is a type of its own): the checkpoint's ``state.json`` (step, world_size,
 #: micro_batch, accumulation, consistency_repairs, batch_split), ``calibration.json``
 #: (batch_split), the report document's summary and series (docs/formats.md), the
-#: trainer's config (micro_batch, lr).
+#: trainer's config (micro_batch, lr), the monitor's series and alerts (val_loss).
 SHARED_WITH_OTHER_RECORDS = {"step", "time", "loss", "tokens_per_sec", "compute_time",
                              "comm_time", "peak_memory", "world_size", "micro_batch",
-                             "accumulation", "consistency_repairs", "batch_split", "lr"}
+                             "accumulation", "consistency_repairs", "batch_split", "lr",
+                             "val_loss"}
 
 
 def test_the_metrics_line_fields_are_spelt_in_its_definition_only():
     own = set(METRICS_FIELDS) - SHARED_WITH_OTHER_RECORDS
-    assert own == {"step_time", "active_memory", "planned_memory"}
+    assert own == {"step_time", "active_memory", "planned_memory", "val_perplexity",
+                   "trainable_params"}
     found = [(p, line, text) for p in modules(but=(PROTOCOL / "metrics.py",))
              for line, text in literals(p) if text in own]
     assert where(found) == []

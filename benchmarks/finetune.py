@@ -1,0 +1,168 @@
+"""Benchmark fine-tuning: our loop's tokens/s against ``mlx_lm.lora``'s own, same run.
+
+Both train the same LoRA on the same model and data, with the same global batch, maximum
+sequence length, optimizer and learning rate, at each of ``--ranks`` world sizes, in ABBA
+order ``--repeat`` times (ours, theirs, theirs, ours, ...), one after the other on this
+machine:
+
+- ours: ``python -m mlxops.finetune`` (its ``metrics.jsonl``);
+- the anchor: mlx-lm's own training code, as ``mlx_lm.lora`` runs it (``load``,
+  ``load_dataset``, ``train_model``: mlx-lm's ``train`` loop with its compiled step and
+  ``average_gradients``), with a ``TrainingCallback`` recording the reports ``mlx_lm.lora``
+  prints (this file run with ``--anchor CONFIG``).
+
+Ranks are started as mlx.launch starts them but without its launcher
+(mlxops/devtools/local_ranks.py), for both: mlx.launch's I/O loop spins a core, a third of
+this 2-core machine. Neither validates (``eval_every 0``; mlx-lm's ``val_batches 0``
+excludes its validation time from its figure anyway).
+
+Tokens are those the loss counts (the unmasked targets: mlx-lm's ``ntoks``, summed over
+ranks), per second of training, each loop's own figure per report window of
+``--report`` steps; the first window (compilation) is left out; a run's figure is the
+median of its windows, a configuration's the median of its runs. ``--max-seq-len 33``
+(the default) makes every batch 33 tokens wide in both loops (mlx-lm pads to
+``1 + 32k``, capped at the maximum): our length-sorted batches would otherwise pad less
+than mlx-lm's, whose sort is by ``len()`` of the raw item, and win for that alone.
+
+    python benchmarks/finetune.py                      # ranks 1,2; llama 256 wide, 4 blocks
+    python benchmarks/finetune.py --ranks 1 --steps 60 --hidden 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
+from mlxops.devtools.tinymodels import build_model, write_dataset  # noqa: E402
+
+
+def anchor(config_file: str) -> int:
+    """One rank of mlx-lm's own loop, as ``mlx_lm.lora --train`` runs it."""
+    import mlx.core as mx
+    from mlx_lm.lora import CONFIG_DEFAULTS, train_model
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.datasets import load_dataset
+    from mlx_lm.utils import load
+
+    spec = json.loads(Path(config_file).read_text())
+    args = types.SimpleNamespace(**{**CONFIG_DEFAULTS, **spec["args"]})
+    reports = Path(spec["reports"])
+
+    class Record(TrainingCallback):
+        def on_train_loss_report(self, info: dict) -> None:
+            if mx.distributed.init().rank() == 0:
+                with open(reports, "a") as f:
+                    f.write(json.dumps(info) + "\n")
+
+    mx.random.seed(args.seed)
+    model, tokenizer = load(args.model)
+    train_set, valid_set, _ = load_dataset(args, tokenizer)
+    train_model(args, model, train_set, valid_set, Record())
+    return 0
+
+
+def run(cmd: list[str], ranks: int, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if ranks > 1:
+        proc = run_ranks(cmd, ranks, env=env, cwd=ROOT, timeout=timeout)
+    else:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd[:4])}... failed:\n{proc.stdout[-2000:]}"
+                         f"{proc.stderr[-2000:]}")
+    return proc
+
+
+def ours(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, n: int
+         ) -> list[float]:
+    out = tmp / f"ours-{ranks}-{n}"
+    config = {
+        "model": {"path": str(model)}, "data": {"path": str(data)},
+        "method": {"type": "lora", "rank": 8, "scale": 20.0, "num_layers": -1},
+        "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.01},
+        "train": {"steps": a.steps, "global_batch": a.batch, "max_seq_len": a.max_seq_len,
+                  "log_every": a.report, "eval_every": 0, "save_every": 0, "seed": 0},
+        "out": str(out),
+    }
+    path = tmp / f"ours-{ranks}-{n}.json"
+    path.write_text(json.dumps(config))
+    run([sys.executable, "-m", "mlxops.finetune", "--config", str(path)], ranks, a.timeout)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [x["tokens_per_sec"] for x in lines[1:]]
+
+
+def theirs(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, n: int
+           ) -> list[float]:
+    reports = tmp / f"theirs-{ranks}-{n}.jsonl"
+    spec = {"reports": str(reports), "args": {
+        "model": str(model), "data": str(data), "train": True, "fine_tune_type": "lora",
+        "optimizer": "adamw", "optimizer_config": {"adamw": {"weight_decay": 0.01}},
+        "num_layers": -1, "lora_parameters": {"rank": 8, "scale": 20.0, "dropout": 0.0},
+        "batch_size": a.batch, "iters": a.steps, "learning_rate": 1e-4,
+        "max_seq_length": a.max_seq_len, "steps_per_report": a.report,
+        "steps_per_eval": a.steps * 10, "val_batches": 0, "save_every": a.steps * 10,
+        "adapter_path": str(tmp / f"theirs-{ranks}-{n}"), "seed": 0}}
+    path = tmp / f"theirs-{ranks}-{n}.json"
+    path.write_text(json.dumps(spec))
+    run([sys.executable, str(Path(__file__).resolve()), "--anchor", str(path)], ranks,
+        a.timeout)
+    lines = [json.loads(x) for x in reports.read_text().splitlines()]
+    return [x["tokens_per_second"] for x in lines[1:]]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", default="1,2", help="world sizes, comma separated")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--report", type=int, default=5, help="steps per report window")
+    p.add_argument("--batch", type=int, default=8, help="global batch (examples)")
+    p.add_argument("--max-seq-len", type=int, default=33)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="ABBA groups (ours, theirs, theirs, ours) per world size")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--anchor", metavar="CONFIG", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.anchor:
+        return anchor(a.anchor)
+    with tempfile.TemporaryDirectory(prefix="mlxops-ft-bench-") as d:
+        tmp = Path(d)
+        model = build_model(tmp / "model", "llama", sizes={
+            "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+            "intermediate_size": 4 * a.hidden, "num_attention_heads": max(1, a.hidden // 64),
+            "num_key_value_heads": max(1, a.hidden // 64)})
+        data = write_dataset(tmp / "data", "chat")
+        print(f"llama {a.hidden} wide, {a.layers} blocks; LoRA rank 8 on every linear layer; "
+              f"chat data; global batch {a.batch}, max_seq_len {a.max_seq_len}, {a.steps} "
+              f"steps, windows of {a.report} (first left out); ABBA x {a.repeat}")
+        print(f"{'ranks':>5} {'ours tok/s':>11} {'mlx_lm.lora tok/s':>18} {'ratio':>6}  runs")
+        for ranks in [int(r) for r in a.ranks.split(",")]:
+            mine, anchors = [], []
+            for n in range(a.repeat):
+                first, second = (ours, theirs) if n % 2 == 0 else (theirs, ours)
+                for fn in (first, second, second, first):
+                    fig = statistics.median(fn(tmp, model, data, a, ranks, len(mine + anchors)))
+                    (mine if fn is ours else anchors).append(fig)
+            ratio = statistics.median(mine) / statistics.median(anchors)
+            print(f"{ranks:>5} {statistics.median(mine):>11.0f} "
+                  f"{statistics.median(anchors):>18.0f} {ratio:>6.2f}  ours "
+                  f"{[round(x) for x in mine]}, theirs {[round(x) for x in anchors]}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
