@@ -43,6 +43,9 @@ DTYPES = {UINT16: np.dtype("<u2"), UINT32: np.dtype("<u4")}
 UINT16_VOCAB = 1 << 16
 
 MANIFEST = "manifest.json"
+#: The trainer's ``data.source`` that reads a prepared directory (``data.path``): what
+#: launch sets in each rank's config for a job's ``data:``.
+SHARDS_SOURCE = "shards"
 MANIFEST_FORMAT = 1
 TRAIN, VAL = "train", "val"
 SPLITS = (TRAIN, VAL)
