@@ -2,7 +2,7 @@
 
 A launch asks this of every node before it sends shards or a base model, and again after;
 hashing GBs each time would cost more than the launch. So each file's sha256 is kept in the
-node's hash cache (``<root>/cache/content-hashes.json``) with the size, mtime and inode it
+node's hash cache (``<root>/data/.content-hashes.json``) with the size, mtime and inode it
 was hashed at, and read from there while all three are unchanged: rsync's quick check,
 keyed by the inode too, so a file replaced by a rename (how ``tar`` and ``mlxops data
 prepare`` write) is hashed again even when its size and mtime happen to match. A file

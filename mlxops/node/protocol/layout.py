@@ -138,8 +138,10 @@ START_LINE = "mlxops: started"
 #: base model), one per directory on the controller (``jobs/content.py`` names them).
 DATA_DIR = "data"
 #: The node's sha256 of each file under them, by path, size, mtime and inode
-#: (``node/content.py``): a launch hashes only what changed since the last one.
-CONTENT_HASHES = f"{CACHE}/content-hashes.json"
+#: (``node/content.py``): a launch hashes only what changed since the last one. Not under
+#: ``cache/``, which may link to a place other nodes share (the sandbox's nodes do): two
+#: nodes would overwrite each other's entries for the same path.
+CONTENT_HASHES = f"{DATA_DIR}/.content-hashes.json"
 
 
 def run_path(name: str) -> str:
