@@ -14,9 +14,11 @@ The policy:
   temporary name, hashed, and replaces the old one only when it differs; shards no longer
   listed go; the manifest is written last, and only when it changed.
 * **Bounded memory.** Documents are tokenized in batches whose text is at most
-  ``(max_memory - what the process holds at the start) / factor`` bytes, ``factor`` being
+  ``(max_memory - what the process holds at the start - a reserve for reading) / factor``
+  bytes, ``factor`` being
   what a byte of text costs while its tokens are made (the tokenizer's objects, id lists,
-  arrays: :data:`BYTES_PER_TEXT_BYTE`); tokens go to the shard files as they come. So a
+  arrays, and the next batch a reader thread prepares meanwhile: :data:`BYTES_PER_TEXT_BYTE`);
+  tokens go to the shard files as they come. So a
   corpus larger than the memory works, and ``--max-memory`` bounds the process's peak RSS
   (the test holds it to that on a corpus larger than the bound). Training a BPE keeps the
   tokenizers library's counts of distinct words, which grow with the vocabulary of the
@@ -27,13 +29,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import resource
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 
@@ -45,10 +49,14 @@ from mlxops.trainer import shardformat as sf
 #: (tests/unit/test_dataprep.py holds the bound): a tokenizer.json's encodings keep token
 #: strings and offsets per token; tiktoken and bytes keep the ids only.
 BYTES_PER_TEXT_BYTE = {encoders.BYTES: 20, encoders.TOKENIZER_JSON: 80, encoders.TIKTOKEN: 24}
+#: What reading takes besides the batches, whatever their size: a MiB read, decoded (up to
+#: 4 bytes a character) and cut into paragraphs (measured: ~8 MiB).
+READ_RESERVE = 12 << 20
 MIN_BATCH = 64 << 10
 TRAINED = "tokenizer.json"
 TMP_PREFIX = ".tmp-"
 
+T = TypeVar("T")
 Progress = Callable[[str, int, int], None]   # (stage, bytes done in it, its total)
 
 
@@ -195,7 +203,7 @@ def _up_to_date(old: sf.Manifest, options: Options, sources: list[sf.SourceInfo]
 
 def _batch_bytes(options: Options, encoder: encoders.Encoder | None) -> int:
     kind = encoder.info.kind if encoder is not None else encoders.TOKENIZER_JSON
-    room = options.max_memory - peak_rss()
+    room = options.max_memory - peak_rss() - READ_RESERVE
     batch = room // BYTES_PER_TEXT_BYTE[kind]
     if batch < MIN_BATCH:
         raise UserError(f"--max-memory: {options.max_memory >> 20} MiB leaves no room: this "
@@ -223,11 +231,11 @@ def _write(found: Sequence[inputs.Input], options: Options, encoder: encoders.En
     previous = {s.name: s for s in old.shards()} if old else {}
     writers = {split: ShardWriter(options.out, split, dtype, options.shard_tokens, previous)
                for split in sf.SPLITS}
-    # uint32: what every id fits in; concatenated with a byte tokenizer's uint8 ids, no wider.
-    separator = np.asarray(encoder.separator, dtype=np.uint32)
+    # The shards' dtype: a byte tokenizer's uint8 ids join it as they are, no wider.
+    separator = np.asarray(encoder.separator, dtype=sf.DTYPES[dtype])
     index = done = 0
     try:
-        for texts, read in inputs.batches(found, options.field, batch_bytes):
+        for texts, read in _prefetched(inputs.batches(found, options.field, batch_bytes)):
             parts: dict[str, list[np.ndarray]] = {sf.TRAIN: [], sf.VAL: []}
             for ids in encoder.encode(texts):
                 split = sf.VAL if _is_val(index, options.val_fraction) else sf.TRAIN
@@ -266,6 +274,50 @@ def _write(found: Sequence[inputs.Input], options: Options, encoder: encoders.En
         tmp.write_text(text)
         tmp.replace(target)
     return report
+
+
+def _prefetched(items: Iterator[T]) -> Iterator[T]:
+    """``items``, the next one read by a thread while the caller works on this one.
+
+    The tokenizers run their own threads without the GIL, so reading and cutting the next
+    batch overlaps tokenizing this one; at most one batch waits (the memory bound counts
+    it). An exception in the reader is raised here; leaving early stops the reader."""
+    slot: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        slot.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slot.put((False, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            slot.put((False, exc))
+
+    reader = threading.Thread(target=read, name="prepare-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            more, item = slot.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():    # let a reader blocked on a full slot see the stop
+            try:
+                slot.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        reader.join()
 
 
 def _file_sha256(path: Path) -> str:
