@@ -41,6 +41,7 @@ COMMAND_MODULES = [
     "monitor",
     "events",
     "selftest",
+    "data",
 ]
 
 

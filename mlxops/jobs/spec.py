@@ -24,6 +24,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.errors import bad_input
+from mlxops.jobs.data import DataSpec, apply_manifest, parse_data
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.notify import config as notify_config
 from mlxops.trainer import config as trainer_config
@@ -32,7 +33,7 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify", "data"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -89,6 +90,7 @@ class JobSpec:
     # ``notify:`` as written (checked; read over the inventory's ``mlxops_notify`` by
     # :func:`mlxops.jobs.notifying.job_notify` once the inventory is known).
     notify: dict[str, Any] | bool | None = None
+    data: DataSpec | None = None               # prepared shards (mlxops data prepare)
 
     @property
     def base_port(self) -> int:
@@ -143,8 +145,13 @@ def load_job(path: str | Path) -> JobSpec:
     if (trainer is None) == (command is None):
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
                                          "trainer) or 'command:' (your own program)")
+    raw_trainer = trainer
     if trainer is not None:
         trainer = parse_trainer(path, trainer)
+    prepared = None
+    if data.get("data") is not None:
+        prepared = parse_data(path, data["data"])
+        apply_manifest(path, prepared, trainer, raw_trainer)
     if command is not None:
         command = _command_words(path, command)
     workdir = data.get("workdir")
@@ -177,6 +184,7 @@ def load_job(path: str | Path) -> JobSpec:
         alerts=_alerts(path, data.get("alerts")),
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
         notify=_notify(path, data.get("notify")),
+        data=prepared,
     )
 
 

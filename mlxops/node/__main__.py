@@ -12,10 +12,12 @@ from pathlib import Path
 
 from mlxops.node import protocol
 from mlxops.node.calibration import read_calibration
+from mlxops.node.content import listing
 from mlxops.node.logs import read_logs
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
 from mlxops.node.protocol import bench as benchproto
+from mlxops.node.protocol import content as contentproto
 from mlxops.node.protocol.calibration import READ_CALIBRATION
 from mlxops.node.reach import reach
 from mlxops.node.ready import ready
@@ -36,6 +38,8 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
                      args.seconds)
     if args.cmd in benchproto.COMMANDS:
         return bench_answer(args)
+    if args.cmd == contentproto.CONTENT:
+        return listing(Path(args.dir), Path(args.cache), args.hash)
     if args.cmd == protocol.SAMPLE:
         return sample(Path(args.run_dir) if args.run_dir else None, with_status=args.status,
                       metrics_from=args.metrics_from, metrics_inode=args.metrics_inode,

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxops.node.protocol import bench, calibration
+from mlxops.node.protocol import bench, calibration, content
 from mlxops.node.protocol.layout import LAUNCHER
 
 PREFLIGHT, SPAWN, STATUS = "preflight", "spawn", "status"
@@ -174,6 +174,7 @@ def parser() -> argparse.ArgumentParser:
     reach.add_argument("--seconds", type=float, default=10.0)
     bench.add_parsers(sub)
     calibration.add_parsers(sub)
+    content.add_parsers(sub)
     _add_monitor_parsers(sub)
     return p
 
