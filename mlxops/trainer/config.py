@@ -344,4 +344,4 @@ def describe_options() -> str:
 
 #: The value and file rules, public for the fine-tuning config (mlxops/finetune/config.py),
 #: which follows them key for key.
-coerce, read_file = _coerce, _read_file
+coerce = _coerce  # read_file: from .configfile, imported above
