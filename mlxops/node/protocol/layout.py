@@ -23,6 +23,9 @@ TRAINER_CONFIG = "trainer.json"
 RING_HOSTFILE = "hostfile.json"
 IBV_DEVICES = "ibv_devices.json"
 CKPT_DIR = "ckpt"
+#: The checkpoint with the lowest validation loss (train.eval_every), kept apart from the
+#: rolling ones in ckpt/: ``best/step-XXXXXXXX/`` and ``best/latest``, as in ckpt/.
+BEST_DIR = "best"
 LATEST = "latest"               # ckpt/latest: the name of the newest checkpoint directory
 CKPT_PREFIX = "step-"
 CKPT_STATE = "state.json"
