@@ -1,4 +1,11 @@
-"""Decoder-only transformer LM: RMSNorm, RoPE, SwiGLU, pre-norm residual blocks."""
+"""Decoder-only transformer LM: RMSNorm, RoPE, SwiGLU, pre-norm residual blocks.
+
+Attention is causal; with ``model.window = w > 0`` it is also local: query ``i`` attends
+to keys ``j`` with ``i - w < j <= i`` (itself and the ``w - 1`` tokens before it), through
+the same fused kernel (``mx.fast.scaled_dot_product_attention``) given a boolean mask
+instead of ``"causal"``. A window at least the sequence's length is plain causal
+attention, and takes the ``"causal"`` path.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dims, 3 * cfg.dims, bias=False)
         self.out = nn.Linear(cfg.dims, cfg.dims, bias=False)
         self.rope = nn.RoPE(self.head_dim, traditional=False, base=cfg.rope_base)
+        self.window = cfg.window
 
     def __call__(self, x: mx.array) -> mx.array:
         b, t, d = x.shape
@@ -27,8 +35,19 @@ class Attention(nn.Module):
         q, k, v = (a.reshape(b, t, self.heads, self.head_dim).transpose(0, 2, 1, 3)
                    for a in (q, k, v))
         q, k = self.rope(q), self.rope(k)
-        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
+        mask: str | mx.array = "causal"
+        if 0 < self.window < t:
+            mask = window_mask(t, self.window)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.out(o.transpose(0, 2, 1, 3).reshape(b, t, d))
+
+
+def window_mask(length: int, window: int) -> mx.array:
+    """``(length, length)`` booleans: True where query ``i`` may attend to key ``j``,
+    ``i - window < j <= i``."""
+    i = mx.arange(length)[:, None]
+    j = mx.arange(length)[None, :]
+    return (j <= i) & (j > i - window)
 
 
 class SwiGLU(nn.Module):
