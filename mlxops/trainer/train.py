@@ -291,7 +291,9 @@ class Trainer:
         ended = self._patience_ended()
         while self.step < stop and not ended:
             step = self.step + 1
-            evaluating = bool(t.eval_every) and (step % t.eval_every == 0 or step == stop)
+            # At the run's last step, not at stop_at: a pause must not add an evaluation
+            # (best and patience would count it, and a resume would differ from a straight run).
+            evaluating = bool(t.eval_every) and (step % t.eval_every == 0 or step == t.steps)
             logged = step % t.log_every == 0 or step == stop or evaluating
             before = self.steps.snapshot()
             t0 = time.perf_counter()
