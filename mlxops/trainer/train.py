@@ -108,6 +108,7 @@ class Trainer:
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
         self._last_tps = 0.0
+        self._last_val: float | None = None   # the last evaluation's loss
         self._start(resume)
         self._calibration: list[float] | None = None
         if self.balance.measures and self.world > 1 and self.speeds is None:
@@ -338,6 +339,7 @@ class Trainer:
         """Count an evaluation: a new best is saved in best/; True when patience ran out
         (the caller writes a checkpoint there, so that the run ends resumably)."""
         verdict = self.validation.observe(self.step, val_loss)
+        self._last_val = val_loss
         if verdict.improved and self.writer:
             self._checkpoint(self.out / BEST_DIR, keep=1)
         return verdict.stop and self._patience_ended()
@@ -399,7 +401,9 @@ class Trainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(protocol.Progress(
             rank=self.rank, step=self.step, loss=loss, time=time.time(), pid=os.getpid(),
-            world_size=self.world, tokens_per_sec=tps, state=state).to_dict()) + "\n",
+            world_size=self.world, tokens_per_sec=tps, state=state, val_loss=self._last_val,
+            best_val_loss=self.validation.state.best_loss,
+            best_step=self.validation.state.best_step).to_dict()) + "\n",
             durable=False)
 
     def _metrics(self, loss: float, window: list, tokens_per_step: int,

@@ -8,8 +8,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxops.trainer.config import ModelConfig
-from mlxops.trainer.model import Attention, window_mask
+from mlxops.trainer.config import ModelConfig, TrainerConfig
+from mlxops.trainer.model import Attention, Transformer, window_mask
+from mlxops.trainer.plan import attended_keys, attention_flops_per_token, estimate
 
 
 def naive(q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int) -> np.ndarray:
@@ -59,3 +60,29 @@ def test_a_window_changes_what_a_late_token_sees():
     a, b = np.array(full(x)), np.array(local(x))
     assert np.allclose(a[:, :4], b[:, :4], atol=1e-6)   # the first 4 see the same keys
     assert not np.allclose(a[:, 4:], b[:, 4:], atol=1e-4)
+
+
+@pytest.mark.parametrize("seq_len,window", [(8, 0), (8, 2), (8, 8), (64, 5), (64, 100)])
+def test_attended_keys_is_what_the_mask_lets_through(seq_len, window):
+    allowed = np.array(window_mask(seq_len, window or seq_len)).sum() / seq_len
+    assert attended_keys(seq_len, window) == pytest.approx(allowed)
+
+
+def test_the_plan_counts_the_mask_and_less_attention():
+    cfg = TrainerConfig(model=ModelConfig(dims=64, heads=4, seq_len=256))
+    windowed = TrainerConfig(model=ModelConfig(dims=64, heads=4, seq_len=256, window=32))
+    assert estimate(windowed, 4).compute - estimate(cfg, 4).compute == 256 ** 2
+    assert estimate(windowed, 4).update == estimate(cfg, 4).update
+    ratio = attention_flops_per_token(windowed) / attention_flops_per_token(cfg)
+    assert ratio == pytest.approx(attended_keys(256, 32) / attended_keys(256, 0))
+    assert ratio < 0.25
+
+
+def test_a_windowed_model_is_the_same_with_gradient_checkpointing():
+    cfg = ModelConfig(dims=16, heads=2, layers=2, seq_len=12, vocab_size=32, window=3)
+    mx.random.seed(1)
+    plain = Transformer(cfg)
+    checkpointed = Transformer(cfg, grad_checkpoint=True)
+    checkpointed.update(plain.parameters())
+    tokens = mx.array(np.arange(24).reshape(2, 12) % 32)
+    assert np.allclose(np.array(plain(tokens)), np.array(checkpointed(tokens)), atol=1e-5)
