@@ -114,7 +114,7 @@ const MlxopsView = (() => {
     const lossSeries = [{ name: "loss", x: m.step, y: m.loss }];
     if (evals.length) {
       lossSeries.push({ name: "validation", x: evals.map(([x]) => x), y: evals.map(([, v]) => v),
-                        index: 4 });
+                        index: 3 });   // orange beside the blue training loss
     }
     add("loss", "loss", { series: lossSeries,
       markers: stepMarkers(doc), xLabel: "step", xName: "step",
