@@ -31,6 +31,7 @@ from typing import Any
 from mlxops.errors import MlxopsError, UserError
 from mlxops.filelock import exclusive
 from mlxops.inventory import load_inventory
+from mlxops.jobs.data import DataSpec
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
@@ -133,6 +134,8 @@ class JobRecord:
         for key in _SPEC_PATHS:
             if rest.get(key) is not None:
                 rest[key] = Path(rest[key])
+        if rest.get("data") is not None:
+            rest["data"] = DataSpec.from_dict(rest["data"])
         if rest.get("trainer") is not None:
             try:
                 rest["trainer"] = trainer_config.from_dict(rest["trainer"], "job.trainer")
@@ -198,7 +201,7 @@ def launched_job(spec: JobSpec) -> dict[str, Any]:
             value = getattr(spec, f.name)
             if isinstance(value, PurePath):
                 value = str(value)
-            elif isinstance(value, TrainerConfig):
+            elif isinstance(value, (TrainerConfig, DataSpec)):
                 value = value.to_dict()
             out[f.name] = value
     return json.loads(json.dumps(out))  # a copy, as it will read back

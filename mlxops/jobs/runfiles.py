@@ -12,6 +12,7 @@ import json
 from pathlib import PurePosixPath
 
 from mlxops import archive, shell
+from mlxops.jobs.data import rank_data
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
@@ -46,6 +47,8 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
     files: dict[str, bytes] = {}
     if spec.trainer is not None:
         config = rank_config(spec, [r.host for r in ranks]).to_dict() | {"out": paths.run_dir}
+        if prep.data is not None:     # the job's data: this node's copy of the shards
+            config = rank_data(config, prep.data.node_dir)
         files[protocol.TRAINER_CONFIG] = json.dumps(config, indent=1).encode()
         argv = [prep.python, "-m", "mlxops.trainer", "--config",
                 paths.run_file(protocol.TRAINER_CONFIG)]

@@ -24,6 +24,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.errors import bad_input
+from mlxops.jobs.data import DataSpec, apply_manifest, parse_data
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer.config import TrainerConfig
@@ -31,7 +32,7 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance", "data"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -85,6 +86,7 @@ class JobSpec:
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
     balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
+    data: DataSpec | None = None               # prepared shards (mlxops data prepare)
 
     @property
     def base_port(self) -> int:
@@ -139,8 +141,13 @@ def load_job(path: str | Path) -> JobSpec:
     if (trainer is None) == (command is None):
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
                                          "trainer) or 'command:' (your own program)")
+    raw_trainer = trainer
     if trainer is not None:
         trainer = parse_trainer(path, trainer)
+    prepared = None
+    if data.get("data") is not None:
+        prepared = parse_data(path, data["data"])
+        apply_manifest(path, prepared, trainer, raw_trainer)
     if command is not None:
         command = _command_words(path, command)
     workdir = data.get("workdir")
@@ -172,6 +179,7 @@ def load_job(path: str | Path) -> JobSpec:
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=_alerts(path, data.get("alerts")),
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
+        data=prepared,
     )
 
 

@@ -43,6 +43,9 @@ DTYPES = {UINT16: np.dtype("<u2"), UINT32: np.dtype("<u4")}
 UINT16_VOCAB = 1 << 16
 
 MANIFEST = "manifest.json"
+#: The trainer's ``data.source`` that reads a prepared directory (``data.path``): what
+#: launch sets in each rank's config for a job's ``data:``.
+SHARDS_SOURCE = "shards"
 MANIFEST_FORMAT = 1
 TRAIN, VAL = "train", "val"
 SPLITS = (TRAIN, VAL)
@@ -109,14 +112,13 @@ def open_shard(path: str | Path) -> np.ndarray:
     return np.memmap(path, dtype=DTYPES[dtype], mode="r", offset=HEADER_BYTES, shape=(count,))
 
 
-def write_tokens(fh: BinaryIO, tokens: np.ndarray, dtype: str) -> bytes:
-    """``tokens`` as ``dtype`` (little-endian) written to ``fh``; the bytes written.
-
-    Refuses an id the dtype cannot hold instead of wrapping it."""
+def write_tokens(fh: BinaryIO, tokens: np.ndarray, dtype: str) -> memoryview:
+    """``tokens`` as ``dtype`` (little-endian) written to ``fh``; the bytes written (a view,
+    for a running hash). Refuses an id the dtype cannot hold instead of wrapping it."""
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= 1 << (
             8 * DTYPES[dtype].itemsize)):
         raise ShardError(f"token id {int(tokens.max())} does not fit in {dtype}")
-    data = np.ascontiguousarray(tokens, dtype=DTYPES[dtype]).tobytes()
+    data = memoryview(np.ascontiguousarray(tokens, dtype=DTYPES[dtype])).cast("B")
     fh.write(data)
     return data
 

@@ -34,7 +34,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("node",),
     ("trainer",),
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
-     "devtools", "hostfacts", "readiness"),
+     "devtools", "hostfacts", "readiness", "dataprep"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
     ("render",),  # renders an inventory's hosts (and their ring order) into hostfiles

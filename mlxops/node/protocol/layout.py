@@ -137,6 +137,16 @@ KERNEL_CACHE = f"{CACHE}/{MLX_TMP}"
 START_LINE = "mlxops: started"
 
 
+#: Under ``mlxops_root``: directories of large files a job reads (prepared token shards, a
+#: base model), one per directory on the controller (``jobs/content.py`` names them).
+DATA_DIR = "data"
+#: The node's sha256 of each file under them, by path, size, mtime and inode
+#: (``node/content.py``): a launch hashes only what changed since the last one. Not under
+#: ``cache/``, which may link to a place other nodes share (the sandbox's nodes do): two
+#: nodes would overwrite each other's entries for the same path.
+CONTENT_HASHES = f"{DATA_DIR}/.content-hashes.json"
+
+
 def run_path(name: str) -> str:
     """``runs/<name>``: a job's run directory, relative to ``mlxops_root``."""
     return f"{RUNS_DIR}/{name}"
