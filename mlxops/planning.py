@@ -6,7 +6,8 @@ are asked (one facts command each). The plan itself is the trainer's own
 budget on a Mac is the recommended working set the node's MLX reported in those facts
 (:func:`mlxops.tasks.facts.working_set`).
 
-Per step, beside the compute (6 x parameters x tokens, per rank), the all-reduce of the
+Per step, beside the compute (6 x parameters x tokens, per rank; attention's scores, which
+``model.window`` bounds, apart: trainer/plan.py), the all-reduce of the
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
 t(S) = a + b*S, docs/formats.md, "mlxops bench --json").
 """
@@ -23,7 +24,7 @@ from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import ask_facts, load_cached_facts, save_facts
-from mlxops.trainer.plan import MemoryPlan, plan_memory
+from mlxops.trainer.plan import MemoryPlan, attended_keys, attention_flops_per_token, plan_memory
 from mlxops.transport import Connector, Results, run_parallel
 
 
@@ -84,7 +85,11 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
     m = plans[0].plan
     tokens = m.micro_batch * m.accumulation * spec.trainer.model.seq_len
     nbytes = 4 * m.params
+    model = spec.trainer.model
     out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
+                           "attention_gflop": attention_flops_per_token(spec.trainer)
+                           * tokens / 1e9,
+                           "attended_keys": attended_keys(model.seq_len, model.window),
                            "gradient_bytes": nbytes, "allreduce": None}
     found = latest_for([p.host for p in plans])
     if found is not None:

@@ -86,12 +86,15 @@ def step_notes(step: dict | None) -> list[str]:
         return []
     lines = [f"per step and rank: {step['compute_gflop']:.3g} GFLOP of compute "
              "(6 x params x tokens)"]
+    # Attention's scores are not in 6 x params: their own line (model.window bounds them).
+    attention = (f"  + {step['attention_gflop']:.3g} GFLOP of attention (a query attends to "
+                 f"{step['attended_keys']:.4g} keys)")
     grads = f"gradient all-reduce {step['gradient_bytes'] / 1e6:.3g} MB"
     ar = step["allreduce"]
     if ar is None:
-        return [*lines, f"{grads}: no 'mlxops bench' of these hosts yet"]
+        return [*lines, f"{grads}: no 'mlxops bench' of these hosts yet", attention]
     return [*lines, f"{grads}: ~{ar['predicted_us'] / 1e3:.3g} ms (bench "
-                    f"{Path(ar['bench']).name}, {ar['bench_ranks']} ranks)"]
+                    f"{Path(ar['bench']).name}, {ar['bench_ranks']} ranks)", attention]
 
 
 @click.command("plan")

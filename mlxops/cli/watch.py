@@ -125,6 +125,8 @@ def print_status(status: JobStatus) -> None:
     if status.message:
         console.out.print(f"  {status.message}", markup=False)
     console.print_table(status_table(status))
+    if status.validation:
+        console.out.print(f"  {status.validation}", markup=False)
     print_failures(status)
     for restart in status.restarts:
         when = datetime.datetime.fromtimestamp(restart.time).strftime("%H:%M:%S")

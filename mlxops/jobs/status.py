@@ -19,6 +19,7 @@ from typing import Any
 from mlxops.jobs.record import JobRecord, Restart, inventory_hosts
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
+from mlxops.node.protocol.layout import BEST_DIR
 from mlxops.transport import Connector, nodecmd, run_parallel
 
 LAUNCHER_LINGER = 10.0  # seconds mpirun may take to exit after its last rank
@@ -37,6 +38,9 @@ class RankStatus:
     heartbeat_age: float | None = None
     ended_ago: float | None = None   # seconds since it exited (node clock), when it has
     failure: str | None = None       # the line of its log that says why it failed
+    val_loss: float | None = None    # its last validation loss (train.eval_every)
+    best_val_loss: float | None = None
+    best_step: int | None = None     # where best_val_loss was measured (checkpoint in best/)
 
 
 #: What a rank's error says when it failed because a peer rank went away (MLX's ring
@@ -128,6 +132,18 @@ class JobStatus:
         """The job's progress: the step every rank has reached."""
         steps = [r.step for r in self.ranks if r.step is not None]
         return min(steps) if len(steps) == len(self.ranks) and steps else None
+
+    @property
+    def validation(self) -> str | None:
+        """``validation loss 2.3101 (best 2.2950 at step 400, in best/)``: rank 0's last
+        evaluation, or None before one (every rank evaluates the same)."""
+        first = next((r for r in self.ranks if r.val_loss is not None), None)
+        if first is None:
+            return None
+        best = "" if first.best_val_loss is None else (
+            f" (best {first.best_val_loss:.4f} at step {first.best_step}, in "
+            f"{BEST_DIR}/)")
+        return f"validation loss {first.val_loss:.4f}{best}"
 
     @property
     def problem(self) -> str | None:
@@ -253,7 +269,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             state, age = launcher.state, launcher.age
         ranks.append(RankStatus(
             rank.rank, rank.host, state, node_rank.pid, node_rank.exit, progress.step,
-            progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure))
+            progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure,
+            progress.val_loss, progress.best_val_loss, progress.best_step))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,

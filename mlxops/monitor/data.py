@@ -62,13 +62,17 @@ def columns(lines: Sequence[MetricsLine], names: Sequence[str]) -> dict[str, lis
     return {n: [getattr(line, n) for line in lines] for n in names}
 
 
-def decimate(cols: dict[str, list[Any]], points: int | None) -> dict[str, list[Any]]:
-    """At most ``points`` rows, evenly spread, the first and the last always kept."""
+def decimate(cols: dict[str, list[Any]], points: int | None,
+             always: str | None = None) -> dict[str, list[Any]]:
+    """At most ``points`` rows, evenly spread, the first and the last always kept; and
+    every row whose ``always`` column has a value (the sparse validation losses, which an
+    even spread would mostly drop)."""
     n = len(next(iter(cols.values()), []))
     if not points or n <= max(2, points):
         return cols
     points = max(2, points)
-    keep = sorted({round(i * (n - 1) / (points - 1)) for i in range(points)})
+    keep = sorted({round(i * (n - 1) / (points - 1)) for i in range(points)}
+                  | {i for i, v in enumerate(cols.get(always) or []) if v is not None})
     return {k: [v[i] for i in keep] for k, v in cols.items()}
 
 
@@ -166,14 +170,15 @@ def summary(record: JobRecord, metrics: Sequence[MetricsLine],
     step = (last or {}).get("step")
     if step is None and metrics:
         step = metrics[-1].step
+    evals = [(m.step, m.val_loss) for m in metrics if m.val_loss is not None]
+    best = min(evals, key=lambda e: e[1], default=(None, None))
     return {
         "step": step, "steps": record.steps,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "loss_min": min(losses) if losses else None,
-        # Validation is every few steps: the last line that has one.
-        "val_loss_last": next((v for m in reversed(metrics)
-                               if (v := getattr(m, "val_loss", None)) is not None), None),
+        "val_loss_last": evals[-1][1] if evals else None,
+        "val_loss_min": best[1], "val_loss_best_step": best[0],
         "tokens_per_sec": tps[-1] if tps else None,
         "tokens_per_sec_median": statistics.median(tps) if tps else None,
         "compute_time": compute / len(recent) if recent else None,
@@ -219,7 +224,7 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
         "mirror_generation": mirror.state.generation,
         "job": job_info(record),
         "summary": summary(record, metrics, last),
-        "metrics": decimate(cols, points),
+        "metrics": decimate(cols, points, always="val_loss"),
         "metrics_lines": len(metrics),
         "restarts": restarts(record, metrics),
         "events": timeline(mirror.events, metrics),

@@ -75,6 +75,10 @@ def totals(doc: dict[str, Any], width: int) -> Text:
     if s["loss_last"] is not None:
         trend = decimate({"loss": m["loss"]}, SPARK)["loss"]
         parts.append(f"loss {s['loss_last']:.4f} {sparkline(trend)}")
+    if s.get("val_loss_last") is not None:
+        vals = [v for v in m.get("val_loss", []) if v is not None]
+        parts.append(f"val loss {s['val_loss_last']:.4f} {sparkline(vals[-SPARK:])} (best "
+                     f"{s['val_loss_min']:.4f} at step {s['val_loss_best_step']})")
     if s["tokens_per_sec"] is not None:
         parts.append(f"tokens/s {s['tokens_per_sec']:,.0f} {sparkline(m['tokens_per_sec'])}")
     if s["compute_share"] is not None:

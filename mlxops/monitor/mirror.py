@@ -27,11 +27,11 @@ from mlxops.filelock import exclusive
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, classify
 from mlxops.monitor import alerts, files
-from mlxops.monitor.data import MirrorReader
+from mlxops.monitor.data import MirrorReader, columns
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES
-from mlxops.node.protocol.metrics import step_of
+from mlxops.node.protocol.metrics import SERIES, step_of
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 INTERVAL = 5.0                 # seconds between the watchdog's feeds (a problem feeds at once)
@@ -216,8 +216,9 @@ class AlertEvents:
     def look(self, record: JobRecord) -> list[dict[str, Any]]:
         mirror = self._mirror.read()
         last = mirror.samples[-1] if mirror.samples else None
-        found = alerts.evaluate(alerts.thresholds(record.job), last,
-                                [m.tokens_per_sec for m in mirror.metrics])
+        cols = columns(mirror.metrics, SERIES)
+        found = alerts.evaluate(alerts.thresholds(record.job), last, cols["tokens_per_sec"],
+                                cols)
         now = {(a["kind"], a.get("host"), a.get("rank")): a for a in found}
         new = [a for key, a in now.items() if key not in self._active]
         self._active = set(now)

@@ -24,6 +24,7 @@ files under out:
   progress/rank-<r>.json   every rank, after a step at most every 0.5 s (running|finished)
   calibration.json         train.balance auto: the samples/s it measured and the split taken
   ckpt/step-XXXXXXXX/      model.safetensors, optimizer.safetensors, state.json; ckpt/latest
+  best/step-XXXXXXXX/      train.eval_every: the checkpoint of the lowest validation loss
 
 environment:
   {_VAR["world_size"]:<19} expected number of ranks (else derived from mlx.launch's variables);

@@ -46,6 +46,8 @@ class ModelConfig:
     rope_base: float = _f(10000.0, "RoPE base frequency")
     norm_eps: float = _f(1e-5, "RMSNorm epsilon")
     tie_embeddings: bool = _f(True, "share the input embedding with the output head")
+    window: int = _f(0, "sliding-window attention: each token attends to itself and the "
+                     "window-1 tokens before it; 0 = the whole sequence")
 
     def hidden(self) -> int:
         if self.ffn_dims:
@@ -55,10 +57,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = _f("synthetic", "synthetic | text | jsonl")
-    path: str | None = _f(None, "file or directory for text/jsonl (all *.txt / *.jsonl in it)")
+    source: str = _f("synthetic", "synthetic | text | jsonl | shards")
+    path: str | None = _f(None, "file or directory for text/jsonl (all *.txt / *.jsonl in it); "
+                          "for shards the directory mlxops data prepare wrote")
     seed: int = _f(0, "seed of the sample order (and of the synthetic corpus)")
     text_field: str = _f("text", "JSONL field holding the document text")
+    prefetch: int = _f(2, "steps of data read ahead on a background thread; 0 = read in "
+                       "the step")
 
 
 @dataclass
@@ -87,6 +92,12 @@ class TrainConfig:
     balance: list | str = _f("equal", "how the global batch is split over ranks: equal | "
                              "auto (measured in the first steps) | a list of weights, one "
                              "per rank (relative speeds); gradients weighted by sample count")
+    eval_every: int = _f(0, "measure the validation loss every N steps (and at the end); "
+                         "0 = off; needs data.source shards (its validation split) or "
+                         "synthetic")
+    eval_batches: int = _f(4, "global batches of validation data per evaluation")
+    patience: int = _f(0, "end the run (resumably) after N evaluations in a row without a "
+                       "new best validation loss; 0 = off")
 
 
 @dataclass
@@ -101,6 +112,9 @@ class TrainerConfig:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+#: ``data.source``'s kinds, and those with validation data (train.eval_every).
+SOURCES = ("synthetic", "text", "jsonl", "shards")
+EVAL_SOURCES = ("synthetic", "shards")
 #: The synthetic corpus gives every token this many distinct successors (trainer/data.py),
 #: so its vocabulary needs at least as many tokens.
 SYNTHETIC_SUCCESSORS = 4
@@ -108,11 +122,11 @@ SYNTHETIC_SUCCESSORS = 4
 # Keys that must be equal between a checkpoint and the config that resumes it: they change
 # the model, the data stream or the optimisation trajectory. Everything else (steps,
 # micro_batch, logging, checkpointing, dtype, grad_reduce_dtype, consistency_every,
-# balance, grad_checkpoint, out) may change on resume: the batch split changes only the
-# order of summation.
+# balance, grad_checkpoint, eval_every, eval_batches, patience, data.prefetch, out) may
+# change on resume: the batch split changes only the order of summation.
 RESUME_KEYS = (
     [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
-    + [f"data.{f.name}" for f in dataclasses.fields(DataConfig)]
+    + [f"data.{f.name}" for f in dataclasses.fields(DataConfig) if f.name != "prefetch"]
     + ["train.global_batch", "train.seed", "train.lr", "train.min_lr", "train.warmup",
        "train.weight_decay", "train.grad_clip"]
 )
@@ -259,17 +273,30 @@ def validate(cfg: TrainerConfig, where: str) -> None:
                        "train.grad_reduce_dtype": t.grad_reduce_dtype}.items():
         if value not in ("float32", "bfloat16"):
             raise ConfigError(f"{where}: {key}: must be float32 or bfloat16, got {value!r}")
-    if d.source not in ("synthetic", "text", "jsonl"):
-        raise ConfigError(f"{where}: data.source: must be synthetic, text or jsonl")
+    if d.source not in SOURCES:
+        raise ConfigError(f"{where}: data.source: must be synthetic, text, jsonl or shards")
     if d.source != "synthetic" and not d.path:
         raise ConfigError(f"{where}: data.path: required for source {d.source}")
-    if d.source != "synthetic" and m.vocab_size < 256:
+    if d.source in ("text", "jsonl") and m.vocab_size < 256:
         raise ConfigError(f"{where}: model.vocab_size: byte-level text needs >= 256")
     if d.source == "synthetic" and m.vocab_size < SYNTHETIC_SUCCESSORS:
         raise ConfigError(f"{where}: model.vocab_size: the synthetic corpus needs >= "
                           f"{SYNTHETIC_SUCCESSORS} tokens, got {m.vocab_size}")
     if d.source == "jsonl" and not d.text_field:
         raise ConfigError(f"{where}: data.text_field: must name the JSONL text field")
+    for key, value in {"model.window": m.window, "data.prefetch": d.prefetch,
+                       "train.eval_every": t.eval_every, "train.patience": t.patience}.items():
+        if value < 0:
+            raise ConfigError(f"{where}: {key}: must be >= 0 (0 = off), got {value}")
+    if t.eval_batches <= 0:
+        raise ConfigError(f"{where}: train.eval_batches: must be positive, got "
+                          f"{t.eval_batches}")
+    if t.eval_every and d.source not in EVAL_SOURCES:
+        raise ConfigError(f"{where}: train.eval_every: validation needs data.source shards "
+                          f"(the corpus's validation split) or synthetic, not {d.source}")
+    if t.patience and not t.eval_every:
+        raise ConfigError(f"{where}: train.patience: counts evaluations; set "
+                          "train.eval_every too")
 
 
 def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
@@ -323,7 +350,8 @@ def diff_resume_keys(saved: dict[str, Any], current: TrainerConfig) -> list[str]
     out = []
     for key in RESUME_KEYS:
         section, sub = key.split(".")
-        a = saved.get(section, {}).get(sub)
+        # A key newer than the checkpoint had its default then.
+        a = saved.get(section, {}).get(sub, getattr(TrainerConfig(), section).__dict__[sub])
         b = now[section][sub]
         if a != b:
             out.append(f"{key}: checkpoint has {a!r}, config has {b!r}")

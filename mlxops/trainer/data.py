@@ -16,8 +16,14 @@ Sources:
   (streamed from disk, never loaded whole); files are joined with a newline.
 - ``jsonl``: a file or every ``*.jsonl`` under a directory; the ``text`` field of each line,
   UTF-8 bytes, joined with a newline (held in memory as uint8).
-Text sources are cut into non-overlapping windows of ``seq_len + 1`` bytes, visited in a
-per-epoch permutation seeded by ``(data.seed, epoch)``.
+- ``shards``: a directory of token shards ``mlxops data prepare`` wrote (trainer/shards.py),
+  memory-mapped; the model's vocabulary is its manifest's.
+Text sources are cut into windows of ``seq_len + 1`` tokens, visited in a per-epoch
+permutation seeded by ``(data.seed, epoch)`` (trainer/cursor.py).
+
+Validation (``train.eval_every``) reads :meth:`Source.validation`: the shards' validation
+split, or for ``synthetic`` samples of the same chain from indices training never reaches
+(``VALIDATION_START`` on).
 """
 
 from __future__ import annotations
@@ -29,8 +35,13 @@ import numpy as np
 
 from .config import SYNTHETIC_SUCCESSORS as SUCCESSORS
 from .config import ConfigError, DataConfig
+from .cursor import DataCursor, EpochOrder
+from .shards import ShardSource
 
 PROBS = np.array([0.7, 0.1, 0.1, 0.1])
+#: The synthetic corpus's validation samples are its samples from this index on: a run
+#: would need 2**62 sequences to reach them.
+VALIDATION_START = 1 << 62
 
 
 class Source:
@@ -38,6 +49,15 @@ class Source:
 
     def samples(self, start: int, count: int) -> np.ndarray:
         raise NotImplementedError
+
+    def validation(self, start: int, count: int) -> np.ndarray:
+        """Validation samples ``[start, start + count)`` (config.EVAL_SOURCES have them)."""
+        raise NotImplementedError(f"{type(self).__name__} has no validation data")
+
+    def cursor(self, sample: int) -> DataCursor | None:
+        """Where sample ``sample`` is read from, for the checkpoint (None: nowhere to say,
+        the sample index is all)."""
+        return None
 
 
 class SyntheticSource(Source):
@@ -60,6 +80,9 @@ class SyntheticSource(Source):
             out[:, t] = self.table[out[:, t - 1], choice[:, t]]
         return out
 
+    def validation(self, start: int, count: int) -> np.ndarray:
+        return self.samples(VALIDATION_START + start, count)
+
 
 class TokenSource(Source):
     """Windows over a concatenation of byte arrays (memmaps for text files)."""
@@ -72,7 +95,7 @@ class TokenSource(Source):
         self.windows = (self.total - 1) // seq_len
         if self.windows < 1:
             raise ConfigError(f"{where}: data.path: fewer than seq_len+1 tokens of data")
-        self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+        self.order = EpochOrder(self.windows, seed)
 
     def _read(self, pos: int, n: int) -> np.ndarray:
         out = np.empty(n, dtype=np.int32)
@@ -87,14 +110,8 @@ class TokenSource(Source):
         return out
 
     def samples(self, start: int, count: int) -> np.ndarray:
-        rows = []
-        for i in range(start, start + count):
-            epoch, k = divmod(i, self.windows)
-            if epoch != self._epoch:
-                self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.windows)
-                self._epoch = epoch
-            rows.append(self._read(int(self._perm[k]) * self.seq_len, self.seq_len + 1))
-        return np.stack(rows)
+        return np.stack([self._read(self.order.window(i) * self.seq_len, self.seq_len + 1)
+                         for i in range(start, start + count)])
 
 
 def _files(path: Path, pattern: str, where: str) -> list[Path]:
@@ -107,9 +124,12 @@ def _files(path: Path, pattern: str, where: str) -> list[Path]:
     raise ConfigError(f"{where}: data.path: no data files at {path}")
 
 
-def make_source(cfg: DataConfig, vocab: int, seq_len: int, where: str = "config") -> Source:
+def make_source(cfg: DataConfig, vocab: int, seq_len: int, where: str = "config"
+                ) -> Source | ShardSource:
     if cfg.source == "synthetic":
         return SyntheticSource(cfg.seed, vocab, seq_len)
+    if cfg.source == "shards":
+        return ShardSource(cfg.path or "", cfg.seed, vocab, seq_len, where)
     path = Path(cfg.path or "")
     newline = np.frombuffer(b"\n", dtype=np.uint8)
     parts: list[np.ndarray] = []
@@ -141,7 +161,7 @@ class Batches:
     each (which divides: config.check_world, run before the trainer builds this).
     """
 
-    def __init__(self, source: Source, global_batch: int, rank: int, world: int,
+    def __init__(self, source: Source | ShardSource, global_batch: int, rank: int, world: int,
                  counts: list[int] | None = None):
         self.source, self.global_batch = source, global_batch
         self.rank, self.world = rank, world
@@ -154,9 +174,16 @@ class Batches:
         """Index of the first sample of ``step`` in the stream."""
         return step * self.global_batch
 
-    def micro_batches(self, step: int, micro: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        start = self.cursor(step) + self.offset
-        rows = self.source.samples(start, self.per_rank)
+    def plan(self, step: int) -> tuple[int, int]:
+        """(first sample, count) of this rank's rows of ``step``."""
+        return self.cursor(step) + self.offset, self.per_rank
+
+    def micro_batches(self, step: int, micro: int, rows: np.ndarray | None = None
+                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(inputs, targets)`` of each micro-batch of ``step``; ``rows``: this rank's rows
+        of it when read already (prefetch.py), else read here."""
+        if rows is None:
+            rows = self.source.samples(*self.plan(step))
         out = []
         for a in range(0, self.per_rank, micro):
             chunk = rows[a:a + micro]

@@ -43,6 +43,9 @@ the top of one micro-batch's forward/backward pass::
                                   softmax's backward
   + LOGITS N V (+ LOGITS_BF16 N V in bfloat16)   the float32 logits, their softmax and
                                   gradient: the cross-entropy is float32 in any dtype
+  + T^2        (model.window W, 0 < W < T)   the window's boolean mask, one for every
+                                  layer; the attention probabilities stay H x T a token: the
+                                  fused kernel given a mask computes every key and masks
 
 the optimizer update after the last micro-batch::
 
@@ -183,8 +186,26 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
         update += (R_BF16 if t.grad_reduce_dtype == "bfloat16" else R) * side_by_side * p
     elif not accumulating:  # the update is in the backward pass's graph
         update += EMBED_LEFT * vd + LOGITS_LEFT * n * v
+    if 0 < m.window < m.seq_len:
+        compute += m.seq_len ** 2   # the window's mask, bool
     state = STATE * p
     return Peak(state, int(state + compute), int(state + update))
+
+
+def attended_keys(seq_len: int, window: int = 0) -> float:
+    """The keys a query attends to, on average over a sequence: ``(T + 1) / 2`` causal,
+    ``mean_i min(i + 1, W)`` with a window of ``W`` tokens."""
+    w = window if 0 < window < seq_len else seq_len
+    # Queries 0..w-1 see i + 1 keys, the T - w after them w each.
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+
+
+def attention_flops_per_token(cfg: TrainerConfig) -> float:
+    """Forward and backward FLOPs of attention's scores and weighted sum, per token:
+    ``12 L D K`` (``q.k`` and ``p.v``, 2 D each per key, 3x for the backward pass), with K
+    the keys attended (:func:`attended_keys`); not in ``6 x params x tokens``."""
+    m = cfg.model
+    return 12 * m.layers * m.dims * attended_keys(m.seq_len, m.window)
 
 
 def budget_bytes(memory_bytes: int, working_set: int | None, ranks_per_node: int = 1

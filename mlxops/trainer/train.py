@@ -18,11 +18,13 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
 from mlxops.node.protocol.calibration import Calibration
+from mlxops.node.protocol.layout import BEST_DIR
 from mlxops.node.protocol.metrics import MetricsLine, step_of
 
 from . import balance, checkpoint, consistency, hooks, plan
 from .checkpoint import write_atomic
 from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
+from .cursor import DataCursor
 from .data import Batches, make_source, split_rank
 from .distributed import (
     all_gather_cpu,
@@ -31,8 +33,11 @@ from .distributed import (
     init_group,
     is_node_writer,
 )
+from .evaluate import Evaluator
 from .model import Transformer, count_params
+from .prefetch import Prefetcher
 from .step import WIRE_DTYPES, Steps
+from .validation import Validation, ValidationState, perplexity
 
 GB = 1024**3
 #: balance: auto times this many steps (after one for compilation) before it splits.
@@ -73,6 +78,10 @@ class Trainer:
         self.writer = is_node_writer(self.group)
         t = cfg.train
         self.source = make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        # The rows of the next steps, read while this one computes (trainer/prefetch.py).
+        self.prefetch = Prefetcher(self.source.samples, lambda s: self.batches.plan(s),
+                                   cfg.data.prefetch)
+        self.validation = Validation(t.patience)
         self.micro_cap = t.micro_batch  # halved by an out-of-memory back-off
         self.steps: Steps | None = None
         # balance: auto measures each rank's speed in its first steps (trainer/balance.py);
@@ -87,6 +96,7 @@ class Trainer:
         self.model = Transformer(cfg.model, grad_checkpoint=t.grad_checkpoint)
         self.optimizer = make_optimizer(cfg)
         self.optimizer.init(self.model.trainable_parameters())
+        self.evaluator = Evaluator(self.model)
         # The trainer's own RNG key, saved and restored exactly (MLX's global key cannot be
         # set back); training itself draws no random numbers (no dropout).
         self.key = mx.random.key(t.seed)
@@ -99,6 +109,7 @@ class Trainer:
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
         self._last_tps = 0.0
+        self._last_val: float | None = None   # the last evaluation's loss
         self._start(resume)
         self._calibration: list[float] | None = None
         if self.balance.measures and self.world > 1 and self.speeds is None:
@@ -164,6 +175,15 @@ class Trainer:
         if state["data_cursor"] != self.batches.cursor(self.step):
             raise TrainerError(f"{latest}: data cursor {state['data_cursor']} does not match "
                                f"step {self.step}")
+        saved_at = state.get("data_position")
+        now_at = self.source.cursor(self.batches.cursor(self.step))
+        if saved_at is not None and now_at is not None and \
+                DataCursor.from_dict(saved_at) != now_at:
+            raise TrainerError(f"{latest}: the data cursor {saved_at} is not where step "
+                               f"{self.step} reads now ({now_at.to_dict()}): the corpus "
+                               "changed since the checkpoint")
+        if state.get("validation"):
+            self.validation.state = ValidationState.from_dict(state["validation"])
         mx.eval(self.model.parameters(), self.optimizer.state)
         if self.rank == 0:
             self._truncate_metrics(self.step)
@@ -215,7 +235,7 @@ class Trainer:
         try:
             if hooks.fake_oom(self.rank, step):
                 raise MemoryError("[malloc] simulated allocation failure (test hook)")
-            batches = self.batches.micro_batches(step, self.micro)
+            batches = self.batches.micro_batches(step, self.micro, self.prefetch.rows(step))
             hooks.fake_slow(self.rank, self.counts[self.rank])
             if self.accum == 1:
                 (x, y), = batches
@@ -270,9 +290,13 @@ class Trainer:
         stop = t.stop_at or t.steps
         window: list[tuple[float, float | None]] = []
         self.out.mkdir(parents=True, exist_ok=True)
-        while self.step < stop:
+        ended = self._patience_ended()
+        while self.step < stop and not ended:
             step = self.step + 1
-            logged = step % t.log_every == 0 or step == stop
+            # At the run's last step, not at stop_at: a pause must not add an evaluation
+            # (best and patience would count it, and a resume would differ from a straight run).
+            evaluating = bool(t.eval_every) and (step % t.eval_every == 0 or step == t.steps)
+            logged = step % t.log_every == 0 or step == stop or evaluating
             before = self.steps.snapshot()
             t0 = time.perf_counter()
             stats, compute = self._run_step(step, logged or self._calibration is not None)
@@ -293,15 +317,42 @@ class Trainer:
             hooks.fake_diverge(self.rank, step, self.model)
             if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
                 self._check_consistency(step)
+            val_loss = self._validate() if evaluating else None
             if logged:
-                self._metrics(loss, window, tokens_per_step)
+                self._metrics(loss, window, tokens_per_step, val_loss)
                 window = []
             if self._calibration is not None:  # after the metrics of the step it timed
                 self._calibrate(compute)
-            if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == stop):
+            ended = evaluating and self._evaluated(val_loss)
+            if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == stop
+                                       or ended):
                 self._checkpoint()
+        self.prefetch.close()
         self._progress(self._last_loss, self._last_tps, protocol.FINISHED)
         self._log(f"done: {self.step} steps")
+
+    def _validate(self) -> float:
+        """The validation loss now (every rank: it all-sums)."""
+        return self.evaluator.loss(self.batches, self.micro, self.cfg.train.eval_batches,
+                                   self.group)
+
+    def _evaluated(self, val_loss: float) -> bool:
+        """Count an evaluation: a new best is saved in best/; True when patience ran out
+        (the caller writes a checkpoint there, so that the run ends resumably)."""
+        verdict = self.validation.observe(self.step, val_loss)
+        self._last_val = val_loss
+        if verdict.improved and self.writer:
+            self._checkpoint(self.out / BEST_DIR, keep=1)
+        return verdict.stop and self._patience_ended()
+
+    def _patience_ended(self) -> bool:
+        if not self.validation.exhausted:
+            return False
+        v = self.validation.state
+        self._log(f"patience: {v.stale} evaluations without a new best validation loss "
+                  f"(best {v.best_loss:.4f} at step {v.best_step}, kept in {BEST_DIR}/); "
+                  f"ending at step {self.step}; resume with a larger train.patience to go on")
+        return True
 
     def _calibrate(self, compute: float | None) -> None:
         """balance: auto: after a step for compilation and CALIBRATION_STEPS more, every
@@ -351,10 +402,13 @@ class Trainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(protocol.Progress(
             rank=self.rank, step=self.step, loss=loss, time=time.time(), pid=os.getpid(),
-            world_size=self.world, tokens_per_sec=tps, state=state).to_dict()) + "\n",
+            world_size=self.world, tokens_per_sec=tps, state=state, val_loss=self._last_val,
+            best_val_loss=self.validation.state.best_loss,
+            best_step=self.validation.state.best_step).to_dict()) + "\n",
             durable=False)
 
-    def _metrics(self, loss: float, window: list, tokens_per_step: int) -> None:
+    def _metrics(self, loss: float, window: list, tokens_per_step: int,
+                 val_loss: float | None = None) -> None:
         if self.rank != 0:
             return
         step_time = sum(w[0] for w in window) / len(window)
@@ -370,10 +424,12 @@ class Trainer:
             world_size=self.world, micro_batch=self.micro, accumulation=self.accum,
             lr=self.optimizer.learning_rate.item(), active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), planned_memory=self._planned(),
-            consistency_repairs=self.repairs, batch_split=self.counts)
+            consistency_repairs=self.repairs, batch_split=self.counts, val_loss=val_loss,
+            val_perplexity=None if val_loss is None else perplexity(val_loss))
         with open(self.out / protocol.METRICS, "a") as f:
             f.write(rec.line())
-        print(f"step {self.step} | loss {loss:.4f} | {rec.tokens_per_sec:.0f} tok/s | "
+        val = "" if val_loss is None else f"val {val_loss:.4f} | "
+        print(f"step {self.step} | loss {loss:.4f} | {val}{rec.tokens_per_sec:.0f} tok/s | "
               f"{step_time * 1e3:.1f} ms/step (compute {compute * 1e3:.1f}, all-reduce+update "
               f"{comm * 1e3:.1f}) | peak mem {rec.peak_memory / GB:.2f} GB", flush=True)
 
@@ -381,11 +437,15 @@ class Trainer:
         """The memory plan's peak for this rank as it runs now (trainer/plan.py)."""
         return plan.estimate(self.cfg, self.micro, self.accum, self.world).total
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, where: Path | None = None, keep: int | None = None) -> None:
+        """A checkpoint of now in ckpt/ (the rolling ones), or in ``where`` (best/)."""
         if not self.writer:
             return
+        at = self.source.cursor(self.batches.cursor(self.step))
         state: dict[str, Any] = {
             "step": self.step, "data_cursor": self.batches.cursor(self.step),
+            "data_position": at.to_dict() if at else None,
+            "validation": self.validation.state.to_dict(),
             "rng_key": self.key.tolist(), "world_size": self.world,
             "micro_batch": self.micro, "accumulation": self.accum,
             "consistency_repairs": self.repairs, "batch_split": self.counts,
@@ -393,8 +453,9 @@ class Trainer:
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(
-            self.out / protocol.CKPT_DIR, self.step, dict(tree_flatten(self.model.parameters())),
-            dict(tree_flatten(self.optimizer.state)), state, self.cfg.train.keep,
+            where or self.out / protocol.CKPT_DIR, self.step,
+            dict(tree_flatten(self.model.parameters())), dict(tree_flatten(self.optimizer.state)),
+            state, keep or self.cfg.train.keep,
         )
         if self.rank == 0:
             print(f"checkpoint: {path}", flush=True)

@@ -3,7 +3,10 @@ placed by pre-flight (hash-checked, only what differs travels), a copy that diff
 
 The corpus is text a package ships: CPython's documentation topics (``pydoc_data.topics``,
 what ``help('if')`` prints; 79 topics, 465 kB), nothing downloaded. The training run on it
-is the trainer's side (its shard reader).
+is the trainer's side (its shard reader): it trains on the two nodes, its validation loss
+falls, and a rank killed with SIGKILL is recovered by the watchdog to the very losses of a
+run never interrupted, read-ahead on (the trainer's own tests hold stop + resume and a
+2 -> 1 resume with real ranks: tests/trainer/test_shard_runs.py).
 """
 
 from __future__ import annotations
@@ -11,15 +14,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
 from pathlib import Path
 from pydoc_data.topics import topics
 
 import pytest
 import yaml
+from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
+from test_jobs import trainer_pid
 
+from mlxops.devtools.local_ranks import run_ranks
+from mlxops.jobs.launch import launch
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import PreflightError, check_preflight, preflight, select_hosts
+from mlxops.jobs.record import load_record
 from mlxops.jobs.runfiles import run_files
 from mlxops.jobs.spec import load_job
 from mlxops.node.protocol import TRAINER_CONFIG
@@ -138,3 +148,49 @@ def test_shared_mount_is_read_in_place_and_a_copy_that_differs_is_refused(
     for node in ("node1", "node2"):
         assert f"{node}: {mounted} differs from {directory}: {bad.name}: sha256 " in message
     assert bad.read_bytes() == bytes(data)      # read in place: never written to
+
+
+def test_the_corpus_trains_on_two_nodes_and_a_killed_rank_recovers_bitwise(
+        sandbox, tmp_path, connector, prepared):
+    directory, _ = prepared
+    name = "t-data-train"
+    trainer = {"model": {"dims": 32, "layers": 1, "heads": 2, "seq_len": 32},
+               "train": {"steps": 30, "global_batch": 4, "micro_batch": 2, "lr": 3e-3,
+                         "warmup": 3, "eval_every": 10, "eval_batches": 2,
+                         "checkpoint_every": 10, "keep": 3, "log_every": 1}}
+    job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
+           "trainer": trainer, "data": str(directory), "blas": "off",
+           "restart": {"max_restarts": 2, "stall_timeout": 60}}
+    (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(job))
+    record = launch(load_job(tmp_path / f"{name}.yml"), connector)
+    watchdog = BackgroundWatchdog(record, connector)
+    wait_for_step(record, connector, 13)
+    os.kill(trainer_pid(sandbox, name, 1, "node2"), signal.SIGKILL)
+    final = watchdog.result(timeout=300)
+    assert final.state == "finished", final.to_dict()
+    assert [r.reason.split(":")[0] for r in load_record(name).restarts] == [
+        "rank 1 on node2 exited with code 137"]
+    node1 = run_dir(sandbox, "node1", name)
+    metrics = [json.loads(x) for x in (node1 / "metrics.jsonl").read_text().splitlines()]
+    val = {m["step"]: m["val_loss"] for m in metrics if m.get("val_loss") is not None}
+    assert sorted(val) == [10, 20, 30] and val[30] < val[10]
+    assert (node1 / "best" / "latest").exists()
+    assert final.validation and final.validation.startswith("validation loss ")
+
+    # The same ranks' config run straight through on this machine, reading the
+    # controller's copy of the corpus: every loss equal, bit for bit.
+    config = json.loads((node1 / TRAINER_CONFIG).read_text())
+    assert config["data"]["source"] == "shards" and config["data"]["prefetch"] == 2
+    config["data"]["path"] = str(directory)
+    config["out"] = str(tmp_path / "straight")
+    (tmp_path / "straight.json").write_text(json.dumps(config))
+    root = Path(__file__).resolve().parents[2]
+    done = run_ranks([sys.executable, "-m", "mlxops.trainer", "--config",
+                      str(tmp_path / "straight.json")], 2,
+                     env={**os.environ, "PYTHONPATH": str(root)}, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    straight = {}
+    for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        straight[rec["step"]] = rec["loss"]
+    assert losses(sandbox, name) == straight

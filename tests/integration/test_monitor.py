@@ -163,6 +163,31 @@ def test_the_report_opens_offline_with_its_plots_drawn(recorded, tmp_path):
 
 
 @needs_chromium
+def test_validation_is_the_loss_charts_second_curve_in_report_and_dashboard(tmp_path):
+    """A recorded run with train.eval_every: its 6 validation losses drawn beside the
+    training loss, in the report and in the dashboard (the same view.js)."""
+    shutil.copytree(RECORDED / "validation", Path(os.environ["MLXOPS_HOME"]) / "jobs")
+    target = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "mlxops", "report", "tiny-val", "-o",
+                           str(target)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    dashboard = Dashboard("--offline")
+    try:
+        pages = [chromium(target.as_uri(), "--dump-dom", offline=os.geteuid() == 0),
+                 chromium(dashboard.url + "#job=tiny-val", "--virtual-time-budget=5000",
+                          "--dump-dom")]
+    finally:
+        dashboard.close()
+    for dom in pages:
+        chart = loss_chart(dom)
+        assert charts(dom)["loss"] == 24 + 6      # every training line, every evaluation
+        assert re.search(r'<path d="M[^"]*" class="series s3" data-name="validation"',
+                         chart), chart[:3000]
+        assert "validation loss" in dom and "1.0320 (best 1.0320 at step 120)" in dom
+
+
+@needs_chromium
 def test_the_dashboard_page_requests_nothing_outside_its_origin(recorded, tmp_path):
     dashboard = Dashboard("--offline")
     try:

@@ -309,6 +309,7 @@ def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, mo
                                                              4 * m.params, 3))
     notes = step_notes(step_estimate(spec, plans))
     assert path.name in notes[1] and all(len(line) <= 80 for line in notes)
+    assert "GFLOP of attention (a query attends to 32.5 keys)" in notes[2]   # seq_len 64
 
 
 def test_one_bench_at_a_time_per_controller(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ def test_classify(name, tmp_path):
     assert status.problem == case["problem"]
     if "step" in case:
         assert status.step == case["step"]
+    assert status.validation == case.get("validation")
     doc = status.to_dict()
     assert {"name", "state", "ranks"} <= set(doc)
     assert all({"rank", "host", "state", "step", "loss"} <= set(r) for r in doc["ranks"])

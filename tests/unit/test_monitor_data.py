@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from mlxops.jobs.record import JobRecord
 from mlxops.monitor import alerts, bench
-from mlxops.monitor.data import MirrorReader, decimate, document
+from mlxops.monitor.data import MirrorReader, decimate, document, summary
+from mlxops.node.protocol.metrics import MetricsLine
 
 DATA = Path(__file__).parent / "data" / "monitor"
 
@@ -73,6 +75,34 @@ def test_decimate_spreads_rows_and_keeps_both_ends():
     assert len(thin["step"]) == 100 and thin["step"][0] == 0 and thin["step"][-1] == 999
     assert thin["loss"] == [float(s) for s in thin["step"]]
     assert decimate(cols, None) is cols and decimate(cols, 5000) is cols
+
+
+def test_decimate_keeps_every_validation_row():
+    steps = list(range(1, 1001))
+    val = [2.0 - s / 1000 if s % 37 == 0 else None for s in steps]
+    thin = decimate({"step": steps, "val_loss": val}, 50, always="val_loss")
+    assert [s for s, v in zip(thin["step"], thin["val_loss"], strict=True) if v is not None] \
+        == [s for s in steps if s % 37 == 0]
+    assert len(thin["step"]) < 50 + 1000 // 37 + 1
+
+
+def test_the_summary_says_the_last_and_best_validation_loss():
+    def line(step, val):
+        return MetricsLine(step=step, loss=3.0, tokens_per_sec=1.0, time=1.0, step_time=1.0,
+                           compute_time=0.5, comm_time=0.5, world_size=1, micro_batch=1,
+                           accumulation=1, lr=1e-3, active_memory=1, peak_memory=1,
+                           val_loss=val)
+
+    rec = load_record_of_recorded()
+    s = summary(rec, [line(10, 2.5), line(20, None), line(30, 2.2), line(40, 2.4)], None)
+    assert (s["val_loss_last"], s["val_loss_min"], s["val_loss_best_step"]) == (2.4, 2.2, 30)
+    s = summary(rec, [line(10, None)], None)
+    assert s["val_loss_last"] is None and s["val_loss_best_step"] is None
+
+
+def load_record_of_recorded():
+    path = Path(__file__).parent / "data" / "monitor" / "finished" / "tiny-lm" / "record.json"
+    return JobRecord.from_dict(json.loads(path.read_text()))
 
 
 def look(state="running", ranks=(), nodes=None):

@@ -62,6 +62,8 @@ const MlxopsView = (() => {
       ["state", state(doc.state)],
       ["step", `${s.step ?? "-"} / ${s.steps ?? "?"}`],
       ["loss", `${fmt.loss(s.loss_last)} (first ${fmt.loss(s.loss_first)})`],
+      ...(s.val_loss_last === null || s.val_loss_last === undefined ? [] : [["validation loss",
+        `${fmt.loss(s.val_loss_last)} (best ${fmt.loss(s.val_loss_min)} at step ${s.val_loss_best_step})`]]),
       ["tokens/s", `${fmt.num(s.tokens_per_sec)} (median ${fmt.num(s.tokens_per_sec_median)})`],
       ["compute / all-reduce", s.compute_share === null ? "-"
         : `${fmt.pct(s.compute_share)} / ${fmt.pct(1 - s.compute_share)}`],
@@ -117,7 +119,14 @@ const MlxopsView = (() => {
       grid.append(fig);
       drawn.push(MlxopsChart.line(box, { key, ...spec }));
     };
-    add("loss", "loss", { series: [{ name: "loss", x: m.step, y: m.loss }],
+    // Validation losses are on the lines of the steps that evaluated only: their own curve.
+    const evals = (m.val_loss || []).map((v, k) => [m.step[k], v]).filter(([, v]) => v !== null);
+    const lossSeries = [{ name: "loss", x: m.step, y: m.loss }];
+    if (evals.length) {
+      lossSeries.push({ name: "validation", x: evals.map(([x]) => x), y: evals.map(([, v]) => v),
+                        index: 3 });   // orange beside the blue training loss
+    }
+    add("loss", "loss", { series: lossSeries,
       markers: stepMarkers(doc), xLabel: "step", xName: "step",
       yFormat: (v) => MlxopsChart.number(v) });
     add("tokens/s (all ranks)", "tokens", {

@@ -41,6 +41,10 @@ class Progress(Record):
     world_size: int | None = None
     tokens_per_sec: float | None = None
     state: str | None = None             # one of PROGRESS_STATES
+    # Validation (train.eval_every): the last evaluation's loss, and the best one so far.
+    val_loss: float | None = None
+    best_val_loss: float | None = None
+    best_step: int | None = None         # the step of best_val_loss (its checkpoint: best/)
 
 
 @dataclass

@@ -23,8 +23,9 @@ TRAINER_CONFIG = "trainer.json"
 RING_HOSTFILE = "hostfile.json"
 IBV_DEVICES = "ibv_devices.json"
 CKPT_DIR = "ckpt"
-#: Fine-tuning: the checkpoint with the lowest validation loss so far, written like those
-#: of ``ckpt/`` (``best/step-XXXXXXXX/``, ``best/latest``), one kept (docs/finetune.md).
+#: The checkpoint with the lowest validation loss (train.eval_every, and fine-tuning's
+#: eval_every), kept apart from the rolling ones in ckpt/: ``best/step-XXXXXXXX/`` and
+#: ``best/latest``, as in ckpt/; one kept (docs/trainer.md, docs/finetune.md).
 BEST_DIR = "best"
 LATEST = "latest"               # ckpt/latest: the name of the newest checkpoint directory
 CKPT_PREFIX = "step-"
