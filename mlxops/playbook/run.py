@@ -14,13 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-
 from mlxops.hostfacts import HostFacts
-from mlxops.playbook.load import JINJA, Play, PlayTask, selected
+from mlxops.playbook.load import Play, PlayTask, jinja, selected
 from mlxops.tasks import Outcome, TaskContext
 from mlxops.transport import Connector, HostResult, Results, run_parallel
-from mlxops.transport.executor import HOST_FAILURES
+from mlxops.transport.executor import host_failures
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE
 
 
@@ -173,10 +171,12 @@ def when_context(ctx: TaskContext) -> dict[str, Any]:
 
 def evaluate_when(task: PlayTask, ctx: TaskContext) -> bool:
     """True when every ``when`` expression holds; raises ValueError on an evaluation error."""
+    import jinja2
+
     values = when_context(ctx)
     for expr in task.when:
         try:
-            if not JINJA.compile_expression(expr)(**values):
+            if not jinja().compile_expression(expr)(**values):
                 return False
         except jinja2.UndefinedError as exc:
             raise ValueError(f"when: {expr}: {exc.message}") from None
@@ -217,7 +217,7 @@ def _run_cluster_task(task: PlayTask, active: Sequence[Any], contexts: Mapping[s
     if chosen:
         try:
             outcomes = task.spec.fn(chosen, task.args)
-        except HOST_FAILURES as exc:  # every host's result; anything else is a bug (raised)
+        except host_failures() as exc:  # every host's result; anything else is a bug (raised)
             outcomes = {n: Outcome.failed(f"{type(exc).__name__}: {exc}") for n in chosen}
         for name in chosen:
             outcome = outcomes.get(name) or Outcome.ok()
