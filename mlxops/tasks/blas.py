@@ -98,7 +98,22 @@ def check_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"package: must be a Debian package name, got {package!r}")
 
 
-def _probe(ctx: TaskContext) -> dict[str, Any]:
+PROBE = "probe"  # the key of the node's answer among the task's reads
+
+
+def blas_reads(host: Any, args: Mapping[str, Any]) -> dict[str, str]:
+    """The probe, by ``mlxops_python``, on a Linux node (a Mac answers nothing: skipped)."""
+    return {PROBE: f'[ "$(uname -s)" = Linux ] || exit 0; {probe_command(host.python)}'}
+
+
+def _probe(ctx: TaskContext, fresh: bool = False) -> dict[str, Any]:
+    """The node's answer: the one read with the facts unless ``fresh`` (after an install)."""
+    answer = None if fresh else ctx.prefetched(PROBE)
+    if answer is not None:
+        try:
+            return parse_probe(answer)
+        except ValueError:
+            pass  # ask again below, and report what that says
     python = (ctx.facts.python.path if ctx.facts else None) or "python3"
     result = ctx.conn.run(probe_command(python), timeout=60)
     if not result.ok:
@@ -109,7 +124,7 @@ def _probe(ctx: TaskContext) -> dict[str, Any]:
         raise RuntimeError(f"looking for OpenBLAS failed: {exc}") from None
 
 
-@task("blas", args=["package"])
+@task("blas", args=["package"], read=blas_reads)
 def blas_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     system = ctx.facts.system if ctx.facts else None
     if system != "Linux":
@@ -133,7 +148,7 @@ def blas_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
                        data={"warnings": [f"installing {package} failed "
                                           f"({result.error_line()}): {SLOW}"]})
     try:
-        found = _probe(ctx).get("openblas")
+        found = _probe(ctx, fresh=True).get("openblas")
     except RuntimeError as exc:
         return Outcome.failed(f"installed {package}, then {exc}")
     if not found:
