@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, MutableMapping
 
 import click
 
@@ -65,25 +65,43 @@ def load_command(name: str) -> click.Command:
     raise LookupError(f"mlxops.cli.{COMMANDS[name]} defines no command {name!r}")
 
 
+class CommandTable(MutableMapping[str, click.Command]):
+    """The group's commands by name: every name in :data:`COMMANDS` (listed without
+    importing anything), each command's module imported when that command is looked up;
+    plus any command added the usual way (``add_command``)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._loaded[name] = load_command(name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in COMMANDS or name in self._loaded
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set(COMMANDS) | set(self._loaded)))
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self._loaded))
+
+
 class _Main(click.Group):
-    """The ``mlxops`` group: commands resolved by name from :data:`COMMANDS` when used."""
+    """The ``mlxops`` group, its commands a :class:`CommandTable`."""
 
-    @property
-    def commands(self) -> Mapping[str, click.Command]:
-        """The whole tree, every module imported: for what walks it (docs, tests, click's
-        "did you mean"); running a command resolves only its own name."""
-        return {name: load_command(name) for name in COMMANDS}
-
-    @commands.setter
-    def commands(self, value: Mapping[str, click.Command]) -> None:
-        if value:  # click's __init__ sets an empty dict; the commands are COMMANDS
-            raise TypeError("mlxops' commands are registered in mlxops.cli.COMMANDS")
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        return load_command(cmd_name) if cmd_name in COMMANDS else None
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = CommandTable()  # type: ignore[assignment]
 
     def invoke(self, ctx: click.Context):  # noqa: D401 - click API
         try:
