@@ -37,8 +37,19 @@ class Prefetched:
     stdout: str
 
 
-#: A task's reads: host and arguments in, ``{key: POSIX sh command}`` out.
-Reads = Callable[[Any, Mapping[str, Any]], dict[str, str]]
+@dataclass(frozen=True)
+class PythonRead:
+    """A read that is Python source for the node's interpreter (``mlxops_python``), run in
+    the one the facts command starts anyway (a Python start less per read and host):
+    ``argv`` is its ``sys.argv[1:]``; it prints its answer; ``sys.exit(n)`` or an exception
+    is a failed read."""
+
+    source: str
+    argv: tuple[str, ...] = ()
+
+
+#: A task's reads: host and arguments in, ``{key: POSIX sh command, or PythonRead}`` out.
+Reads = Callable[[Any, Mapping[str, Any]], "dict[str, str | PythonRead]"]
 
 
 @dataclass
@@ -56,7 +67,7 @@ class TaskContext:
     cluster_facts: dict[str, HostFacts | None] = field(default_factory=dict)
     # The reads of the play's selected tasks, by label, for the facts command to take along
     # (set by the play); what they printed, by label (set by the facts task).
-    pending_reads: dict[str, str] = field(default_factory=dict)
+    pending_reads: dict[str, str | PythonRead] = field(default_factory=dict)
     read_answers: dict[str, Prefetched] = field(default_factory=dict)
     # The running task's own answers, by its keys (set by the play before each task; empty:
     # the task reads for itself).

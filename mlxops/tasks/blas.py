@@ -25,7 +25,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.node import blas as node_blas
-from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.tasks.base import Outcome, PythonRead, TaskContext, task
 from mlxops.transport.results import SKIPPED
 
 PACKAGE = "libopenblas0-pthread"
@@ -46,8 +46,12 @@ print(_json.dumps({"openblas": find_openblas(), "uid": _os.getuid(),
 def probe_command(python: str) -> str:
     """One command: the node's interpreter runs :mod:`mlxops.node.blas` and says what it
     found (the helpers need not be synced yet: the module travels on the command line)."""
-    source = Path(node_blas.__file__).read_text() + _REPORT
-    return shell.join([python, "-c", source])
+    return shell.join([python, "-c", probe_source()])
+
+
+def probe_source() -> str:
+    """:mod:`mlxops.node.blas` and the report of what it found, as one program."""
+    return Path(node_blas.__file__).read_text() + _REPORT
 
 
 def parse_probe(stdout: str) -> dict[str, Any]:
@@ -101,9 +105,9 @@ def check_args(args: Mapping[str, Any]) -> None:
 PROBE = "probe"  # the key of the node's answer among the task's reads
 
 
-def blas_reads(host: Any, args: Mapping[str, Any]) -> dict[str, str]:
-    """The probe, by ``mlxops_python``, on a Linux node (a Mac answers nothing: skipped)."""
-    return {PROBE: f'[ "$(uname -s)" = Linux ] || exit 0; {probe_command(host.python)}'}
+def blas_reads(host: Any, args: Mapping[str, Any]) -> dict[str, PythonRead]:
+    """The probe, in ``mlxops_python`` (on a Mac it answers no OpenBLAS; unused there)."""
+    return {PROBE: PythonRead(probe_source())}
 
 
 def _probe(ctx: TaskContext, fresh: bool = False) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from mlxops import shell
 from mlxops.hostfacts import HostFacts, Interpreter, MacState
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
-from mlxops.tasks.base import Outcome, Prefetched, TaskContext, task
+from mlxops.tasks.base import Outcome, Prefetched, PythonRead, TaskContext, task
 
 MARK = "@@mlxops:"
 
@@ -57,11 +57,11 @@ PROBE = (
 _BODY = r"""
 probe() { p=$(command -v "$1" 2>/dev/null) || return 0
   case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
-  printf '%s\n' "$p"; "$p" -c "$PROBE" 2>/dev/null; }
+  printf '%s\n' "$p"; "$p" -c "$2" 2>/dev/null; }
 echo '@@mlxops:uname'; uname -s; uname -m; uname -n
 echo '@@mlxops:home'; printf '%s\n' "$HOME"
-echo '@@mlxops:python'; probe "$py"
-echo '@@mlxops:venv'; [ -x "$root/$venv" ] && probe "$root/$venv"
+echo '@@mlxops:python'; probe "$py" "$PROBE$PYREADS"
+echo '@@mlxops:venv'; [ -x "$root/$venv" ] && probe "$root/$venv" "$PROBE"
 echo '@@mlxops:df'; df -Pk "$HOME" 2>/dev/null
 if [ "$(uname -s)" = Darwin ]; then
   echo '@@mlxops:sw_vers'; sw_vers 2>/dev/null
@@ -78,6 +78,36 @@ else
 fi
 """
 READ, EXIT = "read:", "exit:"  # a read's sections: what it printed, then its exit code
+
+# After the probe, in the same interpreter: each Python read (label, source, argv) prints
+# its sections as reads_script's commands do.
+_PYTHON_READS = r"""
+def _mlxops_reads(reads):
+    import sys
+    for label, source, argv in reads:
+        print("@@mlxops:read:" + label)
+        sys.stdout.flush()
+        sys.argv[:] = [label, *argv]
+        try:
+            exec(compile(source, label, "exec"), {"__name__": "__mlxops_read__"})
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            code = 1
+        sys.stdout.flush()
+        print("\n@@mlxops:exit:" + label)
+        print(code)
+        sys.stdout.flush()
+"""
+
+
+def python_reads_code(reads: Mapping[str, PythonRead]) -> str:
+    """Python source that runs every read of ``reads`` (``{label: PythonRead}``) in turn."""
+    if not reads:
+        return ""
+    table = [(label, r.source, list(r.argv)) for label, r in reads.items()]
+    return f"{_PYTHON_READS}\n_mlxops_reads({json.dumps(table)})\n"
 
 
 def reads_script(reads: Mapping[str, str]) -> str:
@@ -106,12 +136,18 @@ def read_answers(sections: Mapping[str, str], labels: Iterable[str]) -> dict[str
     return out
 
 
-def facts_script(python: str, root: str, reads: Mapping[str, str] | None = None) -> str:
+def facts_script(python: str, root: str,
+                 reads: Mapping[str, str | PythonRead] | None = None) -> str:
     """The one command that gathers every fact (``python``: mlxops_python, ``root``: the
-    node path mlxops_root, ``~/`` kept for the node to expand), and runs ``reads``."""
+    node path mlxops_root, ``~/`` kept for the node to expand), and runs ``reads``: the
+    Python ones in the interpreter that probes ``python``, the others after the facts."""
+    reads = reads or {}
+    in_python = {k: r for k, r in reads.items() if isinstance(r, PythonRead)}
+    in_shell = {k: r for k, r in reads.items() if not isinstance(r, PythonRead)}
     return (f"py={shell.quote(python)}; root={shell.path_word(root)}; "
-            f"venv={shell.quote(VENV_PYTHON)}; "
-            f"PROBE={shell.quote(PROBE)}\n" + _BODY + reads_script(reads or {}) + "exit 0\n")
+            f"venv={shell.quote(VENV_PYTHON)}; PROBE={shell.quote(PROBE)}; "
+            f"PYREADS={shell.quote(python_reads_code(in_python))}\n"
+            + _BODY + reads_script(in_shell) + "exit 0\n")
 
 
 # --- parsers: text in, values out ----------------------------------------------------------
@@ -311,7 +347,8 @@ def ask_facts(conn, host) -> HostFacts:
     return gather(conn, host, {})[0]
 
 
-def gather(conn, host, reads: Mapping[str, str]) -> tuple[HostFacts, dict[str, Prefetched]]:
+def gather(conn, host, reads: Mapping[str, str | PythonRead]
+           ) -> tuple[HostFacts, dict[str, Prefetched]]:
     """The facts of one host and what ``reads`` printed there, in one command."""
     result = conn.run(facts_script(host.python, host.root, reads), timeout=60)
     sections = split_sections(result.stdout)

@@ -21,16 +21,19 @@ from mlxops.ignore import Ignore
 from mlxops.node.protocol.layout import CODE_DIR, job_code_path
 from mlxops.sync import (
     DEFAULT_EXCLUDES,
+    PY_MANIFEST,
     SyncError,
     collect,
-    manifest_command,
     parse_manifest,
     sync_files,
 )
-from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.tasks.base import Outcome, PythonRead, TaskContext, task
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MANIFEST = "manifest"  # the key of the node's manifest among the task's reads
+# The manifest of mlxops.sync, its base directory as the node's shell would expand it.
+MANIFEST_SOURCE = ("import os, sys\nsys.argv[1] = os.path.expanduser(sys.argv[1])\n"
+                   + PY_MANIFEST)
 
 
 def code_path(host: Any) -> str:
@@ -68,10 +71,10 @@ def sync_roots(workdir: object, job: str | None) -> list[str]:
     return ["mlxops", job_code_path(job)]
 
 
-def sync_reads(host: Any, args: Mapping[str, Any]) -> dict[str, str]:
-    """The node's manifest of what the task owns, by ``mlxops_python`` (a JSON answer)."""
+def sync_reads(host: Any, args: Mapping[str, Any]) -> dict[str, PythonRead]:
+    """The node's manifest of what the task owns (a JSON answer), by ``mlxops_python``."""
     roots = sync_roots(args.get("workdir"), args.get("job"))
-    return {MANIFEST: manifest_command(code_path(host), roots, host.python)}
+    return {MANIFEST: PythonRead(MANIFEST_SOURCE, (code_path(host), *roots))}
 
 
 def prefetched_manifest(ctx: TaskContext) -> dict[str, tuple[str, int]] | None:

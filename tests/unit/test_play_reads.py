@@ -17,7 +17,7 @@ import pytest
 from mlxops.inventory import load_inventory
 from mlxops.playbook import load_playbook, run_play
 from mlxops.tasks import Outcome, task
-from mlxops.tasks.base import Prefetched
+from mlxops.tasks.base import Prefetched, PythonRead
 from mlxops.tasks.facts import build_facts, facts_script, read_answers, split_sections
 from mlxops.transport import Connector
 from mlxops.transport.connection import LocalConnection
@@ -49,6 +49,28 @@ def test_each_read_comes_back_whole_with_its_exit_code(tmp_path):
         "lines": Prefetched(0, "a\nb\n"), "no-newline": Prefetched(0, '{"k": 1}'),
         "empty": Prefetched(0, ""), "failed": Prefetched(3, "half\n"),
         "stderr": Prefetched(0, "out\n"), "path with space": Prefetched(0, "x\n\n")}
+
+
+def test_python_reads_run_in_the_probed_interpreter_each_with_its_own_answer(tmp_path):
+    reads = {"argv": PythonRead("import sys; print(sys.argv[1:])", ("a b", "~")),
+             "no-newline": PythonRead("import sys; sys.stdout.write('{}')"),
+             "exits": PythonRead("print('half'); raise SystemExit(4)"),
+             "raises": PythonRead("print('half'); {}['x']"),
+             "after": PythonRead("print(__name__)"), "shell": "echo from sh"}
+    result = LocalConnection("here").run(facts_script(sys.executable, str(tmp_path), reads))
+    sections = split_sections(result.stdout)
+    facts = build_facts(sections, str(tmp_path))
+    assert facts.python.version and facts.python.path  # the probe's own line still parses
+    assert read_answers(sections, reads) == {
+        "argv": Prefetched(0, "['a b', '~']\n"), "no-newline": Prefetched(0, "{}"),
+        "exits": Prefetched(4, "half\n"), "raises": Prefetched(1, "half\n"),
+        "after": Prefetched(0, "__mlxops_read__\n"), "shell": Prefetched(0, "from sh\n")}
+
+
+def test_without_the_interpreter_a_python_read_is_not_an_answer(tmp_path):
+    reads = {"py": PythonRead("print(1)")}
+    result = LocalConnection("here").run(facts_script("no-such-python", str(tmp_path), reads))
+    assert read_answers(split_sections(result.stdout), reads) == {}
 
 
 def test_a_read_cut_short_is_not_an_answer():
