@@ -25,14 +25,15 @@ from __future__ import annotations
 import ipaddress
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
-
-import jinja2
+from typing import TYPE_CHECKING, Any
 
 from mlxops import paths, shell
 from mlxops.errors import bad_input
 from mlxops.inventory.variables import ring_ordered
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, JACCL_BACKENDS, JACCL_RING, MPI
+
+if TYPE_CHECKING:  # Jinja2 is imported by the first template rendered (environment())
+    import jinja2
 
 LAUNCH_TEMPLATE = "mlx-hostfile.json.j2"
 MPI_TEMPLATE = "mpi-hostfile.txt.j2"
@@ -59,6 +60,8 @@ def environment() -> jinja2.Environment:
     """The Jinja environment of ``templates/`` (built once)."""
     global _ENV
     if _ENV is None:
+        import jinja2
+
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
             undefined=jinja2.StrictUndefined,

@@ -108,7 +108,7 @@ def _content_digest(path: str, mtime_ns: int, size: int) -> str:
 
 # --- the node side -----------------------------------------------------------------------
 
-_PY_MANIFEST = r"""
+PY_MANIFEST = r"""
 import hashlib, json, os, stat, sys
 base, out = sys.argv[1], {}
 for root in sys.argv[2:]:
@@ -145,7 +145,7 @@ def python_manifest_args(dest: str, roots: Sequence[str]) -> str:
     Callers that already run a command on the node (jobs' pre-flight) append it to theirs
     and pass the parsed result to :func:`sync_files` as ``remote``.
     """
-    return f"{shell.join(['-c', _PY_MANIFEST])} {shell.path_word(dest)} {shell.join(roots)}"
+    return f"{shell.join(['-c', PY_MANIFEST])} {shell.path_word(dest)} {shell.join(roots)}"
 
 
 def manifest_command(dest: str, roots: Sequence[str], python: str | None) -> str:

@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from mlxops.transport import Connector, HostResult, Results, run_parallel
 from mlxops.transport.connection import SSHConnection
 from mlxops.transport.hostkeys import KnownHosts, fingerprint
-from mlxops.transport.jumps import ROLE
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED
+
+if TYPE_CHECKING:  # paramiko comes with the first connection (mlxops.transport.connection)
+    import paramiko
 
 KNOWN, NEW, KEY_CHANGED, LOCAL, BLOCKED = "known", "new", "changed", "local", "blocked"
 
@@ -65,6 +66,8 @@ def check_host_keys(hosts: Sequence, connector: Connector,
 
     def work(host) -> HostResult:
         conn = connector.connect(host)
+        from mlxops.transport.jumps import ROLE  # Fabric's module: imported by connect()
+
         if not isinstance(conn, SSHConnection):
             return HostResult(host.name, SKIPPED, "local connection, no host key",
                               value=HostKeyCheck(host.name, state=LOCAL))

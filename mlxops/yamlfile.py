@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from typing import TYPE_CHECKING, Any
 
 from mlxops.errors import bad_input
 
+if TYPE_CHECKING:  # PyYAML is imported by the first file read: not by --help, not by status
+    from yaml.nodes import Node
+
 MERGE_TAG = "tag:yaml.org,2002:merge"
-# libyaml's parser when PyYAML has it, as Ansible does: the pure-Python one accepts a few
-# things libyaml refuses (``{a:}``), and a file should mean the same to both.
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 # Ansible's own tags, with what to do instead.
 _ANSIBLE_TAGS = {
@@ -70,7 +67,11 @@ def read_yaml(path: str | os.PathLike[str], what: str = "a YAML file") -> Any:
 
 def parse_yaml(text: str, source: object) -> Any:
     """``read_yaml`` for text already read; ``source`` names it in messages."""
-    loader = _Loader(text)
+    import yaml
+
+    # libyaml's parser when PyYAML has it, as Ansible does: the pure-Python one accepts a
+    # few things libyaml refuses (``{a:}``), and a file should mean the same to both.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -101,6 +102,8 @@ def join_key(path: str | None, part: Any) -> str:
 
 def _check_tree(loader: Any, root: Node) -> None:
     """Refuse duplicate keys and unsupported tags, naming the key path of each."""
+    from yaml.nodes import MappingNode, SequenceNode
+
     # Depth first in document order: an anchor comes before its aliases, so a node shared
     # through an alias is checked, and named, where it is written. An alias is the same node
     # object as its anchor: it is checked once.
@@ -143,6 +146,8 @@ def _hashable(value: Any) -> bool:
 
 
 def _check_tag(loader: Any, node: Node, key: str | None) -> None:
+    from yaml.nodes import ScalarNode
+
     tag, line = node.tag, node.start_mark.line + 1
     if tag in _ANSIBLE_TAGS:
         raise _Refused(key, line, _ANSIBLE_TAGS[tag].format(line=line))

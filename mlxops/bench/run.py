@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mlxops import filelock, render, shell
 from mlxops.bench import allreduce
+from mlxops.bench.choices import ALL, RING
 from mlxops.bench.findings import findings
 from mlxops.bench.measure import Network, Node, Settings, server_deadline
 from mlxops.bench.results import BenchResult, RingResult, average_busbw, bench_dir, fit
@@ -29,18 +30,11 @@ from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import preflight
 from mlxops.jobs.spec import JobSpec
-from mlxops.node.protocol.bench import BENCH_JOB
 from mlxops.transport import Connector, GroupError, run_parallel
 
 OnEvent = Callable[[str], None]
-ALL, RING = "all", "ring"
 #: The all-reduce's ring ports start this far above the bench's port (server, iperf3).
 RING_PORT_OFFSET = 2
-
-
-def default_port() -> int:
-    """Derived from the internal job's name by the job files' rule, as any job's port."""
-    return JobSpec(path=Path("."), name=BENCH_JOB, inventory=Path(".")).base_port
 
 
 @dataclass(frozen=True)

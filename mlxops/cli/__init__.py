@@ -1,11 +1,15 @@
 """The ``mlxops`` command line: thin click commands over the library.
 
 Each command group lives in its own module here and exposes one click object named
-``command``; :data:`COMMAND_MODULES` lists them. User errors (:class:`MlxopsError`)
-become one line on stderr and their exit code (docs/cli.md, "Exit codes"), never a
-traceback. Any other exception is a bug: ``mlxops: internal error: Type: message`` with
-the hint to rerun with ``MLXOPS_DEBUG=1``, exit 1. With ``MLXOPS_DEBUG=1`` every error,
-a user error too, also prints its traceback.
+``command`` (or a list, ``commands``); :data:`COMMANDS` maps every command's name to its
+module, and a module is imported only when one of its commands runs (or ``--help`` lists
+them: click's documented lazy group), so a command pays only for what it uses. To add a
+command: its module here, one line in :data:`COMMANDS`, a section in docs/cli.md.
+
+User errors (:class:`MlxopsError`) become one line on stderr and their exit code
+(docs/cli.md, "Exit codes"), never a traceback. Any other exception is a bug: ``mlxops:
+internal error: Type: message`` with the hint to rerun with ``MLXOPS_DEBUG=1``, exit 1.
+With ``MLXOPS_DEBUG=1`` every error, a user error too, also prints its traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
+from collections.abc import Iterator, MutableMapping
 
 import click
 
@@ -27,25 +32,79 @@ from mlxops.errors import (
     describe,
 )
 
-# One module per command (or command group); each defines ``command`` (or ``commands``).
-COMMAND_MODULES = [
-    "run",
-    "trust",
-    "sandbox",
-    "hostfile",
-    "provision",
-    "jobs",
-    "plan",
-    "check",
-    "bench",
-    "monitor",
-    "events",
-    "selftest",
-    "data",
-]
+#: Every command's name -> the module under mlxops.cli that defines it (as ``command`` or
+#: in ``commands``). Imported only when the command runs: keep one line per command.
+COMMANDS: dict[str, str] = {
+    "run": "run",
+    "trust": "trust",
+    "sandbox": "sandbox",
+    "hostfile": "hostfile",
+    "provision": "provision",
+    "launch": "jobs",
+    "resume": "jobs",
+    "watch": "jobs",
+    "status": "jobs",
+    "logs": "jobs",
+    "stop": "jobs",
+    "plan": "plan",
+    "check": "check",
+    "bench": "bench",
+    "monitor": "monitor",
+    "dashboard": "monitor",
+    "report": "monitor",
+    "events": "events",
+    "selftest": "selftest",
+    "data": "data",
+}
+
+
+def load_command(name: str) -> click.Command:
+    """Command ``name`` (a key of :data:`COMMANDS`), its module imported now."""
+    module = importlib.import_module(f"mlxops.cli.{COMMANDS[name]}")
+    for command in getattr(module, "commands", None) or [module.command]:
+        if command.name == name:
+            return command
+    raise LookupError(f"mlxops.cli.{COMMANDS[name]} defines no command {name!r}")
+
+
+class CommandTable(MutableMapping[str, click.Command]):
+    """The group's commands by name: every name in :data:`COMMANDS` (listed without
+    importing anything), each command's module imported when that command is looked up;
+    plus any command added the usual way (``add_command``)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._loaded[name] = load_command(name)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in COMMANDS or name in self._loaded
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(set(COMMANDS) | set(self._loaded)))
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self._loaded))
 
 
 class _Main(click.Group):
+    """The ``mlxops`` group, its commands a :class:`CommandTable`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = CommandTable()  # type: ignore[assignment]
+
     def invoke(self, ctx: click.Context):  # noqa: D401 - click API
         try:
             return super().invoke(ctx)
@@ -79,16 +138,6 @@ def _traceback(exc: BaseException, chain: bool = True) -> None:
 @click.version_option(__version__, prog_name="mlxops")
 def cli() -> None:
     """Provision Apple Silicon Macs over SSH and run MLX training on them as one job."""
-
-
-def _register() -> None:
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"mlxops.cli.{name}")
-        for command in getattr(module, "commands", None) or [module.command]:
-            cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
 from mlxops import console
-from mlxops.bench.apply import apply_order
-from mlxops.bench.measure import Settings
-from mlxops.bench.results import BenchResult, average_busbw, save
-from mlxops.bench.run import ALL, RING, Request, default_port, parse_sizes, run_bench
+from mlxops.bench.choices import ALL, RING, default_port
 from mlxops.cli.options import (
     connect_options,
     inventory_argument,
@@ -20,8 +17,12 @@ from mlxops.cli.options import (
     limit_option,
 )
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, bad_input
-from mlxops.inventory.variables import ring_order_line
-from mlxops.transport import Connector
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from mlxops.bench.results import BenchResult
+    from mlxops.bench.run import Request
 
 MAX_STREAMS = 128
 
@@ -158,6 +159,12 @@ def command(inventory, limit, pairs, streams, seconds, omit, serial, iperf3, siz
       mlxops bench inventory.yml                  # everything, ~3 min for 8 Macs
       mlxops bench inventory.yml --seconds 2 --sizes 1M..64M --apply
     """
+    from mlxops.bench.measure import Settings
+    from mlxops.bench.results import average_busbw, save
+    from mlxops.bench.run import Request, parse_sizes, run_bench
+    from mlxops.inventory.variables import ring_order_line
+    from mlxops.transport import Connector
+
     settings = Settings(streams=parse_streams(streams), seconds=seconds, omit=omit,
                         serial=serial, iperf3=iperf3, port=port or default_port())
     size_list = parse_sizes(sizes)
@@ -210,6 +217,8 @@ def _apply(result: BenchResult, req: Request, connector) -> dict[str, str]:
                                  "a measurement failed" if result.failures else "no ring")
         result.failures.append(f"--apply: {why}")
         return {h: why for h in result.hosts}
+    from mlxops.bench.apply import apply_order
+
     results = apply_order(req.inventory, req.limit, ring.order, connector)
     for name in results.failed + results.unreachable:
         result.failures.append(f"--apply: {name}: {results[name].message}")

@@ -10,11 +10,8 @@ import os
 
 import click
 
-from mlxops import render
-from mlxops.bench.results import ring_order
 from mlxops.cli.options import inventory_argument, limit_option
 from mlxops.errors import bad_input
-from mlxops.inventory import load_inventory
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND, MPI
 
 
@@ -36,6 +33,10 @@ def command(inventory, backend, limit, output, order):
       mlxops hostfile inventory.yml -o hostfile.json
       mlx.launch --hostfile hostfile.json --python /opt/homebrew/bin/python3 train.py
     """
+    from mlxops import render
+    from mlxops.bench.results import ring_order
+    from mlxops.inventory import load_inventory
+
     inv = load_inventory(inventory)
     # Nothing connects from here (mlx.launch's own ssh does not read the key file either).
     hosts = inv.select(limit, source="--limit", check_files=False)

@@ -1,24 +1,21 @@
-"""Job commands: launch, status, logs, watch, stop, resume (thin layers over mlxops.jobs)."""
+"""Job commands: launch, status, logs, watch, stop, resume (thin layers over mlxops.jobs).
+
+What a command uses is imported in it (the start-up of ``status`` is not ``launch``'s)."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
-from rich.markup import escape
 
 from mlxops import console, events
 from mlxops.cli.options import connect_options, forks_option, json_option
-from mlxops.cli.watch import echo_line, hints, print_failures, print_status, watch_job
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from mlxops.jobs import logs as joblogs
-from mlxops.jobs.launch import launch as launch_job
-from mlxops.jobs.record import list_jobs, load_record
-from mlxops.jobs.spec import load_job
-from mlxops.jobs.status import JobStatus, job_status
-from mlxops.jobs.stop import stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
-from mlxops.transport import Connector
+
+if TYPE_CHECKING:
+    from mlxops.jobs.status import JobStatus
 
 
 def _exit_for(status: JobStatus) -> int:
@@ -30,10 +27,16 @@ def _exit_for(status: JobStatus) -> int:
 
 
 def _warn(message: str) -> None:
+    from rich.markup import escape
+
     console.err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
 def _after_start(record, connector, detach: bool, as_json: bool) -> None:
+    from mlxops.cli.watch import hints, print_status, watch_job
+    from mlxops.jobs.record import load_record
+    from mlxops.jobs.status import job_status
+
     if detach:
         status = job_status(record, connector)
         if as_json:
@@ -69,6 +72,10 @@ def launch(job, detach, fresh, as_json, forks, connect):
     Pre-flight checks every host first (reachable, same mlx, code synced, ring ports free,
     no leftover rank): nothing starts anywhere unless all pass.
     """
+    from mlxops.jobs.launch import launch as launch_job
+    from mlxops.jobs.spec import load_job
+    from mlxops.transport import Connector
+
     spec = load_job(job)
     with Connector(connect) as connector:
         record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
@@ -93,6 +100,11 @@ def resume(name, exclude, detach, as_json, forks, connect):
     Reads the job file again (e.g. after raising train.steps); the watchdog's own restarts
     run the job as it was launched.
     """
+    from mlxops.jobs.launch import launch as launch_job
+    from mlxops.jobs.record import load_record
+    from mlxops.jobs.spec import load_job
+    from mlxops.transport import Connector
+
     record = load_record(name)
     spec = load_job(record.job_file)
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
@@ -112,6 +124,10 @@ def resume(name, exclude, detach, as_json, forks, connect):
 @connect_options
 def watch(name, connect):
     """Follow job NAME and supervise it: restart on a dead or stalled rank."""
+    from mlxops.cli.watch import hints, print_status, watch_job
+    from mlxops.jobs.record import load_record
+    from mlxops.transport import Connector
+
     record = load_record(name)
     with Connector(connect) as connector:
         status = watch_job(record, connector)
@@ -126,13 +142,24 @@ def watch(name, connect):
 @connect_options
 def status(name, as_json, connect):
     """Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat."""
+    from mlxops.jobs.record import list_jobs, load_record
+
+    if name is None and not list_jobs():
+        # Answered from the job directory alone: nothing more to import (typed often).
+        if as_json:
+            console.print_json({"jobs": []})
+        else:
+            click.echo("no jobs yet. Start one: mlxops launch JOB.yml")
+        sys.exit(EXIT_OK)
+    from mlxops.cli.watch import print_status
+    from mlxops.jobs.status import job_status
+    from mlxops.transport import Connector
+
     with Connector(connect) as connector:
         if name is None:
             statuses = [job_status(load_record(n), connector) for n in list_jobs()]
             if as_json:
                 console.print_json({"jobs": [s.to_dict() for s in statuses]})
-            elif not statuses:
-                console.out.print("no jobs yet. Start one: mlxops launch JOB.yml")
             for s in statuses if not as_json else []:
                 step = "-" if s.step is None else s.step
                 console.out.print(f"{s.name}: {s.state} step {step}/{s.steps or '?'} "
@@ -153,6 +180,12 @@ def status(name, as_json, connect):
 @connect_options
 def logs(name, rank, follow_, connect):
     """The ranks' output, merged, each line prefixed with host and rank."""
+    from mlxops.cli.watch import echo_line, print_failures
+    from mlxops.jobs import logs as joblogs
+    from mlxops.jobs.record import load_record
+    from mlxops.jobs.status import job_status
+    from mlxops.transport import Connector
+
     record = load_record(name)
     if rank is not None and rank not in {r.rank for r in record.ranks}:
         raise click.BadParameter(f"job {name!r} has ranks 0..{record.world_size - 1}",
@@ -182,6 +215,10 @@ def logs(name, rank, follow_, connect):
 @connect_options
 def stop(name, grace, as_json, connect):
     """Stop every rank of job NAME and verify nothing of it runs (safe to repeat)."""
+    from mlxops.jobs.record import load_record
+    from mlxops.jobs.stop import stop_job
+    from mlxops.transport import Connector
+
     record = load_record(name)
     with Connector(connect) as connector:
         results = stop_job(record, connector, grace=grace)

@@ -8,24 +8,26 @@ import errno
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mlxops import console
 from mlxops.cli.options import connect_options, json_option
 from mlxops.errors import EXIT_OK, MlxopsError, UserError
-from mlxops.jobs.record import load_record
-from mlxops.monitor import files, live, report
-from mlxops.monitor import server as dashboard_server
-from mlxops.monitor.data import MirrorReader
-from mlxops.monitor.mirror import feed
 from mlxops.node.protocol import ENDED_STATES
-from mlxops.transport import Connector, Results
+
+if TYPE_CHECKING:
+    from mlxops.transport import Connector, Results
 
 
 def _feeder(name: str, connector: Connector, outcome: dict[str, Results]):
     """One look at the job's cluster for the mirror; none once the mirror holds the end of
     a job that ended (the cluster may be gone by now)."""
+    from mlxops.jobs.record import load_record
+    from mlxops.monitor import files
+    from mlxops.monitor.mirror import feed
+
     def look() -> None:
         record = load_record(name)
         state = files.read_state(name)
@@ -51,6 +53,10 @@ def _feeder(name: str, connector: Connector, outcome: dict[str, Results]):
 def monitor(name, interval, once, offline, connect):
     """Live terminal view of job NAME: per rank state, step, loss, tokens/s, memory,
     heartbeat; cluster totals, restarts and alerts. Ctrl-C leaves (the job runs on)."""
+    from mlxops.jobs.record import load_record
+    from mlxops.monitor import live  # rich's live view: only here
+    from mlxops.transport import Connector
+
     load_record(name)  # an unknown name: exit 2 with the known ones, before connecting
     outcome: dict[str, Results] = {}
     try:
@@ -80,6 +86,9 @@ def monitor(name, interval, once, offline, connect):
 def dashboard(port, bind, interval, offline, metrics_only, connect):
     """Serve a local web page of every job: state, loss and tokens/s curves updating live,
     compute/all-reduce split, memory, restarts, per-node health, the last bench."""
+    from mlxops.monitor import server as dashboard_server  # http.server: only here
+    from mlxops.transport import Connector
+
     try:
         server = dashboard_server.make_server(bind, port, metrics_only=metrics_only)
     except OSError as exc:
@@ -128,6 +137,12 @@ def dashboard(port, bind, interval, offline, metrics_only, connect):
 def report_command(name, output, refresh, as_json, connect):
     """One self-contained HTML file of job NAME (opens offline): loss and tokens/s curves,
     tokens/s per rank, restarts, config, plan and bench figures."""
+    from mlxops.jobs.record import load_record
+    from mlxops.monitor import report
+    from mlxops.monitor.data import MirrorReader
+    from mlxops.monitor.mirror import feed
+    from mlxops.transport import Connector
+
     load_record(name)
     code = EXIT_OK
     if refresh:

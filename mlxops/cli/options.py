@@ -8,8 +8,6 @@ from typing import Any
 
 import click
 
-from mlxops.transport import ConnectOptions
-
 F = Callable[..., Any]
 
 
@@ -50,6 +48,8 @@ def connect_options(f: F) -> F:
     @functools.wraps(f)
     def command(*args: Any, accept_new_host_keys: bool, connect_timeout: float,
                 **kwargs: Any) -> Any:
+        from mlxops.transport import ConnectOptions  # when the command runs, not at --help
+
         return f(*args, connect=ConnectOptions(accept_new_host_keys=accept_new_host_keys,
                                                connect_timeout=connect_timeout), **kwargs)
 
@@ -61,6 +61,8 @@ def connect_timeout_option(f: F) -> F:
     host keys only after showing them (it never takes ``--accept-new-host-keys``)."""
     @functools.wraps(f)
     def command(*args: Any, connect_timeout: float, **kwargs: Any) -> Any:
+        from mlxops.transport import ConnectOptions
+
         return f(*args, connect=ConnectOptions(connect_timeout=connect_timeout), **kwargs)
 
     return _connect_timeout(command)

@@ -5,18 +5,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
 
 from mlxops import console
 from mlxops.cli.options import connect_options, json_option
-from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.errors import EXIT_FAILED
-from mlxops.jobs.balance import balance_plan
-from mlxops.jobs.spec import load_job
-from mlxops.planning import NodePlan, plan_job, step_estimate
-from mlxops.transport import Connector
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from mlxops.planning import NodePlan
 
 GB = 1024**3
 
@@ -106,6 +106,12 @@ def step_notes(step: dict | None) -> list[str]:
 def command(job, refresh, as_json, connect):
     """Per node: parameters, gradients, optimizer state and activations of one rank, and the
     micro-batch, accumulation and checkpointing that fit its memory."""
+    from mlxops.cli.plan_balance import balance_notes, balance_table, shown
+    from mlxops.jobs.balance import balance_plan
+    from mlxops.jobs.spec import load_job
+    from mlxops.planning import plan_job, step_estimate
+    from mlxops.transport import Connector
+
     spec = load_job(job)
     with Connector(connect) as connector:
         split = balance_plan(spec, connector) if spec.trainer is not None else None

@@ -3,11 +3,14 @@ step is predicted to take, and the nodes the job is faster without."""
 
 from __future__ import annotations
 
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from mlxops import console
 from mlxops.jobs.balance import WEIGHTS, BalancePlan
 from mlxops.jobs.spec import BALANCE_AUTO, BALANCE_EQUAL
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def shown(split: BalancePlan) -> bool:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from mlxops import console
-from mlxops.adhoc import run_command
 from mlxops.cli.options import (
     connect_options,
     forks_option,
@@ -15,9 +15,10 @@ from mlxops.cli.options import (
     json_option,
     limit_option,
 )
-from mlxops.inventory import load_inventory
-from mlxops.transport import Connector, HostResult
 from mlxops.transport.results import OK, UNREACHABLE
+
+if TYPE_CHECKING:
+    from mlxops.transport import HostResult
 
 
 def _print_host(result: HostResult) -> None:
@@ -55,6 +56,10 @@ def command(inventory, limit, forks, timeout, become, as_json, connect, command)
     Example:
       mlxops run inventory.yml --limit studios -- sysctl hw.memsize
     """
+    from mlxops.adhoc import run_command
+    from mlxops.inventory import load_inventory
+    from mlxops.transport import Connector
+
     inv = load_inventory(inventory)
     hosts = inv.select(limit, source="--limit")
     with Connector(connect) as connector, \

@@ -12,7 +12,6 @@ import time
 import click
 
 from mlxops import console
-from mlxops.sandbox import Sandbox
 from mlxops.sandbox.darwin import FLAVOURS
 from mlxops.sandbox.layout import DEFAULT_PREFIX, DEFAULT_SUBNET, LOGIN_SHELLS
 
@@ -55,6 +54,8 @@ def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: 
     first run builds the node interpreter (a venv with the controller's mlx version)
     under /var/cache/mlxops-sandbox; later runs reuse it.
     """
+    from mlxops.sandbox import Sandbox
+
     start = time.monotonic()
     login_shell = login_shell or ("zsh" if flavour == "macos" else "bash")
     box = Sandbox(state_dir, subnet=subnet, prefix=prefix, login_shell=login_shell,
@@ -77,6 +78,8 @@ def up(nodes: int, rates: tuple[str, ...], state_dir: str, subnet: str, prefix: 
 @_dir_option
 def down(state_dir: str) -> None:
     """Stop every node and remove what `up` created (the cached venv stays). Idempotent."""
+    from mlxops.sandbox import Sandbox
+
     box = Sandbox(state_dir)
     count = len(box.nodes)
     box.down()
@@ -89,6 +92,8 @@ def down(state_dir: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def status(state_dir: str, as_json: bool) -> None:
     """Show the nodes of the sandbox in DIR and whether each sshd is up."""
+    from mlxops.sandbox import Sandbox
+
     box = Sandbox(state_dir)
     nodes = [{"name": n, "ip": box.ip(n), "sshd_pid": box.sshd_pid(n),
               "sshd_up": box.sshd_alive(n)} for n in box.nodes]

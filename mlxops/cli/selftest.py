@@ -16,9 +16,7 @@ from mlxops.cli.options import (
     json_option,
     limit_option,
 )
-from mlxops.selftest.job import NAME
-from mlxops.selftest.run import DEFAULT_TIMEOUT, SKIPPABLE, Options, parse_skip, run_selftest
-from mlxops.selftest.summary import render_text
+from mlxops.selftest.choices import DEFAULT_TIMEOUT, NAME, SKIPPABLE
 
 
 @click.command("selftest")
@@ -49,6 +47,9 @@ def command(inventory, limit, skip, keep, timeout, forks, as_json, connect):
     Example:
       mlxops selftest inventory.yml --limit 'macs[0:3]' --skip bench
     """
+    from mlxops.selftest.run import Options, parse_skip, run_selftest
+    from mlxops.selftest.summary import render_text
+
     options = Options(inventory=Path(inventory), limit=limit, skip=parse_skip(skip),
                       keep=keep, timeout=timeout, forks=forks,
                       connect=connect)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
-from rich.text import Text
 
 from mlxops import console
 from mlxops.cli.options import (
@@ -15,8 +15,7 @@ from mlxops.cli.options import (
     limit_option,
 )
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from mlxops.inventory import load_inventory
-from mlxops.transport import Connector, HostResult, Results
+from mlxops.transport import HostResult, Results
 from mlxops.trust import (
     BLOCKED,
     KEY_CHANGED,
@@ -27,11 +26,16 @@ from mlxops.trust import (
     record_new_keys,
 )
 
+if TYPE_CHECKING:
+    from rich.text import Text
+
 _STATE_STYLE = {"known": "green", "new": "yellow", "changed": "bold red", "local": "cyan",
                 "blocked": "magenta"}
 
 
 def _block(check: HostKeyCheck, result: HostResult | None = None) -> list[Text]:
+    from rich.text import Text
+
     head = Text(check.host)
     if check.name and check.name != check.host:
         head.append(f" ({check.name})")
@@ -57,6 +61,8 @@ def key_blocks(results: Results, checks: dict[str, HostKeyCheck]) -> list[Text]:
     jump host (each once, unless it is an inventory host too). A fingerprint is never cut
     or folded (it is compared by eye with what the Mac shows), and 80 columns hold the line
     whole."""
+    from rich.text import Text
+
     hosts = {c.identity for c in checks.values() if c.key is not None}
     lines = []
     for check in every_check(checks):
@@ -93,6 +99,9 @@ def command(inventory, limit, forks, yes, connect):
     recorded: find out why it changed, then remove the old line yourself. A host behind a
     jump host whose key is new is scanned once that key is recorded.
     """
+    from mlxops.inventory import load_inventory
+    from mlxops.transport import Connector
+
     inv = load_inventory(inventory)
     pending = inv.select(limit, source="--limit")
     final: dict[str, HostResult] = {}

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import datetime
 import time
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from mlxops import console
 from mlxops.jobs.notifying import start_notifier
@@ -28,6 +26,10 @@ from mlxops.node.protocol import (
     STALLED,
 )
 from mlxops.transport import Connector
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
 def _describe(status: JobStatus) -> str:
@@ -59,6 +61,14 @@ def watch_job(record: JobRecord, connector: Connector) -> JobStatus:
 
 
 def _watch(record: JobRecord, connector: Connector, supervising: bool) -> JobStatus:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console.err,
                   disable=not console.err.is_terminal) as progress:

@@ -17,9 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import SandboxedEnvironment
-
 from mlxops.errors import bad_input
 from mlxops.tasks import REGISTRY, TaskSpec
 from mlxops.yamlfile import read_yaml
@@ -29,7 +26,19 @@ PLAY_KEYS = ("name", "tasks")
 SPECIAL_TAGS = {"all", "tagged", "untagged"}
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 # The sandbox `when:` expressions are compiled (here) and evaluated (run.py) in.
-JINJA = SandboxedEnvironment(undefined=jinja2.StrictUndefined)
+_JINJA: Any = None
+
+
+def jinja() -> Any:
+    """The sandboxed Jinja2 environment ``when`` expressions compile in (made, and Jinja2
+    imported, on first use: a play is read only by ``provision``)."""
+    global _JINJA
+    if _JINJA is None:
+        import jinja2
+        from jinja2.sandbox import SandboxedEnvironment
+
+        _JINJA = SandboxedEnvironment(undefined=jinja2.StrictUndefined)
+    return _JINJA
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,10 @@ def _parse_when(path: Path, key: str, data: Mapping[str, Any]) -> tuple[str, ...
             raise bad_input(path, where, "must be a Jinja2 expression (a string)")
         if "{{" in expr or "{%" in expr:
             raise bad_input(path, where, "write the bare expression, without {{ }}")
+        import jinja2
+
         try:
-            JINJA.compile_expression(expr)
+            jinja().compile_expression(expr)
         except jinja2.TemplateSyntaxError as exc:
             raise bad_input(path, where, f"invalid expression: {exc.message}") from None
         out.append(expr.strip())

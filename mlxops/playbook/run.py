@@ -14,13 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-
 from mlxops.hostfacts import HostFacts
-from mlxops.playbook.load import JINJA, Play, PlayTask, selected
+from mlxops.playbook.load import Play, PlayTask, jinja, selected
 from mlxops.tasks import Outcome, TaskContext
 from mlxops.transport import Connector, HostResult, Results, run_parallel
-from mlxops.transport.executor import HOST_FAILURES
+from mlxops.transport.executor import host_failures
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE
 
 
@@ -128,10 +126,14 @@ def run_play(
     }
     result = PlayResult(names, {h: {OK: 0, CHANGED: 0, FAILED: 0, SKIPPED: 0} for h in names},
                         {}, {}, cluster_facts, play.name)
+    chosen = [(i, t) for i, t in enumerate(play.tasks) if selected(t, tags, skip_tags)]
+    for ctx in contexts.values():
+        ctx.pending_reads = planned_reads(chosen, ctx.host)
+    # Per host, the tasks (by kind) that changed it: a later task of the same kind reads
+    # for itself, its answer from the facts round trip may be stale.
+    changed_by: dict[str, set[str]] = {h: set() for h in names}
     try:
-        for task in play.tasks:
-            if not selected(task, tags, skip_tags):
-                continue
+        for index, task in chosen:
             active = [h for h in hosts if h.name not in result.unreachable
                       and h.name not in result.failed]
             if not active:
@@ -142,14 +144,17 @@ def run_play(
                 results = _run_cluster_task(task, active, contexts, cb)
             else:
                 results = run_parallel(
-                    active, lambda h, t=task: _run_host_task(t, contexts[h.name]), forks=forks,
-                    on_result=lambda r, t=task: cb.host_result(t, r))
+                    active, lambda h, t=task, i=index: _run_host_task(
+                        t, contexts[h.name], i, stale=t.spec.name in changed_by[h.name]),
+                    forks=forks, on_result=lambda r, t=task: cb.host_result(t, r))
             report = TaskReport(task, results, time.monotonic() - t0)
             for host, res in results.items():
                 if res.status == UNREACHABLE:
                     result.unreachable[host] = res.message
                 else:
                     result.counts[host][res.status] += 1
+                    if res.status == CHANGED and not check:
+                        changed_by[host].add(task.spec.name)
                     if res.status == FAILED:
                         result.failed[host] = f"{task.name}: {res.message}"
             result.tasks.append(report)
@@ -173,10 +178,12 @@ def when_context(ctx: TaskContext) -> dict[str, Any]:
 
 def evaluate_when(task: PlayTask, ctx: TaskContext) -> bool:
     """True when every ``when`` expression holds; raises ValueError on an evaluation error."""
+    import jinja2
+
     values = when_context(ctx)
     for expr in task.when:
         try:
-            if not JINJA.compile_expression(expr)(**values):
+            if not jinja().compile_expression(expr)(**values):
                 return False
         except jinja2.UndefinedError as exc:
             raise ValueError(f"when: {expr}: {exc.message}") from None
@@ -190,7 +197,29 @@ def _to_result(host: str, outcome: Outcome, duration: float) -> HostResult:
                       data={"outcome": outcome})
 
 
-def _run_host_task(task: PlayTask, ctx: TaskContext) -> HostResult:
+def planned_reads(chosen: Sequence[tuple[int, PlayTask]], host: Any) -> dict[str, str]:
+    """The reads of the chosen tasks on ``host``, labelled ``<task index>/<key>``, for the
+    facts command to take along (one round trip for the play when nothing differs)."""
+    reads = {}
+    for index, task in chosen:
+        if task.spec.read is None:
+            continue
+        try:
+            wanted = task.spec.read(host, task.args)
+        except ValueError:
+            continue  # the task says what is wrong when it runs
+        reads.update({f"{index}/{key}": command for key, command in wanted.items()})
+    return reads
+
+
+def _run_host_task(task: PlayTask, ctx: TaskContext, index: int = -1,
+                   stale: bool = False) -> HostResult:
+    """``task`` on one host, with its answers from the facts round trip (none when
+    ``stale``: an earlier task of its kind changed the host)."""
+    prefix = f"{index}/"
+    ctx.reads = {} if stale else {label[len(prefix):]: answer
+                                  for label, answer in ctx.read_answers.items()
+                                  if label.startswith(prefix)}
     t0 = time.monotonic()
     try:
         if not evaluate_when(task, ctx):
@@ -217,7 +246,7 @@ def _run_cluster_task(task: PlayTask, active: Sequence[Any], contexts: Mapping[s
     if chosen:
         try:
             outcomes = task.spec.fn(chosen, task.args)
-        except HOST_FAILURES as exc:  # every host's result; anything else is a bug (raised)
+        except host_failures() as exc:  # every host's result; anything else is a bug (raised)
             outcomes = {n: Outcome.failed(f"{type(exc).__name__}: {exc}") for n in chosen}
         for name in chosen:
             outcome = outcomes.get(name) or Outcome.ok()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
 
 def known_hosts(host_keys: dict[str, str]) -> str:
     """``{ip: "ssh-ed25519 AAAA..."}`` -> known_hosts text (port 22: bare address)."""
@@ -61,6 +59,8 @@ def inventory(nodes: dict[str, str], user: str, key: Path, known: Path, python: 
             },
         }
     }
+    import yaml  # when a sandbox is made, not when the CLI starts
+
     header = "# Written by `mlxops sandbox up`; removed by `mlxops sandbox down`.\n"
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 

@@ -51,11 +51,11 @@ from mlxops.jobs.watch import supervise
 from mlxops.monitor.mirror import Feeder
 from mlxops.node import protocol
 from mlxops.node.protocol import FINISHED, RUNNING
+from mlxops.selftest.choices import NAME
 from mlxops.selftest.summary import Recovery
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
 OnEvent = Callable[[str], None]
-NAME = "mlxops-selftest"
 #: In the job's environment: marks a record of this name as the selftest's own.
 MARKER = "MLXOPS_SELFTEST"
 CHECKPOINT_EVERY = 20

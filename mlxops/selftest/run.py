@@ -34,8 +34,9 @@ from importlib import metadata
 from pathlib import Path
 
 from mlxops import __version__
+from mlxops.bench.choices import ALL, default_port
 from mlxops.bench.measure import Settings
-from mlxops.bench.run import ALL, Request, default_port, run_bench
+from mlxops.bench.run import Request, run_bench
 from mlxops.errors import EXIT_OK, EXIT_UNREACHABLE, MlxopsError, bad_input
 from mlxops.hostfacts import HostFacts
 from mlxops.inventory import load_inventory
@@ -46,6 +47,7 @@ from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook, run_play
 from mlxops.selftest import job as selftest_job
 from mlxops.selftest import summary as S
+from mlxops.selftest.choices import DEFAULT_TIMEOUT, SKIPPABLE
 from mlxops.selftest.summary import HostInfo, Step, Summary
 from mlxops.tasks import facts as node_facts
 from mlxops.tasks.facts import save_facts
@@ -53,13 +55,10 @@ from mlxops.transport import ConnectOptions, Connector, GroupError, run_parallel
 from mlxops.trust import BLOCKED, KEY_CHANGED, KNOWN, LOCAL, NEW, check_host_keys
 
 OnEvent = Callable[[str], None]
-#: What ``--skip`` may leave out (trust cannot: every other step stands on it).
-SKIPPABLE = (S.PROVISION, S.CHECK, S.BENCH, S.JOB)
 #: A few seconds of links: one 4-stream run per direction of a pair, as iperf3 -P 4 would.
 BENCH_SETTINGS = Settings(streams=(4,), seconds=0.5, omit=0.25)
 #: A small all-reduce: latency (4 KiB) up to bandwidth (4 MiB; busbw averages >= 1 MiB).
 BENCH_SIZES = (4 << 10, 256 << 10, 4 << 20)
-DEFAULT_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)

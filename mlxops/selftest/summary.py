@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rich.console import Console
-
 from mlxops import console
 from mlxops.bench.results import BUSBW_FROM, BenchResult, average_busbw
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
@@ -290,6 +288,8 @@ def problem_lines(summary: Summary) -> list[str]:
 
 def render_text(summary: Summary) -> str:
     """The whole summary as plain text (no colours), tables at the width they need."""
+    from rich.console import Console
+
     buffer = io.StringIO()
     out = Console(file=buffer, width=100_000, color_system=None, highlight=False,
                   soft_wrap=True)

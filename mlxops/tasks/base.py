@@ -5,6 +5,13 @@ compares it with what should be, changes only what differs, and reports ok / cha
 skipped / failed. Under ``--check`` it reports what *would* change and changes nothing;
 under ``--diff`` it returns a unified diff of the managed files it touches.
 
+A task that reads node state before deciding declares that read (``read=``: host and
+arguments in, ``{key: command}`` out). The play takes every selected task's reads along
+with the facts command, so that a host with nothing to change costs one round trip in all;
+the task then finds its answers in ``ctx.reads`` (:class:`Prefetched`, by key) and reads
+for itself only what is not there (a read that failed, a play without facts, an earlier
+task of the same kind that changed the host since).
+
 Tasks register themselves by name with :func:`task`; ``playbooks/*.yml`` refers to them by
 that name. Most tasks run per host (in parallel across hosts); a ``cluster`` task sees every
 host's context at once (e.g. the version-skew check) and runs after the per-host tasks
@@ -13,13 +20,36 @@ before it have finished everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlxops.hostfacts import HostFacts
 from mlxops.transport.connection import Connection
 from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """What one of a task's read commands printed in the facts round trip, and its exit."""
+
+    exit_code: int
+    stdout: str
+
+
+@dataclass(frozen=True)
+class PythonRead:
+    """A read that is Python source for the node's interpreter (``mlxops_python``), run in
+    the one the facts command starts anyway (a Python start less per read and host):
+    ``argv`` is its ``sys.argv[1:]``; it prints its answer; ``sys.exit(n)`` or an exception
+    is a failed read."""
+
+    source: str
+    argv: tuple[str, ...] = ()
+
+
+#: A task's reads: host and arguments in, ``{key: POSIX sh command, or PythonRead}`` out.
+Reads = Callable[[Any, Mapping[str, Any]], "dict[str, str | PythonRead]"]
 
 
 @dataclass
@@ -35,6 +65,18 @@ class TaskContext:
     diff: bool = False             # --diff: return unified diffs of managed files
     # Facts of every selected host, keyed by host name (tasks after `facts` may read them).
     cluster_facts: dict[str, HostFacts | None] = field(default_factory=dict)
+    # The reads of the play's selected tasks, by label, for the facts command to take along
+    # (set by the play); what they printed, by label (set by the facts task).
+    pending_reads: dict[str, str | PythonRead] = field(default_factory=dict)
+    read_answers: dict[str, Prefetched] = field(default_factory=dict)
+    # The running task's own answers, by its keys (set by the play before each task; empty:
+    # the task reads for itself).
+    reads: dict[str, Prefetched] = field(default_factory=dict)
+
+    def prefetched(self, key: str) -> str | None:
+        """The stdout of this task's read ``key`` when it was read and succeeded."""
+        answer = self.reads.get(key)
+        return answer.stdout if answer is not None and answer.exit_code == 0 else None
 
 
 @dataclass
@@ -67,18 +109,21 @@ class TaskSpec:
     fn: Callable[..., Any]
     scope: str                     # "host" or "cluster"
     args: frozenset[str]           # the argument names the task accepts (checked at load)
+    read: Reads | None = None      # what it reads on a host, taken along with the facts
 
 
 REGISTRY: dict[str, TaskSpec] = {}
 
 
-def task(name: str, *, scope: str = "host", args: Sequence[str] = ()) -> Callable:
-    """Register a task under ``name``; ``args`` lists the playbook arguments it accepts."""
+def task(name: str, *, scope: str = "host", args: Sequence[str] = (),
+         read: Reads | None = None) -> Callable:
+    """Register a task under ``name``; ``args`` lists the playbook arguments it accepts,
+    ``read`` the node state it reads before deciding (see the module's docstring)."""
     if scope not in ("host", "cluster"):
         raise ValueError(scope)
 
     def register(fn: Callable) -> Callable:
-        REGISTRY[name] = TaskSpec(name, fn, scope, frozenset(args))
+        REGISTRY[name] = TaskSpec(name, fn, scope, frozenset(args), read)
         return fn
 
     return register

@@ -25,7 +25,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.node import blas as node_blas
-from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.tasks.base import Outcome, PythonRead, TaskContext, task
 from mlxops.transport.results import SKIPPED
 
 PACKAGE = "libopenblas0-pthread"
@@ -46,8 +46,12 @@ print(_json.dumps({"openblas": find_openblas(), "uid": _os.getuid(),
 def probe_command(python: str) -> str:
     """One command: the node's interpreter runs :mod:`mlxops.node.blas` and says what it
     found (the helpers need not be synced yet: the module travels on the command line)."""
-    source = Path(node_blas.__file__).read_text() + _REPORT
-    return shell.join([python, "-c", source])
+    return shell.join([python, "-c", probe_source()])
+
+
+def probe_source() -> str:
+    """:mod:`mlxops.node.blas` and the report of what it found, as one program."""
+    return Path(node_blas.__file__).read_text() + _REPORT
 
 
 def parse_probe(stdout: str) -> dict[str, Any]:
@@ -98,7 +102,22 @@ def check_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"package: must be a Debian package name, got {package!r}")
 
 
-def _probe(ctx: TaskContext) -> dict[str, Any]:
+PROBE = "probe"  # the key of the node's answer among the task's reads
+
+
+def blas_reads(host: Any, args: Mapping[str, Any]) -> dict[str, PythonRead]:
+    """The probe, in ``mlxops_python`` (on a Mac it answers no OpenBLAS; unused there)."""
+    return {PROBE: PythonRead(probe_source())}
+
+
+def _probe(ctx: TaskContext, fresh: bool = False) -> dict[str, Any]:
+    """The node's answer: the one read with the facts unless ``fresh`` (after an install)."""
+    answer = None if fresh else ctx.prefetched(PROBE)
+    if answer is not None:
+        try:
+            return parse_probe(answer)
+        except ValueError:
+            pass  # ask again below, and report what that says
     python = (ctx.facts.python.path if ctx.facts else None) or "python3"
     result = ctx.conn.run(probe_command(python), timeout=60)
     if not result.ok:
@@ -109,7 +128,7 @@ def _probe(ctx: TaskContext) -> dict[str, Any]:
         raise RuntimeError(f"looking for OpenBLAS failed: {exc}") from None
 
 
-@task("blas", args=["package"])
+@task("blas", args=["package"], read=blas_reads)
 def blas_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     system = ctx.facts.system if ctx.facts else None
     if system != "Linux":
@@ -133,7 +152,7 @@ def blas_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
                        data={"warnings": [f"installing {package} failed "
                                           f"({result.error_line()}): {SLOW}"]})
     try:
-        found = _probe(ctx).get("openblas")
+        found = _probe(ctx, fresh=True).get("openblas")
     except RuntimeError as exc:
         return Outcome.failed(f"installed {package}, then {exc}")
     if not found:

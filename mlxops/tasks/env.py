@@ -16,7 +16,7 @@ from mlxops import render
 from mlxops.hostfacts import HostFacts
 from mlxops.node.protocol.layout import ENV_FILE
 from mlxops.tasks.base import Outcome, TaskContext, task
-from mlxops.tasks.files import ensure_file
+from mlxops.tasks.files import ensure_file, file_reads
 
 
 def env_path(host: Any) -> str:
@@ -54,7 +54,11 @@ def render_env(host: Any, facts: HostFacts | None) -> str:
     return render.env_file(render.host_environment(host, tcp_interface(host, facts)))
 
 
-@task("env")
+def env_reads(host: Any, args: Mapping[str, Any]) -> dict[str, str]:
+    return file_reads([env_path(host)])
+
+
+@task("env", read=env_reads)
 def env_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     interfaces = ctx.facts.interfaces if ctx.facts else {}
     if not interfaces and not ctx.host.is_set("mlxops_btl_tcp_if_include"):

@@ -5,7 +5,10 @@ quoted values) that prints labelled sections; small pure parsers turn each secti
 values; :func:`build_facts` assembles them once into the record every reader uses,
 :class:`~mlxops.hostfacts.HostFacts` (its fields are documented there and in
 docs/formats.md). The venv and the Mac's kernel state are read here too, so that later
-tasks need no round trip of their own.
+tasks need no round trip of their own; the later tasks' own reads (a managed file, the
+synced code's manifest: :attr:`TaskSpec.read <mlxops.tasks.base.TaskSpec>`) are taken along
+in the same command (:func:`reads_script`), so a host with nothing to change costs one
+round trip for the whole play.
 
 Facts are cached on the controller in ``controller_home()/facts/<host>.json``, written and
 read through the record's JSON form (one decoder).
@@ -16,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from mlxops import shell
 from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState, decode
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
-from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.tasks.base import Outcome, Prefetched, PythonRead, TaskContext, task
 
 MARK = "@@mlxops:"
 
@@ -54,11 +57,11 @@ PROBE = (
 _BODY = r"""
 probe() { p=$(command -v "$1" 2>/dev/null) || return 0
   case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
-  printf '%s\n' "$p"; "$p" -c "$PROBE" 2>/dev/null; }
+  printf '%s\n' "$p"; "$p" -c "$2" 2>/dev/null; }
 echo '@@mlxops:uname'; uname -s; uname -m; uname -n
 echo '@@mlxops:home'; printf '%s\n' "$HOME"
-echo '@@mlxops:python'; probe "$py"
-echo '@@mlxops:venv'; [ -x "$root/$venv" ] && probe "$root/$venv"
+echo '@@mlxops:python'; probe "$py" "$PROBE$PYREADS"
+echo '@@mlxops:venv'; [ -x "$root/$venv" ] && probe "$root/$venv" "$PROBE"
 echo '@@mlxops:df'; df -Pk "$HOME" 2>/dev/null
 if [ "$(uname -s)" = Darwin ]; then
   echo '@@mlxops:sw_vers'; sw_vers 2>/dev/null
@@ -73,16 +76,78 @@ else
   echo '@@mlxops:cpuinfo'; grep -m1 'model name' /proc/cpuinfo
   echo '@@mlxops:ip'; ip -4 -o addr show 2>/dev/null
 fi
-exit 0
+"""
+READ, EXIT = "read:", "exit:"  # a read's sections: what it printed, then its exit code
+
+# After the probe, in the same interpreter: each Python read (label, source, argv) prints
+# its sections as reads_script's commands do.
+_PYTHON_READS = r"""
+def _mlxops_reads(reads):
+    import sys
+    for label, source, argv in reads:
+        print("@@mlxops:read:" + label)
+        sys.stdout.flush()
+        sys.argv[:] = [label, *argv]
+        try:
+            exec(compile(source, label, "exec"), {"__name__": "__mlxops_read__"})
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            code = 1
+        sys.stdout.flush()
+        print("\n@@mlxops:exit:" + label)
+        print(code)
+        sys.stdout.flush()
 """
 
 
-def facts_script(python: str, root: str) -> str:
+def python_reads_code(reads: Mapping[str, PythonRead]) -> str:
+    """Python source that runs every read of ``reads`` (``{label: PythonRead}``) in turn."""
+    if not reads:
+        return ""
+    table = [(label, r.source, list(r.argv)) for label, r in reads.items()]
+    return f"{_PYTHON_READS}\n_mlxops_reads({json.dumps(table)})\n"
+
+
+def reads_script(reads: Mapping[str, str]) -> str:
+    """Each read (``{label: command}``) in a subshell of its own, its output and exit code
+    in sections of their own; its stderr is dropped (a failed read is read again by its
+    task, which then reports the error)."""
+    parts = []
+    for label, command in reads.items():
+        parts.append(f"printf '%s\\n' {shell.quote(MARK + READ + label)}; "
+                     f"( {command}\n) </dev/null 2>/dev/null; s=$?; "
+                     # A newline first: the exit's mark starts a line even after output
+                     # without a last newline (and the sections' split takes it back).
+                     f"printf '\\n%s\\n' {shell.quote(MARK + EXIT + label)}; "
+                     f"printf '%s\\n' \"$s\"\n")
+    return "".join(parts)
+
+
+def read_answers(sections: Mapping[str, str], labels: Iterable[str]) -> dict[str, Prefetched]:
+    """What each read printed, by label; a read without its exit code is not there (the
+    script was cut short)."""
+    out = {}
+    for label in labels:
+        code = sections.get(EXIT + label, "").strip()
+        if code.isdigit():
+            out[label] = Prefetched(int(code), sections.get(READ + label, ""))
+    return out
+
+
+def facts_script(python: str, root: str,
+                 reads: Mapping[str, str | PythonRead] | None = None) -> str:
     """The one command that gathers every fact (``python``: mlxops_python, ``root``: the
-    node path mlxops_root, ``~/`` kept for the node to expand)."""
+    node path mlxops_root, ``~/`` kept for the node to expand), and runs ``reads``: the
+    Python ones in the interpreter that probes ``python``, the others after the facts."""
+    reads = reads or {}
+    in_python = {k: r for k, r in reads.items() if isinstance(r, PythonRead)}
+    in_shell = {k: r for k, r in reads.items() if not isinstance(r, PythonRead)}
     return (f"py={shell.quote(python)}; root={shell.path_word(root)}; "
-            f"venv={shell.quote(VENV_PYTHON)}; "
-            f"PROBE={shell.quote(PROBE)}\n" + _BODY)
+            f"venv={shell.quote(VENV_PYTHON)}; PROBE={shell.quote(PROBE)}; "
+            f"PYREADS={shell.quote(python_reads_code(in_python))}\n"
+            + _BODY + reads_script(in_shell) + "exit 0\n")
 
 
 # --- parsers: text in, values out ----------------------------------------------------------
@@ -280,11 +345,17 @@ def load_cached_facts(host_name: str) -> HostFacts | None:
 
 def ask_facts(conn, host) -> HostFacts:
     """Run the facts script on one host; raises RuntimeError when it does not answer."""
-    result = conn.run(facts_script(host.python, host.root), timeout=60)
+    return gather(conn, host, {})[0]
+
+
+def gather(conn, host, reads: Mapping[str, str | PythonRead]
+           ) -> tuple[HostFacts, dict[str, Prefetched]]:
+    """The facts of one host and what ``reads`` printed there, in one command."""
+    result = conn.run(facts_script(host.python, host.root, reads), timeout=60)
     sections = split_sections(result.stdout)
     if "uname" not in sections:
         raise RuntimeError(f"gathering facts failed: {result.error_line()}")
-    return build_facts(sections, host.root)
+    return build_facts(sections, host.root), read_answers(sections, reads)
 
 
 @task("facts")
@@ -292,7 +363,7 @@ def facts_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     """Gather facts (read-only: the same under --check). The first command on a host, so
     it is also where SSH and its host key get verified."""
     try:
-        facts = ask_facts(ctx.conn, ctx.host)
+        facts, ctx.read_answers = gather(ctx.conn, ctx.host, ctx.pending_reads)
     except RuntimeError as exc:
         return Outcome.failed(str(exc))
     # Later tasks change the record in place (the python task's venv), so each host's

@@ -1,7 +1,9 @@
 """Managed files on a node: read once, compare, write atomically only on difference.
 
 One round trip reads the file's mode and content (base64, so any bytes survive the text
-channel); the write is a second one, only when something differs and not under --check.
+channel): the play's facts command when the task declared the read (:func:`file_reads`,
+the answer in ``ctx.reads`` by path), else one of its own; the write is a second one, only
+when something differs and not under --check.
 Everything runs under POSIX ``sh`` with tools macOS and Linux share: ``stat -c`` (GNU) is
 tried before ``stat -f`` (BSD), ``base64``, ``mktemp DIR/.name.XXXXXX``, ``mv``.
 """
@@ -12,6 +14,7 @@ import base64
 import binascii
 import difflib
 import posixpath
+from collections.abc import Iterable
 
 from mlxops import shell
 from mlxops.tasks.base import Outcome, TaskContext
@@ -47,12 +50,22 @@ def write_command(path: str, mode: int) -> str:
     )
 
 
+def file_reads(paths: Iterable[str]) -> dict[str, str]:
+    """The reads of a task that manages these node files: ``{path: read_command(path)}``."""
+    return {path: read_command(path) for path in paths}
+
+
 def read_file(conn: Connection, path: str) -> tuple[bytes | None, int | None]:
     """``(content, mode)`` of a node file, ``(None, None)`` if it does not exist."""
     result = conn.run(read_command(path))
     if not result.ok:
         raise OSError(f"cannot read {path}: {result.error_line()}")
-    head, _, body = result.stdout.partition("\n")
+    return parse_read(path, result.stdout)
+
+
+def parse_read(path: str, stdout: str) -> tuple[bytes | None, int | None]:
+    """What :func:`read_command` printed, as ``(content, mode)``; OSError if it is not that."""
+    head, _, body = stdout.partition("\n")
     if head.strip() == _ABSENT:
         return None, None
     word, _, mode = head.partition(" ")
@@ -86,7 +99,9 @@ def ensure_file(ctx: TaskContext, path: str, content: bytes, mode: int = 0o600) 
     written; under ``ctx.diff`` the outcome carries a unified diff.
     """
     try:
-        old, old_mode = read_file(ctx.conn, path)
+        answer = ctx.prefetched(path)
+        old, old_mode = (parse_read(path, answer) if answer is not None
+                         else read_file(ctx.conn, path))
     except OSError as exc:
         return Outcome.failed(str(exc))
     if old == content and old_mode == mode:

@@ -17,7 +17,7 @@ from mlxops.errors import UserError
 from mlxops.node.protocol import JACCL, JACCL_BACKENDS, JACCL_RING, MPI, RING
 from mlxops.node.protocol.layout import HOSTFILES_DIR
 from mlxops.tasks.base import Outcome, TaskContext, task
-from mlxops.tasks.files import ensure_file
+from mlxops.tasks.files import ensure_file, file_reads
 from mlxops.transport.results import CHANGED, FAILED
 
 FILE_NAMES = {RING: "ring.json", MPI: "mpi.txt", JACCL: "jaccl.json",
@@ -48,7 +48,13 @@ def check_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"backends: want a list of {', '.join(FILE_NAMES)}, got {wanted!r}")
 
 
-@task("hostfiles", args=["backends"])
+def hostfiles_reads(host: Any, args: Mapping[str, Any]) -> dict[str, str]:
+    """Every hostfile the task may write (which ones it does depends on the inventory)."""
+    return file_reads(hostfile_path(host, backend)
+                      for backend in args.get("backends") or FILE_NAMES)
+
+
+@task("hostfiles", args=["backends"], read=hostfiles_reads)
 def hostfiles_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     try:
         files = render_all(ctx.hosts, getattr(ctx.inventory, "path", "inventory"))

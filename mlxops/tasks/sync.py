@@ -19,10 +19,21 @@ from mlxops import paths
 from mlxops.hostfacts import HostFacts
 from mlxops.ignore import Ignore
 from mlxops.node.protocol.layout import CODE_DIR, job_code_path
-from mlxops.sync import DEFAULT_EXCLUDES, SyncError, collect, sync_files
-from mlxops.tasks.base import Outcome, TaskContext, task
+from mlxops.sync import (
+    DEFAULT_EXCLUDES,
+    PY_MANIFEST,
+    SyncError,
+    collect,
+    parse_manifest,
+    sync_files,
+)
+from mlxops.tasks.base import Outcome, PythonRead, TaskContext, task
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MANIFEST = "manifest"  # the key of the node's manifest among the task's reads
+# The manifest of mlxops.sync, its base directory as the node's shell would expand it.
+MANIFEST_SOURCE = ("import os, sys\nsys.argv[1] = os.path.expanduser(sys.argv[1])\n"
+                   + PY_MANIFEST)
 
 
 def code_path(host: Any) -> str:
@@ -42,16 +53,36 @@ def bundle(workdir: Path | None = None, job: str | None = None
     # mlxops/__pycache__/ a node's Python writes beside __init__.py is no difference either
     # (else every provision after a job deletes it again, and never reports ok).
     ignore.extend(Ignore(DEFAULT_EXCLUDES))
-    roots = ["mlxops"]
+    roots = sync_roots(workdir, job)
     if workdir is not None:
-        if not job or not _JOB_NAME.match(job):
-            raise ValueError(f"job name {job!r}: want letters, digits, '.', '_' or '-'")
-        prefix = job_code_path(job)
-        job_files, job_ignore = collect(Path(workdir), DEFAULT_EXCLUDES, prefix=prefix)
+        job_files, job_ignore = collect(Path(workdir), DEFAULT_EXCLUDES, prefix=roots[-1])
         files.update(job_files)
         ignore.extend(job_ignore)
-        roots.append(prefix)
     return files, roots, ignore
+
+
+def sync_roots(workdir: object, job: str | None) -> list[str]:
+    """The directories under ``code/`` the task owns: ``mlxops``, and the job's with a
+    workdir."""
+    if workdir is None:
+        return ["mlxops"]
+    if not job or not _JOB_NAME.match(job):
+        raise ValueError(f"job name {job!r}: want letters, digits, '.', '_' or '-'")
+    return ["mlxops", job_code_path(job)]
+
+
+def sync_reads(host: Any, args: Mapping[str, Any]) -> dict[str, PythonRead]:
+    """The node's manifest of what the task owns (a JSON answer), by ``mlxops_python``."""
+    roots = sync_roots(args.get("workdir"), args.get("job"))
+    return {MANIFEST: PythonRead(MANIFEST_SOURCE, (code_path(host), *roots))}
+
+
+def prefetched_manifest(ctx: TaskContext) -> dict[str, tuple[str, int]] | None:
+    answer = ctx.prefetched(MANIFEST)
+    try:
+        return parse_manifest(answer, python=True) if answer is not None else None
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None  # not a manifest after all: the task lists the node itself
 
 
 def node_python(facts: HostFacts | None) -> str | None:
@@ -68,13 +99,14 @@ def check_args(args: Mapping[str, Any]) -> None:
                          f"{CODE_DIR}/{job_code_path('<job>')})")
 
 
-@task("sync", args=["workdir", "job"])
+@task("sync", args=["workdir", "job"], read=sync_reads)
 def sync_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     workdir = args.get("workdir")
     try:
         files, roots, ignore = bundle(Path(workdir) if workdir else None, args.get("job"))
         report = sync_files(ctx.conn, files, code_path(ctx.host), roots=roots, ignore=ignore,
-                            check=ctx.check, python=node_python(ctx.facts))
+                            check=ctx.check, python=node_python(ctx.facts),
+                            remote=prefetched_manifest(ctx))
     except (SyncError, ValueError) as exc:
         return Outcome.failed(str(exc))
     data = {"added": report.added, "changed": report.changed, "deleted": report.deleted,

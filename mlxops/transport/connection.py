@@ -20,10 +20,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Protocol
-
-import fabric
-import paramiko
+from typing import IO, TYPE_CHECKING, Protocol
 
 from mlxops import shell
 from mlxops.transport.hostkeys import (
@@ -34,7 +31,16 @@ from mlxops.transport.hostkeys import (
     lookup_name,
     open_verified,
 )
-from mlxops.transport.jumps import JumpHost, Jumps, fabric_connection, scan_through
+
+if TYPE_CHECKING:
+    # Fabric and paramiko (and .jumps, built on them) are imported by the first SSH
+    # connection, not here: they cost a third of a second, and every command imports this
+    # module, most of them long before they connect (``--help``, bad input, ``status``
+    # with no jobs). tests/unit/test_startup.py holds that.
+    import fabric
+    import paramiko
+
+    from mlxops.transport.jumps import JumpHost, Jumps
 
 Stdin = bytes | IO[bytes] | None
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
@@ -164,6 +170,8 @@ class SSHConnection:
     @property
     def jump_hosts(self) -> list[JumpHost]:
         """The hops on the way here, the first one (nearest the controller) first."""
+        from mlxops.transport.jumps import JumpHost
+
         return self._gateway.chain() if isinstance(self._gateway, JumpHost) else []
 
     @property
@@ -176,10 +184,14 @@ class SSHConnection:
     def scan_host_key(self) -> paramiko.PKey:
         """The key the server offers, fetched without authenticating (like ssh-keyscan);
         through its jump hosts, which are opened, so verified, for it."""
+        from mlxops.transport.jumps import scan_through
+
         return scan_through(self._gateway, self._conn.host, self._conn.port, self.name,
                             self._options.connect_timeout)
 
     def _open_locked(self) -> paramiko.Transport:
+        from mlxops.transport.jumps import JumpHost
+
         if self._conn.is_connected:
             return self._conn.client.get_transport()
         sock = None
@@ -197,6 +209,8 @@ class SSHConnection:
         channel on it says nothing about the host (and the command has not started), so
         that is worth one fresh connection before calling the host unreachable.
         """
+        import paramiko
+
         with self._lock:  # channels may be opened from several threads; connect once
             reused = self._conn.is_connected
             transport = self._open_locked()
@@ -213,6 +227,8 @@ class SSHConnection:
 
     def run(self, command: str, *, timeout: float | None = None,
             stdin: Stdin = None) -> CommandResult:
+        import paramiko
+
         start = time.monotonic()
         # With a timeout, the command first reports its process group on stderr: sshd makes
         # each session's shell a group leader, so `$$` is the group of everything the
@@ -278,6 +294,8 @@ def _split_pgid(err: bytes) -> tuple[int | None, bytes]:
 
 
 def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
+    import paramiko
+
     try:
         for chunk in _chunks(stdin):
             channel.sendall(chunk)
@@ -318,11 +336,10 @@ class Connector:
     def __init__(self, options: ConnectOptions | None = None):
         self.options = options or ConnectOptions()
         self._known_hosts = KnownHostsCache()
-        # One Fabric config for all hosts: ~/.ssh/config is read once, not per host.
-        self._fabric_config = fabric.Config()
-        self._jumps = Jumps(self._fabric_config, self.options)
         self._lock = threading.Lock()
         self._connections: dict[str, Connection] = {}
+        self._fabric_config: fabric.Config | None = None  # made by the first SSH host
+        self._jumps: Jumps | None = None
 
     def connect(self, host) -> Connection:
         """The connection to ``host`` (an :class:`mlxops.inventory.Host`), made once."""
@@ -337,7 +354,8 @@ class Connector:
             connections, self._connections = list(self._connections.values()), {}
         for conn in connections:
             conn.close()
-        self._jumps.close()  # after the hosts whose channels run through them
+        if self._jumps is not None:
+            self._jumps.close()  # after the hosts whose channels run through them
 
     def __enter__(self) -> Connector:
         return self
@@ -345,13 +363,30 @@ class Connector:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _ssh(self) -> tuple[fabric.Config, Jumps]:
+        """The run's one Fabric config and its jump hosts, made with the first SSH host
+        (under ``self._lock``): ~/.ssh/config is read once, not per host, and a run that
+        never connects (``--help``, bad input, ``status`` with no jobs) never imports
+        Fabric."""
+        if self._jumps is None:
+            import fabric
+
+            from mlxops.transport.jumps import Jumps
+
+            self._fabric_config = fabric.Config()
+            self._jumps = Jumps(self._fabric_config, self.options)
+        return self._fabric_config, self._jumps
+
     def _make(self, host) -> Connection:
         if host.connection == "local":
             return LocalConnection(host.name)
+        from mlxops.transport.jumps import fabric_connection
+
+        config, jumps = self._ssh()
         conn = fabric_connection(
-            self._fabric_config, host.address, user=host.user,
+            config, host.address, user=host.user,
             port=host.ssh_port,  # None unless the inventory names one: ~/.ssh/config may
             key_file=host.key_file, timeout=self.options.connect_timeout)
         known = self._known_hosts.get(host.known_hosts)
         return SSHConnection(host.name, conn, known, self.options,
-                             self._jumps.gateway(conn, known, host.ssh_proxy))
+                             jumps.gateway(conn, known, host.ssh_proxy))

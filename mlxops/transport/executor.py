@@ -24,16 +24,23 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
 
-import paramiko
-
 from mlxops.errors import InternalError, MlxopsError, debug, describe
 from mlxops.transport.hostkeys import HostUnreachable
 from mlxops.transport.results import FAILED, OK, UNREACHABLE, HostResult, Results
 
 H = TypeVar("H")
 MAX_FORKS = 32
-#: What a host (or the user's input about it) can cause; anything else is a bug.
-HOST_FAILURES = (MlxopsError, paramiko.SSHException, OSError, EOFError)
+
+
+def host_failures() -> tuple[type[BaseException], ...]:
+    """What a host (or the user's input about it) can cause; anything else is a bug.
+
+    paramiko's SSHException counts once paramiko is imported (by the first SSH
+    connection); before that no host can have raised one, and start-up stays without it.
+    """
+    paramiko = sys.modules.get("paramiko")
+    ssh = (paramiko.SSHException,) if paramiko is not None else ()
+    return (MlxopsError, *ssh, OSError, EOFError)
 
 
 def default_forks(n_hosts: int) -> int:
@@ -44,7 +51,7 @@ def failure_result(host: str, exc: BaseException) -> HostResult | None:
     """The result an exception of ``host``'s work stands for; None when it is a bug."""
     if isinstance(exc, HostUnreachable):
         return HostResult(host, UNREACHABLE, exc.reason)
-    if isinstance(exc, HOST_FAILURES):
+    if isinstance(exc, host_failures()):
         return HostResult(host, FAILED, f"{type(exc).__name__}: {exc}")
     return None
 

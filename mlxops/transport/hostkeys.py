@@ -17,9 +17,11 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import fabric
-import paramiko
+if TYPE_CHECKING:  # imported where a key is read or a connection opened: see .connection
+    import fabric
+    import paramiko
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 SYSTEM_KNOWN_HOSTS = Path("/etc/ssh/ssh_known_hosts")
@@ -85,6 +87,8 @@ class KnownHosts:
     """
 
     def __init__(self, path: Path, system_path: Path | None = SYSTEM_KNOWN_HOSTS):
+        import paramiko
+
         self.path = Path(os.path.expanduser(path))
         self._lock = threading.Lock()
         self._keys = paramiko.HostKeys()
@@ -107,8 +111,12 @@ class KnownHosts:
                 out.write(f"{name} {key.get_name()} {key.get_base64()}\n")
 
 
-class HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Called by paramiko only for a host with no known key: refuse, or record when allowed."""
+class HostKeyPolicy:
+    """Called by paramiko only for a host with no known key: refuse, or record when allowed.
+
+    A paramiko ``MissingHostKeyPolicy`` by its one method (paramiko only calls
+    ``missing_host_key``), not by subclassing: this module is imported long before any
+    connection, paramiko only by the first one."""
 
     def __init__(self, host: str, known: KnownHosts, accept_new: bool, role: str = ""):
         self.host = host
@@ -150,6 +158,8 @@ def open_verified(conn: fabric.Connection, host: str, known: KnownHosts, accept_
     ``host``'s (the inventory host the connection is for) and name ``role`` (``"jump host
     "``) and the known_hosts name of what refused.
     """
+    import paramiko
+
     client = conn.client
     name = lookup_name(conn.host, conn.port)
     for keytype, key in known.keys_for(name).items():
@@ -187,6 +197,8 @@ def scan_host_key(address: str, port: int, timeout: float = 10.0,
     """Fetch a server's host key without authenticating (what ``ssh-keyscan`` does), over
     ``sock`` (a channel through a jump host, a ProxyCommand) when given."""
     import socket
+
+    import paramiko
 
     if sock is None:
         sock = socket.create_connection((address, port), timeout=timeout)

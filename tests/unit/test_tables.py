@@ -21,7 +21,7 @@ from rich.console import Console
 
 from mlxops import console
 from mlxops.cli.plan import plan_notes, plan_table
-from mlxops.cli.provision import task_table
+from mlxops.cli.provision_output import task_table
 from mlxops.cli.trust import key_blocks
 from mlxops.cli.watch import status_table
 from mlxops.jobs.status import JobStatus, RankStatus

@@ -1,0 +1,80 @@
+"""A command's start-up, up to its first connection: what it imports and how long it takes.
+
+``python -m mlxops.cli.startup ARGS...`` runs ``mlxops ARGS...`` as the CLI would,
+except that the first connection a command asks for (:meth:`Connector.connect`) ends the
+process at once, exit :data:`CONNECTING`: everything before it (parsing, reading and
+checking the inventory and job files, the imports) is what a person waits for before
+mlxops says anything of the hosts. With ``python -X importtime`` in front it lists the
+modules that start-up imported (:func:`imported_modules`).
+
+tests/unit/test_startup.py holds that no command imports a heavy module it does not use
+(:data:`HEAVY`); benchmarks/startup.py times each command against a bare Python that
+imports click. Not a command: the measuring tool of the commands' start-up, in their room.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterable
+
+#: The exit code of a start-up stopped at its first connection.
+CONNECTING = 97
+
+#: Modules whose import costs tens of milliseconds or more, and who uses them: a command
+#: imports one only when it does what the module is for.
+HEAVY = {
+    "fabric": "SSH connections (with invoke, paramiko)",
+    "invoke": "Fabric's runner",
+    "paramiko": "SSH connections",
+    "rich": "terminal output (tables, progress, colour)",
+    "jinja2": "templates and `when:` expressions (provision, hostfiles)",
+    "yaml": "inventory, job and play files",
+    "pytest": "mlxops check (its pytest session)",
+    "_pytest": "mlxops check (its pytest session)",
+    "testinfra": "mlxops check (the host fixture)",
+    "mlx": "the trainer (on nodes), the bench's all-reduce",
+    "numpy": "the trainer (on nodes)",
+    "http.server": "mlxops dashboard",
+    "asyncio": "nothing of mlxops (invoke's unittest.mock imports it)",
+}
+
+_LINE = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| ( *)(\S+)\s*$")
+
+
+def imported_modules(importtime_stderr: str) -> list[str]:
+    """The modules ``python -X importtime`` reported on stderr, in the order they were
+    imported (children before their parent, as it prints them)."""
+    return [m.group(2) for line in importtime_stderr.splitlines()
+            if (m := _LINE.match(line))]
+
+
+def heavy_imported(modules: Iterable[str]) -> set[str]:
+    """The :data:`HEAVY` modules (a package, or one of its submodules) among ``modules``."""
+    found = set()
+    for name in modules:
+        for heavy in HEAVY:
+            if name == heavy or name.startswith(heavy + "."):
+                found.add(heavy)
+    return found
+
+
+def run_until_connecting(argv: list[str]) -> None:
+    """``mlxops argv...``, ended (exit :data:`CONNECTING`) where it would first connect."""
+    from mlxops.transport.connection import Connector
+
+    def connect(self: Connector, host: object) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(CONNECTING)  # no cleanup to run: nothing was connected
+
+    Connector.connect = connect  # type: ignore[method-assign]
+    from mlxops.cli import main
+
+    sys.argv = ["mlxops", *argv]
+    main()
+
+
+if __name__ == "__main__":
+    run_until_connecting(sys.argv[1:])

@@ -1,0 +1,120 @@
+"""Start-up: a command imports the heavy modules it uses, and no others.
+
+Each case runs the real CLI under ``python -X importtime``, up to its first connection
+(:mod:`mlxops.cli.startup`: the connection itself ends the process), and compares the
+heavy modules it imported (:data:`~mlxops.cli.startup.HEAVY`: Fabric, paramiko,
+rich, Jinja2, PyYAML, pytest, mlx, ...) with the ones the command has a use for by then.
+No timing here: the seconds are benchmarks/startup.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxops.cli import COMMANDS
+from mlxops.cli.startup import CONNECTING, heavy_imported, imported_modules
+
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = """\
+all:
+  hosts:
+    mac1: {ansible_host: 192.0.2.1}
+    mac2: {ansible_host: 192.0.2.2}
+"""
+JOB = """\
+name: startup
+inventory: inventory.yml
+hosts: all
+trainer:
+  model: {dims: 32, layers: 1, heads: 2, vocab_size: 256, seq_len: 32}
+  train: {steps: 10, global_batch: 4}
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("startup")
+    (d / "inventory.yml").write_text(INVENTORY)
+    (d / "job.yml").write_text(JOB)
+    (d / "home").mkdir()
+    return d
+
+
+def start(files: Path, *args: str) -> tuple[int, set[str], str]:
+    """``mlxops args...`` up to its first connection: exit code, heavy modules, stderr."""
+    env = {**os.environ, "MLXOPS_HOME": str(files / "home"), "COLUMNS": "100"}
+    env.pop("MLXOPS_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "mlxops.cli.startup",
+                           *args], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=files, stdin=subprocess.DEVNULL)
+    modules = imported_modules(proc.stderr)
+    assert "mlxops.cli" in modules, proc.stderr[-2000:]  # the parse found the imports
+    errors = "\n".join(line for line in proc.stderr.splitlines()
+                       if not line.startswith("import time:"))
+    return proc.returncode, heavy_imported(modules), errors
+
+
+def test_the_parser_sees_a_heavy_import():
+    # A check that could not fail would pass on a parser that finds nothing.
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c",
+                           "import mlxops.transport.jumps"], capture_output=True, text=True,
+                          timeout=120)
+    assert {"fabric", "paramiko", "invoke"} <= heavy_imported(imported_modules(proc.stderr))
+    assert heavy_imported(["yaml.nodes", "richer", "http", "mlxops.render"]) == {"yaml"}
+
+
+def test_help_lists_every_command_and_imports_nothing_heavy(files):
+    code, heavy, errors = start(files, "--help")
+    assert code == 0, errors
+    assert heavy == set()
+
+
+@pytest.mark.parametrize("command", ["status", "provision", "check", "sandbox"])
+def test_a_commands_help_imports_nothing_heavy(files, command):
+    code, heavy, errors = start(files, command, "--help")
+    assert code == 0, errors
+    assert heavy == set()
+
+
+def test_every_registered_command_loads(files):
+    from mlxops.cli import cli
+
+    assert sorted(cli.commands) == sorted(COMMANDS)
+    assert all(cli.commands[name].name == name for name in COMMANDS)
+
+
+@pytest.mark.parametrize("args, uses", [
+    # No jobs yet: nothing to read but the job directory, one plain line.
+    (["status"], set()),
+    (["status", "--json"], set()),
+    # Bad input: the error before anything else is read (no YAML parsed: no such file).
+    (["launch", "missing.yml"], set()),
+    (["run", "missing.yml", "--", "true"], set()),
+    # The play is read and checked (YAML, its `when:` in Jinja2) before the inventory.
+    (["provision", "missing.yml"], {"yaml", "jinja2"}),
+])
+def test_a_start_that_ends_before_connecting(files, args, uses):
+    code, heavy, errors = start(files, *args)
+    assert code in (0, 2), errors
+    assert heavy == uses, errors
+
+
+@pytest.mark.parametrize("args, uses", [
+    (["run", "inventory.yml", "--", "true"], {"yaml", "rich"}),
+    (["provision", "inventory.yml"], {"yaml", "jinja2", "rich"}),
+    (["trust", "inventory.yml"], {"yaml", "rich"}),
+    (["bench", "inventory.yml"], {"yaml", "rich"}),
+    (["launch", "job.yml"], {"yaml", "rich"}),
+    (["plan", "job.yml"], {"yaml"}),
+    (["check", "inventory.yml"], {"yaml", "rich", "pytest", "_pytest", "testinfra"}),
+])
+def test_a_start_up_to_the_first_connection(files, args, uses):
+    code, heavy, errors = start(files, *args)
+    assert code == CONNECTING, errors
+    assert heavy <= uses, (heavy - uses, errors)
+    assert not heavy & {"fabric", "paramiko", "invoke", "mlx", "numpy", "asyncio"}
