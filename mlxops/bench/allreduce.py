@@ -50,7 +50,8 @@ def job_spec(inventory: Path, hosts: str, backend: str, port: int,
         path=inventory.resolve(), name=BENCH_JOB, inventory=inventory.resolve(), hosts=hosts,
         backend=backend,
         command=["python", "-m", PROGRAM, "--sizes", *map(str, sizes)],
-        restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT),
+        restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT,
+                              start_timeout=STALL_TIMEOUT),
         port=port, stop_grace=2.0)
 
 

@@ -2,7 +2,10 @@
 
 MLX collectives have no timeout: when one rank dies or hangs, every other rank waits in
 its all-reduce forever. Only something outside the ranks can notice, and only killing the
-process groups frees their ports (and, on a Mac, their GPU memory). That is this loop.
+process groups frees their ports (and, on a Mac, their GPU memory). That is this loop. It
+does not poll: each host's watch channel (:mod:`mlxops.jobs.channel`) tells it of a rank's
+exit as it happens, and it decides on every message (the one classification of a rank's
+state is :func:`mlxops.jobs.status.classify`).
 
 A restart never undoes a user's ``mlxops stop`` (see :mod:`mlxops.jobs.record`): under
 the record lock the watchdog checks that the job was not stopped before it starts a new
@@ -17,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from mlxops.errors import MlxopsError
+from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import (
     JobRecord,
@@ -27,7 +31,7 @@ from mlxops.jobs.record import (
     update,
 )
 from mlxops.jobs.spec import JobSpec
-from mlxops.jobs.status import JobStatus, job_status
+from mlxops.jobs.status import JobStatus, classify, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STOPPED
 from mlxops.transport import Connector, GroupError
@@ -104,49 +108,75 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
               on_event: OnEvent = lambda _: None, poll: float | None = None) -> JobStatus:
     """Watch until the job finishes, fails for good, or is stopped; restart on problems.
 
-    ``on_status`` gets every status polled: the terminal's progress bar, and the metrics
+    The watchdog hears each host on its watch channel (:mod:`mlxops.jobs.channel`) and
+    decides on every message, and at least every ``poll`` seconds (default: the job's
+    ``restart.interval``) so that silence ages the heartbeats it last heard.
+
+    ``on_status`` gets every status: the terminal's progress bar, and the metrics
     mirror's :class:`~mlxops.monitor.mirror.Feeder` (the monitor sits above the jobs, so
     whoever starts the watchdog passes its feeder in).
     """
     hosts = inventory_hosts(record)
     unreachable_since: dict[str, float] = {}
     next_reap = 0.0
-    while True:
-        if record.stray and time.monotonic() >= next_reap:
-            # A host left behind may be back: its old ranks still hold memory and ports.
-            for name in reap_strays(record, connector).succeeded:
-                on_event(f"{name} is back: stopped the ranks it still ran")
-            next_reap = time.monotonic() + STRAY_RETRY
-        status = job_status(record, connector, hosts=hosts)
-        on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
-        if status.state == FINISHED:
-            record.state = update(record.name, _finished).state
-            return status
-        if status.state == STOPPED or load_record(record.name).state == STOPPED:
-            return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
-        problem = status.problem or _long_unreachable(status, unreachable_since,
-                                                      record.restart.stall_timeout)
-        if problem:
-            if len(record.restarts) >= record.restart.max_restarts:
-                stop_job(record, connector, mark_stopped=False)
-                message = f"gave up after {len(record.restarts)} restarts: {problem}"
-                _end(record.name, FAILED, message)
-                on_event(message)
-                return job_status(load_record(record.name), connector, hosts=hosts)
-            try:
-                record = restart(record, connector, problem, on_event)
-            except JobStopped:
-                on_event("stopped (mlxops stop) during the restart: not restarting")
-                return job_status(load_record(record.name), connector, hosts=hosts)
-            except MlxopsError as exc:
-                message = f"restart failed: {exc}"
-                _end(record.name, FAILED, message)
-                on_event(message)
-                raise
-            unreachable_since.clear()
-            on_event(f"restarted: attempt {record.attempt}"
-                     + (f", {record.message}" if record.message else ""))
-        time.sleep(poll if poll is not None else record.restart.interval)
+    channels = _listen(record, connector, hosts)
+    quiet: set[str] = set()  # hosts whose channel was lost and has not spoken since
+    try:
+        while True:
+            if record.stray and time.monotonic() >= next_reap:
+                # A host left behind may be back: its old ranks still hold memory and ports.
+                for name in reap_strays(record, connector).succeeded:
+                    on_event(f"{name} is back: stopped the ranks it still ran")
+                next_reap = time.monotonic() + STRAY_RETRY
+            status = classify(record, channels.answers(), dict(channels.unreachable))
+            on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
+            if status.state == FINISHED:
+                record.state = update(record.name, _finished).state
+                return status
+            if status.state == STOPPED or load_record(record.name).state == STOPPED:
+                return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
+            problem = status.problem or _long_unreachable(status, unreachable_since,
+                                                          record.restart.stall_timeout)
+            if problem:
+                channels.close()  # the attempt it watched is about to end
+                if len(record.restarts) >= record.restart.max_restarts:
+                    stop_job(record, connector, mark_stopped=False)
+                    message = f"gave up after {len(record.restarts)} restarts: {problem}"
+                    _end(record.name, FAILED, message)
+                    on_event(message)
+                    return job_status(load_record(record.name), connector, hosts=hosts)
+                try:
+                    record = restart(record, connector, problem, on_event)
+                except JobStopped:
+                    on_event("stopped (mlxops stop) during the restart: not restarting")
+                    return job_status(load_record(record.name), connector, hosts=hosts)
+                except MlxopsError as exc:
+                    message = f"restart failed: {exc}"
+                    _end(record.name, FAILED, message)
+                    on_event(message)
+                    raise
+                unreachable_since.clear()
+                quiet.clear()
+                on_event(f"restarted: attempt {record.attempt}"
+                         + (f", {record.message}" if record.message else ""))
+                channels = _listen(record, connector, hosts)
+                continue
+            for event in channels.wait(poll if poll is not None else record.restart.interval):
+                if isinstance(event, Lost) and event.host not in quiet:
+                    quiet.add(event.host)
+                    on_event(f"{event.host}: watch channel lost ({event.reason}): "
+                             "asking it again")
+                elif isinstance(event, Heard) and not event.asked:
+                    quiet.discard(event.host)
+    finally:
+        channels.close()
+
+
+def _listen(record: JobRecord, connector: Connector, hosts: dict) -> Channels:
+    """The job's channels, once every host answered or was found unreachable."""
+    channels = Channels(record, connector, hosts, retry=record.restart.interval)
+    channels.wait_all(ASK_TIMEOUT + record.restart.interval)
+    return channels
 
 
 def _long_unreachable(status: JobStatus, since: dict[str, float], timeout: float) -> str | None:

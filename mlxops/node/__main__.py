@@ -76,6 +76,11 @@ def bench_answer(args: argparse.Namespace) -> protocol.Answer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = protocol.parser().parse_args(argv)
+    if args.cmd == protocol.WATCH:  # a stream of messages, not one answer
+        from mlxops.node.watch import watch
+
+        return watch(Path(args.run_dir), tick=args.tick, beat=args.beat)
     sys.stdout.write(protocol.answer_line(answer(argv)) + "\n")
     return 0
 
