@@ -35,6 +35,7 @@ from mlxops.transport.hostkeys import (
     open_verified,
 )
 from mlxops.transport.jumps import JumpHost, Jumps, fabric_connection, scan_through
+from mlxops.transport.streams import LineStream, LocalLineStream, SSHLineStream
 
 Stdin = bytes | IO[bytes] | None
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
@@ -71,19 +72,6 @@ def failure_line(exit_code: int, stdout: str, stderr: str, timed_out: bool = Fal
         if lines:
             return f"{code}: {lines[-1]}"
     return code
-
-
-class LineStream(Protocol):
-    """A long-lived command's stdout, line by line, as it comes (``Connection.stream``)."""
-
-    def read_line(self, timeout: float) -> str | None:
-        """The next line (without its newline); None when the command ended; TimeoutError
-        when nothing came for ``timeout`` seconds; HostUnreachable when the connection broke."""
-        ...
-
-    def close(self) -> None:
-        """End the command: its stdin ends (EOF), then its channel or process goes."""
-        ...
 
 
 class Connection(Protocol):
@@ -143,66 +131,10 @@ class LocalConnection:
         proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True, cwd=os.path.expanduser("~"))
-        return _LocalLineStream(proc)
+        return LocalLineStream(proc)
 
     def close(self) -> None:
         pass
-
-
-class _Lines:
-    """Bytes in, complete lines out: what both kinds of stream share."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-
-    def pop(self) -> str | None:
-        end = self._buffer.find(b"\n")
-        if end < 0:
-            return None
-        line = bytes(self._buffer[:end])
-        del self._buffer[:end + 1]
-        return line.decode(errors="replace")
-
-    def rest(self) -> str | None:
-        """What is left after the command ended: a last line without a newline, or None."""
-        if not self._buffer:
-            return None
-        line = self._buffer.decode(errors="replace")
-        self._buffer.clear()
-        return line
-
-
-class _LocalLineStream:
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self._proc = proc
-        self._lines = _Lines()
-
-    def read_line(self, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        while (line := self._lines.pop()) is None:
-            wait = deadline - time.monotonic()
-            if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-                raise TimeoutError(f"nothing for {timeout:g}s")
-            data = os.read(fd, 1 << 16)
-            if not data:
-                return self._lines.rest()
-            self._lines.feed(data)
-        return line
-
-    def close(self) -> None:
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            if pipe is not None:
-                pipe.close()
-        try:
-            self._proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
 
 
 class SSHConnection:
@@ -329,7 +261,7 @@ class SSHConnection:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             self._conn.close()
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
-        return _SSHLineStream(self.name, channel)
+        return SSHLineStream(self.name, channel)
 
     def _kill_group(self, transport: paramiko.Transport, pgid: int) -> None:
         """TERM, then KILL a second later, the process group of a command we gave up on."""
@@ -352,42 +284,6 @@ def _exec(channel: paramiko.Channel, command: str) -> None:
     :func:`mlxops.shell.posix_sh`, so the node user's login shell (zsh on a Mac) never
     parses it. A unit test holds that nothing else calls ``exec_command``."""
     channel.exec_command(shell.posix_sh(command))
-
-
-class _SSHLineStream:
-    def __init__(self, name: str, channel: paramiko.Channel) -> None:
-        self._name = name
-        self._channel = channel
-        self._lines = _Lines()
-
-    def read_line(self, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
-        channel = self._channel
-        try:
-            while (line := self._lines.pop()) is None:
-                if channel.recv_ready():
-                    self._lines.feed(channel.recv(1 << 16))
-                    continue
-                if channel.eof_received or channel.closed:
-                    return self._lines.rest()
-                while channel.recv_stderr_ready():
-                    channel.recv_stderr(1 << 16)  # not read: keep its window open
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    raise TimeoutError(f"nothing for {timeout:g}s")
-                select.select([channel], [], [], min(wait, 0.5))
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            if isinstance(exc, TimeoutError):
-                raise
-            raise HostUnreachable(self._name, f"channel lost: {exc}") from None
-        return line
-
-    def close(self) -> None:
-        try:
-            self._channel.shutdown_write()  # the command's stdin ends: it exits by itself
-        except (OSError, paramiko.SSHException, EOFError):
-            pass
-        self._channel.close()
 
 
 _REPORT_PGID = "printf 'MLXOPS_PGID=%s\\n' \"$$\" >&2; "
