@@ -16,6 +16,11 @@ Policy:
   the host is asked again with the ``status`` command. Its answer counts as a message, and
   the channel is opened again; no answer makes the host unreachable (as a failed poll
   did), and it is asked again every ``retry`` seconds.
+* Once the watchdog has decided to stop the job, :meth:`Channels.stop_ranks` asks every
+  helper still heard to stop its ranks at once: it is already running on the node, so the
+  ranks get their SIGTERM without a new SSH session and Python start-up per host (most of
+  a second on nodes whose cores the ranks keep busy). The ``stop`` command follows anyway
+  (:func:`mlxops.jobs.stop.stop_job`), and is what verifies that nothing runs.
 * As in :func:`mlxops.transport.run_parallel`, only what a host can cause is a host's
   failure: any other exception in a host's thread (a bug) is raised by :meth:`Channels.wait`
   as :class:`~mlxops.errors.InternalError`.
@@ -33,7 +38,7 @@ from typing import Any
 from mlxops.errors import InternalError
 from mlxops.jobs.record import JobRecord
 from mlxops.node import protocol
-from mlxops.node.protocol.channel import parse_message
+from mlxops.node.protocol.channel import ChannelRequest, parse_message
 from mlxops.node.protocol.commands import LOST_AFTER
 from mlxops.transport import Connector, nodecmd
 from mlxops.transport.executor import failure_result
@@ -159,6 +164,15 @@ class Channels:
         """Each host's last answer, aged to ``now`` (the controller's monotonic clock)."""
         now = time.monotonic() if now is None else now
         return {host: aged(h.answer, now - h.at) for host, h in self.heard.items()}
+
+    def stop_ranks(self, grace: float) -> None:
+        """Ask each open channel's helper to stop its host's ranks now (SIGTERM, SIGKILL
+        after ``grace``); returns at once."""
+        request = ChannelRequest(stop=grace).line()
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            stream.send(request)
 
     def close(self) -> None:
         """End every channel (each helper sees its stdin end and exits). Does not wait for

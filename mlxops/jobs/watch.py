@@ -138,6 +138,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             problem = status.problem or _long_unreachable(status, unreachable_since,
                                                           record.restart.stall_timeout)
             if problem:
+                channels.stop_ranks(record.stop_grace)  # at once, by the helpers on the nodes
                 channels.close()  # the attempt it watched is about to end
                 if len(record.restarts) >= record.restart.max_restarts:
                     stop_job(record, connector, mark_stopped=False)

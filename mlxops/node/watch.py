@@ -10,8 +10,11 @@ seconds (the heartbeats the trainer wrote since, and a sign of life). A heartbea
 does not make a message: the trainer rewrites it up to twice a second per rank, and the
 watchdog ages the last answer by its own clock between messages.
 
-It ends when its stdin ends (the controller closed the channel, or its SSH session went)
-or when its stdout is closed.
+Its stdin carries the controller's requests, one line each
+(:class:`~mlxops.node.protocol.channel.ChannelRequest`): ``stop`` stops every rank here at
+once, as the ``stop`` command does. It ends when its stdin ends (the controller closed the
+channel, or its SSH session went), after the requests that came before, or when its
+stdout is closed.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import IO
 
 from mlxops.node import protocol
 from mlxops.node.host import has_proc
-from mlxops.node.protocol.channel import ChannelMessage
+from mlxops.node.protocol.channel import ChannelMessage, ChannelRequest, parse_request
 from mlxops.node.protocol.commands import BEAT, TICK
 from mlxops.node.rundir import has_launcher, process_path, ranks_in, read_int
 from mlxops.node.status import status
+from mlxops.node.stop import stop
 
 Look = dict[int | str, tuple]
 
@@ -88,11 +92,13 @@ def changed(before: Look, after: Look) -> list[int | str]:
 
 
 def watch(run_dir: Path, *, tick: float = TICK, beat: float = BEAT,
-          stdin: IO[bytes] | None = None,
-          out: IO[str] | None = None, clock: Callable[[], float] = time.monotonic) -> int:
-    """Send messages on ``out`` (stdout) until ``stdin`` ends or ``out`` is closed; 0."""
+          stdin: IO[bytes] | None = None, out: IO[str] | None = None,
+          clock: Callable[[], float] = time.monotonic) -> int:
+    """Send messages on ``out`` (stdout) until ``stdin`` ends or ``out`` is closed, and do
+    what the requests on ``stdin`` ask; 0."""
     stdin = stdin if stdin is not None else sys.stdin.buffer
     out = out if out is not None else sys.stdout
+    requests = _Requests(stdin)
     last: Look = {}
     sent_at = float("-inf")
     seq = 0
@@ -107,19 +113,42 @@ def watch(run_dir: Path, *, tick: float = TICK, beat: float = BEAT,
             except (BrokenPipeError, ValueError):  # ValueError: written to a closed file
                 return 0
             last, sent_at, seq = now_look, clock(), seq + 1
-        if _ended(stdin, tick):
+        for request in requests.wait(tick):
+            if request.stop is not None:
+                stop(run_dir, request.stop)
+        if requests.ended:
             return 0
 
 
-def _ended(stdin: IO[bytes], wait: float) -> bool:
-    """Wait up to ``wait`` seconds for stdin; True when it ended (EOF or closed)."""
-    try:
-        ready, _, _ = select.select([stdin], [], [], wait)
-    except (ValueError, OSError):
-        return True
-    if not ready:
-        return False
-    try:
-        return not os.read(stdin.fileno(), 4096)
-    except OSError:
-        return True
+class _Requests:
+    """The controller's request lines on stdin, and whether it ended."""
+
+    def __init__(self, stdin: IO[bytes]) -> None:
+        self._stdin = stdin
+        self._buffer = b""
+        self.ended = False
+
+    def wait(self, seconds: float) -> list[ChannelRequest]:
+        """The requests that came within ``seconds`` (at once if one did)."""
+        try:
+            ready, _, _ = select.select([self._stdin], [], [], seconds)
+        except (ValueError, OSError):
+            self.ended = True
+            return []
+        if not ready:
+            return []
+        try:
+            data = os.read(self._stdin.fileno(), 4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.ended = True
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        found = []
+        for line in lines:
+            try:
+                found.append(parse_request(line.decode(errors="replace")))
+            except protocol.ProtocolError as exc:
+                sys.stderr.write(f"mlxops.node watch: {exc}\n")  # not for this version
+        return found

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import subprocess
+import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,6 +20,10 @@ from mlxops.transport.hostkeys import HostUnreachable
 
 if TYPE_CHECKING:
     import paramiko
+
+#: Seconds after which a closed stream that was sent a request closes its SSH channel even
+#: if the command has not exited (it should have: its stdin ended).
+CLOSE_LATER = 60.0
 
 
 class LineStream(Protocol):
@@ -30,8 +34,14 @@ class LineStream(Protocol):
         when nothing came for ``timeout`` seconds; HostUnreachable when the connection broke."""
         ...
 
+    def send(self, line: str) -> None:
+        """Write one line to the command's stdin (a request to it); a failure is ignored:
+        the command is then gone or unreachable, which the reader finds out."""
+        ...
+
     def close(self) -> None:
-        """End the command: its stdin ends (EOF), then its channel or process goes."""
+        """End the command: its stdin ends (EOF) after what was sent, which it reads first;
+        then the channel (or the pipes) go. Never waits for the command."""
         ...
 
 
@@ -80,15 +90,23 @@ class LocalLineStream:
             self._lines.feed(data)
         return line
 
+    def send(self, line: str) -> None:
+        try:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
     def close(self) -> None:
         for pipe in (self._proc.stdin, self._proc.stdout):
             if pipe is not None:
-                pipe.close()
-        try:
-            self._proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.wait()
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        # It exits at the EOF, after a request it was sent: reaped without waiting here.
+        threading.Thread(target=self._proc.wait, daemon=True).start()
 
 
 class SSHLineStream:
@@ -96,6 +114,7 @@ class SSHLineStream:
         self._name = name
         self._channel = channel
         self._lines = _Lines()
+        self._sent = False
 
     def read_line(self, timeout: float) -> str | None:
         import paramiko  # loaded already: this stream runs on one of its channels
@@ -121,6 +140,15 @@ class SSHLineStream:
             raise HostUnreachable(self._name, f"channel lost: {exc}") from None
         return line
 
+    def send(self, line: str) -> None:
+        import paramiko
+
+        try:
+            self._channel.sendall(line.encode() + b"\n")
+            self._sent = True
+        except (OSError, paramiko.SSHException, EOFError):
+            pass
+
     def close(self) -> None:
         import paramiko
 
@@ -128,4 +156,12 @@ class SSHLineStream:
             self._channel.shutdown_write()  # the command's stdin ends: it exits by itself
         except (OSError, paramiko.SSHException, EOFError):
             pass
-        self._channel.close()
+        if not self._sent:
+            self._channel.close()
+            return
+        # Closing the channel now could drop a request sshd has not written to the
+        # command's stdin yet: the channel closes when the command exits, at the EOF
+        # after it; at the latest, it is closed here later.
+        timer = threading.Timer(CLOSE_LATER, self._channel.close)
+        timer.daemon = True
+        timer.start()

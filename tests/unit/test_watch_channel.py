@@ -26,7 +26,12 @@ from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import RestartPolicy
 from mlxops.jobs.status import classify
 from mlxops.node import protocol
-from mlxops.node.protocol.channel import ChannelMessage, parse_message
+from mlxops.node.protocol.channel import (
+    ChannelMessage,
+    ChannelRequest,
+    parse_message,
+    parse_request,
+)
 from mlxops.transport import CommandResult, HostUnreachable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,6 +130,33 @@ def test_the_helper_reports_an_exit_code_and_a_new_rank(tmp_path):
         assert helper.end() == 0
 
 
+def test_a_stop_request_stops_the_ranks_and_the_helper_says_so(tmp_path):
+    run_dir = tmp_path / "runs" / "j"
+    with Processes() as procs:
+        make_run_dir(run_dir, {"ranks": {0: {"pid": "alive"}, 1: {"pid": "alive"}}}, procs)
+        helper = Helper(run_dir)
+        helper.next()
+        helper.proc.stdin.write(ChannelRequest(stop=5.0).line() + "\n")
+        helper.proc.stdin.flush()
+        message = helper.next()
+        assert message.changed == [0, 1]
+        assert [r.alive for r in message.status.ranks] == [False, False]
+        assert message.status.stopped  # as the stop command marks it
+        assert [p.wait(timeout=10) for p in procs.live] == [-signal.SIGTERM] * 2
+        assert helper.end() == 0
+
+
+def test_a_request_sent_just_before_the_end_is_still_carried_out(tmp_path):
+    run_dir = tmp_path / "runs" / "j"
+    with Processes() as procs:
+        make_run_dir(run_dir, {"ranks": {0: {"pid": "alive"}}}, procs)
+        helper = Helper(run_dir)
+        helper.next()
+        helper.proc.stdin.write(ChannelRequest(stop=5.0).line() + "\n")
+        assert helper.end() == 0    # the request, then EOF: what closing the channel sends
+        assert procs.live[0].wait(timeout=10) == -signal.SIGTERM
+
+
 def test_the_helper_beats_when_nothing_changes(tmp_path):
     run_dir = tmp_path / "runs" / "j"
     with Processes() as procs:
@@ -156,6 +188,10 @@ class Stream:
     def __init__(self, script: list):
         self.script = list(script)
         self.closed = False
+        self.sent: list[str] = []
+
+    def send(self, text: str) -> None:
+        self.sent.append(text)
 
     def read_line(self, timeout: float):
         if not self.script:
@@ -233,6 +269,21 @@ def test_messages_are_heard_in_order_and_a_death_is_a_failure(tmp_path):
     finally:
         channels.close()
     assert all(kind == "stream" for _, kind in log)
+
+
+def test_stop_ranks_asks_every_open_channel(tmp_path):
+    alive = status_of(tmp_path, {"ranks": {0: {"pid": "alive", "started": 1}}})
+    streams = {h: Stream([line(0, alive)]) for h in ("a", "b")}
+    conns = {h: Conn(h, [streams[h]], [], []) for h in ("a", "b")}
+    channels = Channels(record(), Connector(conns), {"a": Host("a"), "b": Host("b")})
+    try:
+        channels.wait_all(30)
+        channels.stop_ranks(2.5)
+    finally:
+        channels.close()
+    for stream in streams.values():
+        assert [parse_request(t) for t in stream.sent] == [ChannelRequest(stop=2.5)]
+        assert stream.closed
 
 
 def test_a_lost_channel_is_a_missed_poll_the_host_is_asked_again(tmp_path):

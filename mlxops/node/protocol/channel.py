@@ -10,6 +10,12 @@ the controller one tick and one network trip after it happened, and a silent cha
 one whose host stopped answering, not one with nothing to say. The helper ends when its
 stdin ends (the controller closed the channel, or went away with its SSH session).
 
+The other way, the controller may write :class:`ChannelRequest` lines to the helper's
+stdin: ``stop`` makes the helper stop every rank at once, as the ``stop`` command would,
+without the SSH session and the Python start-up a new command costs (on a node whose
+cores the ranks keep busy, most of a second). The watchdog sends it when it has decided to
+stop the job, then runs the ``stop`` command anyway, which verifies.
+
 The command, its flags and its timing (``TICK``, ``BEAT``, ``LOST_AFTER``: the controller
 gives up on a channel that said nothing that long) are :mod:`.commands`'; each line is a
 :class:`ChannelMessage`.
@@ -40,6 +46,24 @@ class ChannelMessage(Record):
     def line(self) -> str:
         """The message as the channel's line (with its newline)."""
         return json.dumps(self.to_dict()) + "\n"
+
+
+@dataclass
+class ChannelRequest(Record):
+    """One line the controller writes to the helper's stdin."""
+
+    stop: float | None = None            # stop every rank now, SIGKILL after this grace
+
+    def line(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+def parse_request(line: str) -> ChannelRequest:
+    """The helper's reading of one stdin line; ProtocolError if unreadable."""
+    try:
+        return decode(ChannelRequest, json.loads(line))
+    except ValueError as exc:  # not JSON, or a ProtocolError
+        raise ProtocolError(f"{WATCH} request: {exc}") from None
 
 
 def parse_message(line: str) -> ChannelMessage:
