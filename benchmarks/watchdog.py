@@ -17,7 +17,8 @@ watchdog says it is restarting (it heard of the death); **stopped** is when the 
 the other ranks' processes is gone (at 4 ranks on a ring, peers often fail by themselves
 first: their connection to the dead rank breaks); **resumed** is when every rank of the
 new attempt has been spawned (its ``rank-<r>.pid`` rewritten after the kill). Targets:
-stopped <= 1 s at 4 and 16 ranks, resumed <= 5 s. Median of ``--repeat`` runs per mode, modes alternating.
+stopped <= 1 s at 4 and 16 ranks, resumed <= 5 s. Median of ``--repeat`` runs per mode,
+modes alternating.
 
     sudo .venv/bin/python benchmarks/watchdog.py [--nodes 4] [--ranks 4,16] [--repeat 3]
                                                  [--modes push,poll]
