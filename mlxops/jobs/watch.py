@@ -16,10 +16,11 @@ as launched (kept in the record), not the job file as it reads now.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
-from mlxops.errors import MlxopsError
+from mlxops.errors import InternalError, MlxopsError
 from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import (
@@ -118,23 +119,22 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     """
     hosts = inventory_hosts(record)
     unreachable_since: dict[str, float] = {}
-    next_reap = 0.0
+    reaper = _Reaper(connector, on_event)
     channels = _listen(record, connector, hosts)
     quiet: set[str] = set()  # hosts whose channel was lost and has not spoken since
     try:
         while True:
-            if record.stray and time.monotonic() >= next_reap:
-                # A host left behind may be back: its old ranks still hold memory and ports.
-                for name in reap_strays(record, connector).succeeded:
-                    on_event(f"{name} is back: stopped the ranks it still ran")
-                next_reap = time.monotonic() + STRAY_RETRY
+            reaper.poke(record)
             status = classify(record, channels.answers(), dict(channels.unreachable))
             on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
             if status.state == FINISHED:
                 record.state = update(record.name, _finished).state
                 return status
-            if status.state == STOPPED or load_record(record.name).state == STOPPED:
+            if status.state == STOPPED:
                 return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
+            if load_record(record.name).state == STOPPED:
+                # Stopped meanwhile: say how it ends, not what the channels said before.
+                return job_status(load_record(record.name), connector, hosts=hosts)
             problem = status.problem or _long_unreachable(status, unreachable_since,
                                                           record.restart.stall_timeout)
             if problem:
@@ -171,6 +171,39 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                     quiet.discard(event.host)
     finally:
         channels.close()
+
+
+class _Reaper:
+    """Hosts the job left behind, asked every ``STRAY_RETRY`` seconds whether they are back
+    (their old ranks still hold memory and ports there), in a thread of their own: a host
+    still asleep costs a connect timeout, and the watchdog must hear its channels meanwhile.
+    A bug met there is raised in the watchdog's thread, at its next :meth:`poke`."""
+
+    def __init__(self, connector: Connector, on_event: OnEvent) -> None:
+        self.connector, self.on_event = connector, on_event
+        self._thread: threading.Thread | None = None
+        self._next = 0.0
+        self._bug: BaseException | None = None
+
+    def poke(self, record: JobRecord) -> None:
+        if self._bug is not None:
+            raise self._bug
+        busy = self._thread is not None and self._thread.is_alive()
+        if not record.stray or busy or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + STRAY_RETRY
+        self._thread = threading.Thread(target=self._reap, args=(record,), daemon=True,
+                                        name="mlxops-reap-strays")
+        self._thread.start()
+
+    def _reap(self, record: JobRecord) -> None:
+        try:
+            for name in reap_strays(record, self.connector).succeeded:
+                self.on_event(f"{name} is back: stopped the ranks it still ran")
+        except InternalError as exc:
+            self._bug = exc
+        except MlxopsError as exc:  # the record or the inventory: said, and tried again later
+            self.on_event(f"stopping the ranks left behind: {exc}")
 
 
 def _listen(record: JobRecord, connector: Connector, hosts: dict) -> Channels:

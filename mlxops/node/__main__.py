@@ -68,7 +68,8 @@ def bench_answer(args: argparse.Namespace) -> protocol.Answer:
         return netclient.client(peer=args.peer, port=args.port, latency=args.latency,
                                 modes=args.modes, streams=args.streams,
                                 seconds=args.seconds, omit=args.omit,
-                                iperf3_port=args.iperf3_port)
+                                iperf3_port=args.iperf3_port,
+                                latency_seconds=args.latency_seconds)
     except (OSError, ValueError) as exc:
         # A measurement that could not be made (a peer gone, a port taken): one line on
         # stderr, exit 1; the controller reports it as the host's failure.

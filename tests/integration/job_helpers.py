@@ -73,6 +73,7 @@ class BackgroundWatchdog:
 
     def __init__(self, record: JobRecord, connector) -> None:
         self.events: list[str] = []
+        self.times: list[float] = []  # time.monotonic() of each event, for reports
         self._outcome: dict = {}
         self._thread = threading.Thread(target=self._run, args=(record, connector), daemon=True)
         self._thread.start()
@@ -81,9 +82,13 @@ class BackgroundWatchdog:
         try:
             feeder = Feeder(record.name, connector)  # as `mlxops watch` feeds the mirror
             self._outcome["status"] = supervise(record, connector, on_status=feeder.on_status,
-                                                on_event=self.events.append)
+                                                on_event=self._event)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             self._outcome["error"] = exc
+
+    def _event(self, text: str) -> None:
+        self.times.append(time.monotonic())
+        self.events.append(text)
 
     def result(self, timeout: float) -> JobStatus:
         """The watchdog's final status; its exception, if it raised one."""
