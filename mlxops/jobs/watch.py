@@ -126,6 +126,9 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
         while True:
             reaper.poke(record)
             status = classify(record, channels.answers(), dict(channels.unreachable))
+            stopping = status.problem is not None and status.state not in (FINISHED, STOPPED)
+            if stopping:  # the ranks stop now, by the helpers on the nodes; the rest follows
+                channels.stop_ranks(record.stop_grace)
             on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
             if status.state == FINISHED:
                 record.state = update(record.name, _finished).state
@@ -138,7 +141,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             problem = status.problem or _long_unreachable(status, unreachable_since,
                                                           record.restart.stall_timeout)
             if problem:
-                channels.stop_ranks(record.stop_grace)  # at once, by the helpers on the nodes
+                if not stopping:
+                    channels.stop_ranks(record.stop_grace)
                 channels.close()  # the attempt it watched is about to end
                 if len(record.restarts) >= record.restart.max_restarts:
                     stop_job(record, connector, mark_stopped=False)

@@ -16,6 +16,7 @@ mirror over.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -169,7 +170,10 @@ class Feeder:
     ended or has a problem (the last lines before a restart or the end are kept).
 
     :meth:`on_status` is the watchdog's status hook (``supervise(on_status=...)``): the
-    watchdog knows nothing of the monitor, whoever starts it passes the feeder in.
+    watchdog knows nothing of the monitor, whoever starts it passes the feeder in. A
+    regular feed runs in a thread of its own: it asks every host, and a host that does
+    not answer (a Mac asleep) costs a timeout the watchdog must not wait for. A feed on a
+    problem or at the end waits for one under way, then runs in the watchdog's thread.
     """
 
     def __init__(self, name: str, connector: Connector, interval: float = INTERVAL) -> None:
@@ -178,6 +182,8 @@ class Feeder:
         self.interval = interval
         self._last = 0.0
         self._hosts: dict[str, Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._bug: BaseException | None = None
 
     def _due(self, status: JobStatus) -> bool:
         now = time.monotonic()
@@ -191,10 +197,32 @@ class Feeder:
         """Feed from the status the watchdog just polled, with the job's record as it
         is now (a restart rewrites it) and its hosts as the inventory had them at the
         first feed (as the watchdog connects to them)."""
+        if self._bug is not None:
+            raise self._bug
         if not self._due(status):
             return
+        urgent = status.state in ENDED_STATES or status.problem is not None
+        busy = self._thread is not None and self._thread.is_alive()
+        if busy and not urgent:
+            return  # the last one is still at it: this one would find the mirror locked
+        if busy:
+            self._thread.join()
+        if urgent:
+            self._feed(status)
+            return
+        self._thread = threading.Thread(target=self._feed_quietly, args=(status,),
+                                        daemon=True, name=f"mlxops-feed-{self.name}")
+        self._thread.start()
+
+    def _feed(self, status: JobStatus) -> None:
         record = load_record(self.name)
         if self._hosts is None:
             self._hosts = inventory_hosts(record)
         feed(record, self.connector, status=status, hosts=self._hosts)
+
+    def _feed_quietly(self, status: JobStatus) -> None:
+        try:
+            self._feed(status)
+        except Exception as exc:  # noqa: BLE001 - raised in the watchdog's thread, next call
+            self._bug = exc
 
