@@ -29,7 +29,7 @@ up; its ranks stop growing the size once the next would take longer than its sha
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from mlxops.bench.measure import Settings
 from mlxops.bench.schedule import disjoint_rounds, ring_edges
@@ -47,21 +47,8 @@ SWEEP_END = 2.0
 MIN_SWEEP = 3.0
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The network settings the budget allows, and what the network phases should take."""
-
-    settings: Settings
-    network_seconds: float
-
-    @property
-    def over(self) -> bool:
-        """The cluster is too large for the network phases to fit their share."""
-        return self.settings.seconds <= MIN_SECONDS and self.network_seconds > 0
-
-
 def pair_rounds(hosts: int, ring_only: bool) -> int:
-    """Rounds of disjoint pairs: every pair (round robin), or the ring's links."""
+    """Rounds of disjoint pairs: every pair (round robin), or only the ring's links."""
     if hosts < 2:
         return 0
     if ring_only:
@@ -69,29 +56,28 @@ def pair_rounds(hosts: int, ring_only: bool) -> int:
     return hosts - 1 if hosts % 2 == 0 else hosts
 
 
-def network_seconds(hosts: int, settings: Settings, *, ring_only: bool = False) -> float:
-    """``T_net`` above, for these settings."""
+def _shape(hosts: int, streams: int, ring_only: bool) -> tuple[int, int, int]:
+    """(rounds, rounds measuring latency, bandwidth runs) of the network phases."""
     pairs = pair_rounds(hosts, ring_only)
-    ring = pair_rounds(hosts, True) if hosts > 2 else (1 if hosts == 2 else 0)
-    rounds, latency_rounds = 1 + pairs + ring, 1 + pairs
-    runs = len(settings.streams) * (2 * pairs) + 1 + ring
+    ring = pair_rounds(hosts, True) if hosts > 1 else 0
+    return 1 + pairs + ring, 1 + pairs, streams * 2 * pairs + 1 + ring
+
+
+def network_seconds(hosts: int, settings: Settings, *, ring_only: bool = False) -> float:
+    """``T_net`` above: what the network phases should take with ``settings``."""
+    rounds, latency_rounds, runs = _shape(hosts, len(settings.streams), ring_only)
     latency = settings.latency_seconds or LATENCY_SECONDS
     return (rounds * ROUND_COST + latency_rounds * latency
             + runs * (settings.seconds + settings.omit))
 
 
-def plan(budget: float, hosts: int, base: Settings, *, ring_only: bool = False) -> Plan:
-    """``base`` with ``seconds``, ``omit`` and the latency time box the budget allows."""
-    pairs = pair_rounds(hosts, ring_only)
-    ring = pair_rounds(hosts, True) if hosts > 2 else (1 if hosts == 2 else 0)
-    rounds, latency_rounds = 1 + pairs + ring, 1 + pairs
-    runs = len(base.streams) * (2 * pairs) + 1 + ring
+def plan(budget: float, hosts: int, base: Settings, *, ring_only: bool = False) -> Settings:
+    """``base`` with the ``seconds``, ``omit`` and latency time box the budget allows."""
+    rounds, latency_rounds, runs = _shape(hosts, len(base.streams), ring_only)
     left = NET_SHARE * budget - rounds * ROUND_COST - latency_rounds * LATENCY_SECONDS
-    per_run = left / runs
-    seconds = min(base.seconds, max(MIN_SECONDS, per_run * 2 / 3))
-    settings = replace(base, seconds=round(seconds, 3), omit=round(seconds / 2, 3),
-                       latency_seconds=LATENCY_SECONDS)
-    return Plan(settings, network_seconds(hosts, settings, ring_only=ring_only))
+    seconds = min(base.seconds, max(MIN_SECONDS, left / runs * 2 / 3))
+    return replace(base, seconds=round(seconds, 3), omit=round(seconds / 2, 3),
+                   latency_seconds=LATENCY_SECONDS)
 
 
 def sweep_budget(budget: float, elapsed: float) -> float:
