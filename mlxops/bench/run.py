@@ -53,7 +53,8 @@ class Request:
     settings: Settings = field(default_factory=Settings)
     sizes: tuple[int, ...] = ()       # the all-reduce sweep; empty: no sweep
     budget: float = 0.0               # seconds the whole bench should take; 0: no budget
-    planned: bool = True              # with a budget: seconds and omit come from it
+    plan_runs: bool = True            # with a budget: seconds and omit come from it
+    plan_sweep: bool = True           # with a budget: the largest size comes from it
 
 
 _SIZE = re.compile(r"^(\d+)([KMG]?)(?:I?B)?$", re.IGNORECASE)
@@ -127,7 +128,7 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
         result.failures.append(f"{name}: {checked[name].message}")
     nodes = [Node(p.host, p.root, p.python, render.cluster_ip(p.host)) for p in preps.values()]
     result.seconds["preflight"] = time.monotonic() - start
-    if req.budget and req.planned:
+    if req.budget and req.plan_runs:
         s = budget.plan(req.budget, len(nodes), s, ring_only=req.pairs == RING)
         result.options.update(seconds=s.seconds, omit=s.omit,
                               latency_seconds=s.latency_seconds)
@@ -137,7 +138,7 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
         left_out = [h.name for h in hosts
                     if h.name not in preps or h.name in result.unreachable]
         ranks_left = sum(h.slots for h in hosts if h.name not in left_out)
-        if req.budget and req.sizes:
+        if req.budget and req.plan_sweep and req.sizes:
             within = budget.sweep_budget(req.budget, time.monotonic() - start)
             spec = allreduce.job_spec(inv.path, req.limit or "all", backend,
                                       s.port + RING_PORT_OFFSET, req.sizes, within)

@@ -25,6 +25,7 @@ from mlxops.inventory.variables import ring_order_line
 from mlxops.transport import Connector
 
 MAX_STREAMS = 128
+DEFAULT_SIZES = "4K..256M"
 
 
 def parse_streams(text: str) -> tuple[int, ...]:
@@ -152,8 +153,10 @@ def _print(result: BenchResult) -> None:
               help="One pair at a time (links that share a medium: Wi-Fi, one uplink).")
 @click.option("--iperf3", is_flag=True,
               help="Bandwidth through iperf3 -J where both hosts have it (a cross-check).")
-@click.option("--sizes", default="4K..256M", show_default=True,
-              help="All-reduce sizes: LOW..HIGH in powers of two, a list 4K,1M, or none.")
+@click.option("--sizes", default=None,
+              help="All-reduce sizes: LOW..HIGH in powers of two, a list 4K,1M, or none. "
+                   "Default 4K..256M, as far as the budget allows (all of them with "
+                   "--thorough, or when given).")
 @click.option("--min-busbw", type=click.FloatRange(0, None), default=None, metavar="GBITS",
               help="Exit 1 when the average all-reduce busbw over sizes >= 1 MiB is below "
                    "this (Gbit/s).")
@@ -177,19 +180,22 @@ def command(inventory, limit, pairs, budget, thorough, streams, seconds, omit, s
     """
     if thorough:
         budget = 0.0
-    planned = bool(budget) and seconds is None and omit is None
+    # The budget decides what was not asked for: the runs' length, the largest size.
+    plan_runs = bool(budget) and seconds is None and omit is None
+    plan_sweep = bool(budget) and sizes is None
     settings = Settings(streams=parse_streams(streams or ("1,4" if not budget else "4")),
                         seconds=5.0 if seconds is None else seconds,
                         omit=1.0 if omit is None else omit,
                         serial=serial, iperf3=iperf3, port=port or default_port())
-    size_list = parse_sizes(sizes)
+    size_list = parse_sizes(sizes or DEFAULT_SIZES)
     if min_busbw is not None and not size_list:
         raise bad_input("--min-busbw", None, "needs an all-reduce: --sizes is none")
     if apply_ and pairs == RING:
         raise bad_input("--apply", None, "needs --pairs all: only a search over every pair "
                                          "finds a better order")
     req = Request(inventory=Path(inventory), limit=limit, pairs=pairs, settings=settings,
-                  sizes=size_list, budget=budget, planned=planned)
+                  sizes=size_list, budget=budget, plan_runs=plan_runs,
+                  plan_sweep=plan_sweep)
     progress = console.err.is_terminal
 
     def on_event(message: str) -> None:
