@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlxops import filelock, render, shell
@@ -128,13 +128,9 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
         result.failures.append(f"{name}: {checked[name].message}")
     nodes = [Node(p.host, p.root, p.python, render.cluster_ip(p.host)) for p in preps.values()]
     result.seconds["preflight"] = time.monotonic() - start
-    if req.budget and req.plan_runs:
-        s = budget.plan(req.budget, len(nodes), s, ring_only=req.pairs == RING)
-        result.options.update(seconds=s.seconds, omit=s.omit,
-                              latency_seconds=s.latency_seconds)
     keep_run_dirs = False
     try:
-        _network(replace(req, settings=s), result, Network(nodes, connector, s, on_event))
+        _network(req, result, Network(nodes, connector, s, on_event))
         left_out = [h.name for h in hosts
                     if h.name not in preps or h.name in result.unreachable]
         ranks_left = sum(h.slots for h in hosts if h.name not in left_out)
@@ -157,6 +153,14 @@ def _network(req: Request, result: BenchResult, net: Network) -> None:
     try:
         up = net.start_servers(server_deadline(req.settings, len(names)))
         result.seconds["servers"] = time.monotonic() - mark
+        if req.budget and req.plan_runs:
+            # A round of node commands costs what starting the servers did: measured, not
+            # assumed (a loaded node starts its interpreter slowly).
+            net.settings = budget.plan(req.budget, len(up), req.settings,
+                                       ring_only=req.pairs == RING,
+                                       round_cost=result.seconds["servers"])
+            result.options.update(seconds=net.settings.seconds, omit=net.settings.omit,
+                                  latency_seconds=net.settings.latency_seconds)
         mark = time.monotonic()
         result.loopback = net.loopback(up)
         result.seconds["loopback"] = time.monotonic() - mark

@@ -60,16 +60,17 @@ def _call(x: mx.array, group: mx.distributed.Group) -> tuple[mx.array, float]:
 def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_iters: int,
           max_iters: int, beat, budget: float = 0.0) -> list[dict]:
     """Each size in turn, ascending; with ``budget`` (seconds), the sweep stops growing
-    once the next size would take longer than its share, ``budget / len(sizes)``: a size
-    twice as large takes about twice as long (where bandwidth, not latency, decides), so
-    it stops after a size that took more than half its share. Every rank takes the same
-    decision (the slowest rank's time, agreed with ``all_max``)."""
+    once the next size's least work would not fit its share, ``budget / len(sizes)``: a
+    warm-up and ``min_iters`` timed calls, each taking up to twice this size's (a size
+    twice as large, where bandwidth decides). The timed calls of a size fill about
+    ``target`` seconds, so small sizes take about that whatever the link; a slow link
+    stops the growth early. Every rank takes the same decision (the slowest rank's time
+    per call, agreed with ``all_max``)."""
     rank, n = group.rank(), group.size()
     expected = n * (n + 1) / 2
     share = budget / len(sizes) if budget > 0 and sizes else 0.0
     rows = []
     for i, size in enumerate(sizes):
-        began = time.perf_counter()
         x = mx.full((size // 4,), float(rank + 1), dtype=mx.float32)
         mx.eval(x)
         _, first = _call(x, group)
@@ -93,7 +94,7 @@ def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_i
                      "wrong": wrong})
         del x, y
         beat(i + 1)
-        if share and 2 * _agree_max(time.perf_counter() - began, group) > share:
+        if share and (1 + min_iters) * 2 * _agree_max(elapsed / iters, group) > share:
             break  # the largest size reached is the last row
     return rows
 

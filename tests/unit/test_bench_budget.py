@@ -75,3 +75,12 @@ def test_the_sweep_stops_growing_when_the_next_size_would_not_fit():
                     budget=1e-6)
     assert [r["bytes"] for r in stopped] == sizes[:1]   # the largest size reached: the first
     assert all(r["wrong"] == 0 for r in every + stopped)
+
+
+def test_a_slow_round_measured_shortens_the_runs_not_the_budget():
+    idle = budget.plan(30.0, 8, Settings(streams=(4,)))
+    busy = budget.plan(30.0, 8, Settings(streams=(4,)), round_cost=0.6)
+    assert budget.MIN_SECONDS <= busy.seconds < idle.seconds
+    assert budget.network_seconds(8, busy, round_cost=0.6) == pytest.approx(15.0, abs=0.05)
+    # Measured faster than the floor: the floor stands.
+    assert budget.plan(30.0, 8, Settings(streams=(4,)), round_cost=0.1) == idle
