@@ -128,7 +128,7 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
         result.failures.append(f"{name}: {checked[name].message}")
     nodes = [Node(p.host, p.root, p.python, render.cluster_ip(p.host)) for p in preps.values()]
     result.seconds["preflight"] = time.monotonic() - start
-    keep_run_dirs = False
+    keep_run_dirs = removed = False
     try:
         _network(req, result, Network(nodes, connector, s, on_event))
         left_out = [h.name for h in hosts
@@ -139,8 +139,11 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
             spec = allreduce.job_spec(inv.path, req.limit or "all", backend,
                                       s.port + RING_PORT_OFFSET, req.sizes, within)
         keep_run_dirs = _sweep(req, result, spec, left_out, ranks_left, connector, on_event)
+        # A sweep that ran on every node removed the run directory there (the servers'
+        # files were in it): one round trip less.
+        removed = bool(result.allreduce) and not left_out
     finally:
-        if not keep_run_dirs:
+        if not keep_run_dirs and not removed:
             _remove_run_dirs(nodes, connector, result)
     result.findings = findings(result)
     result.seconds["total"] = time.monotonic() - start
