@@ -342,3 +342,56 @@ def test_silence_ages_the_last_answer_by_the_controllers_clock(tmp_path):
     assert aged(answer, 0) is answer
     # Classified after 9 s of silence, the live rank is stalled (stall_timeout 10).
     assert classify(record(["a", "b"]), {"a": later, "b": later}, {}).ranks[0].state == "stalled"
+
+
+# --- the watchdog on its channels ----------------------------------------------------------
+
+def test_a_death_is_acted_on_from_its_message_stop_first_without_waiting_for_a_poll(
+        tmp_path, monkeypatch):
+    """With the poll interval at an hour, the kill's message alone drives the watchdog; the
+    helpers are asked to stop the ranks before the status is fed on or a restart recorded."""
+    from mlxops.jobs import watch
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  hosts:\n    a: {ansible_connection: local}\n"
+                         "    b: {ansible_connection: local}\n")
+    job = record()
+    job.inventory = str(inventory)
+    job.save()
+    log: list = []
+
+    class Logged(Stream):
+        def __init__(self, host: str, script: list):
+            super().__init__(script)
+            self.host = host
+
+        def send(self, text: str) -> None:
+            log.append((self.host, "stop asked", parse_request(text).stop))
+
+    running = {h: status_of(tmp_path / h, {"ranks": {r: {"pid": "alive", "started": 1}}})
+               for h, r in (("a", 0), ("b", 1))}
+    killed = status_of(tmp_path / "k", {"ranks": {0: {"pid": "dead", "exit": 137, "ended": 0}}})
+    done = {h: status_of(tmp_path / f"d{h}", {"ranks": {r: {"pid": "dead", "exit": 0}}})
+            for h, r in (("a", 0), ("b", 1))}
+    conns = {
+        "a": Conn("a", [Logged("a", [line(0, running["a"]), line(1, killed, [0])]),
+                        Logged("a", [line(0, done["a"])])], [], []),
+        "b": Conn("b", [Logged("b", [line(0, running["b"])]),
+                        Logged("b", [line(0, done["b"])])], [], []),
+    }
+
+    def restart(current, connector, reason, on_event):
+        log.append(("restart", reason))
+        current.attempt += 1
+        return current
+
+    monkeypatch.setattr(watch, "restart", restart)
+    final = watch.supervise(job, Connector(conns), poll=3600,
+                            on_status=lambda s: log.append(("status", s.state)))
+    assert final.state == "finished"
+    failed = log.index(("status", "failed"))
+    stops = [i for i, e in enumerate(log) if e[1] == "stop asked"]
+    assert sorted(log[i][0] for i in stops) == ["a", "b"] and max(stops) < failed
+    assert log[failed + 1] == ("restart", "rank 0 on a exited with code 137")
+    assert log[-1] == ("status", "finished")
