@@ -82,7 +82,11 @@ def _watch(record: JobRecord, connector: Connector, supervising: bool) -> JobSta
                 on_status(status)
                 feeder.on_status(status)
 
-            return supervise(record, connector, on_status=show_and_feed, on_event=on_event)
+            try:
+                return supervise(record, connector, on_status=show_and_feed,
+                                 on_event=on_event)
+            finally:
+                feeder.wait()  # the last lines before a failure, kept
         while True:
             status = job_status(record, connector)
             on_status(status)

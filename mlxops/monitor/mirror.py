@@ -170,10 +170,12 @@ class Feeder:
     ended or has a problem (the last lines before a restart or the end are kept).
 
     :meth:`on_status` is the watchdog's status hook (``supervise(on_status=...)``): the
-    watchdog knows nothing of the monitor, whoever starts it passes the feeder in. A
-    regular feed runs in a thread of its own: it asks every host, and a host that does
-    not answer (a Mac asleep) costs a timeout the watchdog must not wait for. A feed on a
-    problem or at the end waits for one under way, then runs in the watchdog's thread.
+    watchdog knows nothing of the monitor, whoever starts it passes the feeder in. A feed
+    runs in a thread of its own: it asks every host, and a host that does not answer (a
+    Mac asleep) costs a timeout the watchdog must not wait for, least of all when it has
+    a problem to act on. Only the feed at the end of the job (finished, stopped) waits for
+    one under way and runs in the watchdog's thread; whoever ends the watchdog otherwise
+    calls :meth:`wait` for the last one.
     """
 
     def __init__(self, name: str, connector: Connector, interval: float = INTERVAL) -> None:
@@ -201,18 +203,24 @@ class Feeder:
             raise self._bug
         if not self._due(status):
             return
-        urgent = status.state in ENDED_STATES or status.problem is not None
+        at_end = status.state in ENDED_STATES and status.problem is None
         busy = self._thread is not None and self._thread.is_alive()
-        if busy and not urgent:
-            return  # the last one is still at it: this one would find the mirror locked
-        if busy:
-            self._thread.join()
-        if urgent:
+        if busy and not at_end:
+            return  # the last one is still at it (the same lines): this one is left out
+        if at_end:
+            self.wait()
             self._feed(status)
             return
         self._thread = threading.Thread(target=self._feed_quietly, args=(status,),
                                         daemon=True, name=f"mlxops-feed-{self.name}")
         self._thread.start()
+
+    def wait(self) -> None:
+        """Until the feed under way is done; a bug it met is raised here."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._bug is not None:
+            raise self._bug
 
     def _feed(self, status: JobStatus) -> None:
         record = load_record(self.name)

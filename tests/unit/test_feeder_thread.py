@@ -1,6 +1,7 @@
 """The watchdog's feeder (mlxops.monitor.mirror.Feeder): a regular feed asks every host,
 and one that does not answer (a Mac asleep) costs a timeout, so it runs in a thread of its
-own; a feed on a problem or at the end waits for it, then runs in the watchdog's thread.
+own, a feed on a problem too; the feed at the end waits for one under way, then runs in
+the watchdog's thread.
 Events and their order, with the feed itself replaced by one that waits to be let go."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import threading
 
 import pytest
 
-from mlxops.jobs.status import JobStatus
+from mlxops.jobs.status import JobStatus, RankStatus
 from mlxops.monitor import mirror
 
 
@@ -51,6 +52,19 @@ def test_a_feed_at_the_end_waits_for_the_one_under_way_then_runs_in_the_caller(f
     threading.Timer(0.05, go.set).start()
     feeder.on_status(status("finished"))
     assert done == [("mlxops-feed-j", "running"), (threading.current_thread().name, "finished")]
+
+
+def test_a_problem_is_fed_at_once_but_not_in_the_watchdogs_thread(feeds):
+    done, go = feeds
+    feeder = mirror.Feeder("j", connector=None, interval=3600.0)
+    feeder.on_status(status())
+    go.set()
+    feeder.wait()
+    problem = JobStatus(name="j", state="failed", ranks=[RankStatus(1, "b", "failed")])
+    assert problem.problem == "rank 1 on b vanished"
+    feeder.on_status(problem)            # due at once (the interval is an hour) ...
+    feeder.wait()
+    assert done[-1] == ("mlxops-feed-j", "failed")   # ... in the feeder's own thread
 
 
 def test_a_bug_in_a_feed_is_raised_in_the_watchdogs_thread(monkeypatch):
