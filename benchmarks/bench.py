@@ -10,11 +10,18 @@ On its own sandbox (N fake nodes with shaped links; needs root and iperf3):
    against ``iperf3 -s`` on the same nodes, and the ratio mlxops / iperf3 per directed pair
    (iperf3 takes whole seconds: its runs last ``max(1, round(seconds))`` s).
 
+3. with ``--defaults RATE,..``, instead: ``mlxops bench INVENTORY`` at its defaults (the
+   30 s time budget, the all-reduce included), timed from the CLI's start to its exit,
+   with every link shaped to each rate in turn; then, at the same rate, iperf3 on every
+   pair (``--iperf3 --streams 4 --seconds 1 --omit 1 --sizes none``) and the ratio of the
+   defaults' figure to iperf3's per directed pair (target: within 10%).
+
 One untimed run first syncs the node helpers to every node (as a first ``mlxops bench``
 would), so that the timed run is what a user sees from the second bench on.
 
     sudo .venv/bin/python benchmarks/bench.py [--nodes 8] [--rate 1gbit] [--seconds 0.5]
                                               [--omit 0.25] [--streams 4]
+                                              [--defaults 200mbit,1gbit]
 
 The sandbox is taken down at the end, also on Ctrl-C.
 """
@@ -95,6 +102,44 @@ def run(opts: argparse.Namespace, box: Sandbox, env: dict) -> None:
           f"Gbit/s ({'exact' if ring['exact'] else 'heuristic'})")
 
 
+def ratios(ours: dict, theirs: dict, key: str = "4") -> list[float]:
+    """mlxops' Gbit/s over iperf3's, per directed pair both measured."""
+    found = []
+    for p in ours["pairs"]:
+        q = next(x for x in theirs["pairs"] if (x["src"], x["dst"]) == (p["src"], p["dst"]))
+        mine, ref = p["streams"].get(key), q["streams"].get(key)
+        if mine and ref:
+            found.append(mine / ref)
+    return found
+
+
+def run_defaults(opts: argparse.Namespace, box: Sandbox, env: dict) -> None:
+    print("warm-up (syncs the node helpers) ...", file=sys.stderr)
+    bench(box, env, "--pairs", "ring", "--streams", "1", "--seconds", "0.2", "--omit", "0",
+          "--sizes", "none")
+    print(f"\n{len(box.nodes)} nodes, `mlxops bench` at its defaults (30 s budget):\n")
+    print("| links | wall | phases (s) | all-reduce up to | pairs / iperf3 (median, min-max) "
+          "| runs |")
+    print("|---|---|---|---|---|---|")
+    for rate in opts.defaults.split(","):
+        for node in box.nodes:
+            box.set_rate(node, rate)
+        print(f"at {rate}: defaults ...", file=sys.stderr)
+        wall, ours = bench(box, env)
+        print(f"at {rate}: iperf3 ...", file=sys.stderr)
+        _, theirs = bench(box, env, "--iperf3", "--streams", "4", "--seconds", "1", "--omit",
+                          "1", "--sizes", "none")
+        found = ratios(ours, theirs)
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in ours["seconds"].items() if k != "total")
+        rows = ours["allreduce"]
+        largest = rows[-1]["bytes"] >> 20 if rows else 0
+        o = ours["options"]
+        print(f"| {rate} | {wall:.1f} s | {phases} | {largest} MiB ({len(rows)} sizes) | "
+              f"{statistics.median(found):.3f} ({min(found):.3f}-{max(found):.3f}), "
+              f"{len(found)} pairs | {o['streams']} streams, {o['seconds']} s + {o['omit']} s "
+              "|")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=8)
@@ -103,6 +148,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=0.5)
     p.add_argument("--omit", type=float, default=0.25)
     p.add_argument("--subnet", default=None)
+    p.add_argument("--defaults", default="", metavar="RATE,..",
+                   help="time `mlxops bench` at its defaults at each link rate, beside iperf3")
     opts = p.parse_args()
     why = prerequisites()
     if why:
@@ -117,7 +164,7 @@ def main() -> None:
     try:
         print(f"starting {opts.nodes} sandbox nodes ...", file=sys.stderr)
         box.up(opts.nodes, rate=opts.rate)
-        run(opts, box, env)
+        (run_defaults if opts.defaults else run)(opts, box, env)
     finally:
         box.down()
         subprocess.run(["rm", "-rf", str(work)], check=False)

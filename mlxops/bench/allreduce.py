@@ -44,13 +44,16 @@ class LeftRunning(MlxopsError):
 
 
 def job_spec(inventory: Path, hosts: str, backend: str, port: int,
-             sizes: Sequence[int]) -> JobSpec:
-    """The sweep as a job: ``command:`` the rank program, no restarts."""
+             sizes: Sequence[int], budget: float = 0.0) -> JobSpec:
+    """The sweep as a job: ``command:`` the rank program, no restarts; with ``budget``
+    (seconds), the ranks stop growing the size once the next would not fit it."""
+    within = ["--budget", f"{budget:.1f}"] if budget > 0 else []
     return JobSpec(
         path=inventory.resolve(), name=BENCH_JOB, inventory=inventory.resolve(), hosts=hosts,
         backend=backend,
-        command=["python", "-m", PROGRAM, "--sizes", *map(str, sizes)],
-        restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT),
+        command=["python", "-m", PROGRAM, "--sizes", *map(str, sizes), *within],
+        restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT,
+                              start_timeout=STALL_TIMEOUT),
         port=port, stop_grace=2.0)
 
 

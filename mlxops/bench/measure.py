@@ -32,6 +32,7 @@ class Settings:
     serial: bool = False
     iperf3: bool = False
     port: int = 0            # the servers' port; iperf3 listens on the next one
+    latency_seconds: float = 0.0  # time box of each latency measurement; 0: every round trip
 
     def run_seconds(self) -> float:
         """How long one bandwidth run lasts (iperf3 counts whole seconds)."""
@@ -135,7 +136,8 @@ class Network:
         def work(node: Node) -> ClientAnswer:
             return self._ask(node, benchproto.client_args(
                 peer="127.0.0.1", port=s.port, latency=True, modes=[UP], streams=[streams],
-                seconds=s.seconds, omit=s.omit), timeout=self.client_timeout(1, True))
+                seconds=s.seconds, omit=s.omit, latency_seconds=s.latency_seconds),
+                timeout=self.client_timeout(1, True))
 
         self.on_event(f"loopback on {len(nodes)} host(s)")
         results = self._parallel(nodes, work)
@@ -167,7 +169,8 @@ class Network:
                 return self._ask(node, benchproto.client_args(
                     peer=other.ip, port=s.port, latency=True, modes=[UP, DOWN],
                     streams=s.streams, seconds=s.seconds, omit=s.omit,
-                    iperf3_port=s.port + 1 if both_iperf3 else 0),
+                    iperf3_port=s.port + 1 if both_iperf3 else 0,
+                    latency_seconds=s.latency_seconds),
                     timeout=self.client_timeout(2 * len(s.streams), True))
 
             results = self._parallel([self.nodes[a] for a, _ in pairs], work)

@@ -1,5 +1,7 @@
 """One ``mlxops bench``, start to end: pre-flight, servers, loopback, pairs, ring search,
-the ring's links both ways, servers down, the all-reduce sweep, findings.
+the ring's links both ways, servers down, the all-reduce sweep, findings. With a time
+budget (the default), the runs' lengths and the sweep's largest size come from it
+(:mod:`mlxops.bench.budget`).
 
 Hosts that cannot be reached are reported and left out; everything else is still
 measured. Nothing is left running on any node: the servers are stopped (and have a
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mlxops import filelock, render, shell
-from mlxops.bench import allreduce
+from mlxops.bench import allreduce, budget
 from mlxops.bench.choices import ALL, RING
 from mlxops.bench.findings import findings
 from mlxops.bench.measure import Network, Node, Settings, server_deadline
@@ -44,6 +46,9 @@ class Request:
     pairs: str = ALL
     settings: Settings = field(default_factory=Settings)
     sizes: tuple[int, ...] = ()       # the all-reduce sweep; empty: no sweep
+    budget: float = 0.0               # seconds the whole bench should take; 0: no budget
+    plan_runs: bool = True            # with a budget: seconds and omit come from it
+    plan_sweep: bool = True           # with a budget: the largest size comes from it
 
 
 _SIZE = re.compile(r"^(\d+)([KMG]?)(?:I?B)?$", re.IGNORECASE)
@@ -105,7 +110,7 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
     s = req.settings
     result = BenchResult(inventory=str(inv.path), hosts=[h.name for h in hosts], options={
         "limit": req.limit, "pairs": req.pairs, **asdict(s), "sizes": list(req.sizes),
-        "backend": backend})
+        "backend": backend, "budget": req.budget})
     spec = allreduce.job_spec(inv.path, req.limit or "all", backend,
                               s.port + RING_PORT_OFFSET, req.sizes or (4,))
     ranks = place_ranks(hosts, spec.base_port) if req.sizes else []
@@ -117,15 +122,22 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
         result.failures.append(f"{name}: {checked[name].message}")
     nodes = [Node(p.host, p.root, p.python, render.cluster_ip(p.host)) for p in preps.values()]
     result.seconds["preflight"] = time.monotonic() - start
-    keep_run_dirs = False
+    keep_run_dirs = removed = False
     try:
         _network(req, result, Network(nodes, connector, s, on_event))
         left_out = [h.name for h in hosts
                     if h.name not in preps or h.name in result.unreachable]
         ranks_left = sum(h.slots for h in hosts if h.name not in left_out)
+        if req.budget and req.plan_sweep and req.sizes:
+            within = budget.sweep_budget(req.budget, time.monotonic() - start)
+            spec = allreduce.job_spec(inv.path, req.limit or "all", backend,
+                                      s.port + RING_PORT_OFFSET, req.sizes, within)
         keep_run_dirs = _sweep(req, result, spec, left_out, ranks_left, connector, on_event)
+        # A sweep that ran on every node removed the run directory there (the servers'
+        # files were in it): one round trip less.
+        removed = bool(result.allreduce) and not left_out
     finally:
-        if not keep_run_dirs:
+        if not keep_run_dirs and not removed:
             _remove_run_dirs(nodes, connector, result)
     result.findings = findings(result)
     result.seconds["total"] = time.monotonic() - start
@@ -138,6 +150,14 @@ def _network(req: Request, result: BenchResult, net: Network) -> None:
     try:
         up = net.start_servers(server_deadline(req.settings, len(names)))
         result.seconds["servers"] = time.monotonic() - mark
+        if req.budget and req.plan_runs:
+            # A round of node commands costs what starting the servers did: measured, not
+            # assumed (a loaded node starts its interpreter slowly).
+            net.settings = budget.plan(req.budget, len(up), req.settings,
+                                       ring_only=req.pairs == RING,
+                                       round_cost=result.seconds["servers"])
+            result.options.update(seconds=net.settings.seconds, omit=net.settings.omit,
+                                  latency_seconds=net.settings.latency_seconds)
         mark = time.monotonic()
         result.loopback = net.loopback(up)
         result.seconds["loopback"] = time.monotonic() - mark
@@ -217,6 +237,8 @@ def _sweep(req: Request, result: BenchResult, spec: JobSpec, left_out: list[str]
         result.seconds["allreduce"] = time.monotonic() - mark
     result.allreduce = rows
     info.update({"ranks": ranks, "avg_busbw_gbps": average_busbw(rows), "fit": fit(rows)})
+    if rows and len(rows) < len(req.sizes):  # the budget stopped it growing
+        info["largest"] = rows[-1].bytes
     wrong = sum(r.wrong for r in rows)
     if wrong:
         result.failures.append(f"all-reduce: {wrong} wrong element(s)")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mlxops import console
+from mlxops.bench.budget import DEFAULT_BUDGET
 from mlxops.bench.choices import ALL, RING, default_port
 from mlxops.cli.options import (
     connect_options,
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from mlxops.bench.run import Request
 
 MAX_STREAMS = 128
+DEFAULT_SIZES = "4K..256M"
 
 
 def parse_streams(text: str) -> tuple[int, ...]:
@@ -101,6 +103,10 @@ def allreduce_table(result: BenchResult) -> Table:
 def report_lines(result: BenchResult) -> list[str]:
     """What is printed under the tables: findings, problems."""
     lines = [f"- {f['message']}" for f in result.findings if f["kind"] != "loopback"]
+    largest = result.allreduce_info.get("largest")
+    if largest:
+        lines.append(f"all-reduce: sizes up to {_size(largest)}: a larger one would not have "
+                     "fit the time budget (--thorough: every size)")
     lines += [f"unreachable: {h}: {why}" for h, why in result.unreachable.items()]
     lines += [f"failed: {why}" for why in result.failures]
     return lines
@@ -126,19 +132,32 @@ def _print(result: BenchResult) -> None:
 @click.option("--pairs", type=click.Choice([ALL, RING]), default=ALL, show_default=True,
               help="Measure every pair (and search the best ring), or only the links of the "
                    "inventory order's ring.")
-@click.option("--streams", default="1,4", show_default=True,
-              help="Parallel TCP streams per bandwidth run, comma separated.")
-@click.option("--seconds", type=click.FloatRange(0.1, 3600), default=5.0, show_default=True,
-              help="Measured seconds of each bandwidth run.")
-@click.option("--omit", type=click.FloatRange(0, 60), default=1.0, show_default=True,
+@click.option("--budget", type=click.FloatRange(0, None), default=DEFAULT_BUDGET,
+              show_default=True, metavar="SECONDS",
+              help="About how long the whole bench may take: each run's length comes from "
+                   "it, and the all-reduce stops growing the size once the next would not "
+                   "fit. 0: no budget.")
+@click.option("--thorough", is_flag=True,
+              help="The full sweep, however long it takes: no budget, streams 1,4, 5 s "
+                   "runs after 1 s left out, every all-reduce size.")
+@click.option("--streams", default=None,
+              help="Parallel TCP streams per bandwidth run, comma separated. Default 4; "
+                   "1,4 with --thorough.")
+@click.option("--seconds", type=click.FloatRange(0.1, 3600), default=None,
+              help="Measured seconds of each bandwidth run. Default: from the budget; 5 "
+                   "with --thorough or --budget 0.")
+@click.option("--omit", type=click.FloatRange(0, 60), default=None,
               help="Seconds at the start of each run left out (TCP slow start), like "
-                   "iperf3 -O.")
+                   "iperf3 -O. Default: half of --seconds from the budget; 1 with "
+                   "--thorough or --budget 0.")
 @click.option("--serial", is_flag=True,
               help="One pair at a time (links that share a medium: Wi-Fi, one uplink).")
 @click.option("--iperf3", is_flag=True,
               help="Bandwidth through iperf3 -J where both hosts have it (a cross-check).")
-@click.option("--sizes", default="4K..256M", show_default=True,
-              help="All-reduce sizes: LOW..HIGH in powers of two, a list 4K,1M, or none.")
+@click.option("--sizes", default=None,
+              help="All-reduce sizes: LOW..HIGH in powers of two, a list 4K,1M, or none. "
+                   "Default 4K..256M, as far as the budget allows (all of them with "
+                   "--thorough, or when given).")
 @click.option("--min-busbw", type=click.FloatRange(0, None), default=None, metavar="GBITS",
               help="Exit 1 when the average all-reduce busbw over sizes >= 1 MiB is below "
                    "this (Gbit/s).")
@@ -149,14 +168,15 @@ def _print(result: BenchResult) -> None:
               help="Write the best ring order into every host's hostfiles.")
 @json_option
 @connect_options
-def command(inventory, limit, pairs, streams, seconds, omit, serial, iperf3, sizes, min_busbw,
-            port, apply_, as_json, connect):
+def command(inventory, limit, pairs, budget, thorough, streams, seconds, omit, serial, iperf3,
+            sizes, min_busbw, port, apply_, as_json, connect):
     """Measure every link (latency, bandwidth), a real all-reduce, and find the ring order
     whose slowest link is fastest.
 
     \b
     Example:
-      mlxops bench inventory.yml                  # everything, ~3 min for 8 Macs
+      mlxops bench inventory.yml                  # everything, within about 30 s
+      mlxops bench inventory.yml --thorough       # longer runs, 1 and 4 streams, ~3 min
       mlxops bench inventory.yml --seconds 2 --sizes 1M..64M --apply
     """
     from mlxops.bench.measure import Settings
@@ -165,16 +185,24 @@ def command(inventory, limit, pairs, streams, seconds, omit, serial, iperf3, siz
     from mlxops.inventory.variables import ring_order_line
     from mlxops.transport import Connector
 
-    settings = Settings(streams=parse_streams(streams), seconds=seconds, omit=omit,
+    if thorough:
+        budget = 0.0
+    # The budget decides what was not asked for: the runs' length, the largest size.
+    plan_runs = bool(budget) and seconds is None and omit is None
+    plan_sweep = bool(budget) and sizes is None
+    settings = Settings(streams=parse_streams(streams or ("1,4" if not budget else "4")),
+                        seconds=5.0 if seconds is None else seconds,
+                        omit=1.0 if omit is None else omit,
                         serial=serial, iperf3=iperf3, port=port or default_port())
-    size_list = parse_sizes(sizes)
+    size_list = parse_sizes(sizes or DEFAULT_SIZES)
     if min_busbw is not None and not size_list:
         raise bad_input("--min-busbw", None, "needs an all-reduce: --sizes is none")
     if apply_ and pairs == RING:
         raise bad_input("--apply", None, "needs --pairs all: only a search over every pair "
                                          "finds a better order")
     req = Request(inventory=Path(inventory), limit=limit, pairs=pairs, settings=settings,
-                  sizes=size_list)
+                  sizes=size_list, budget=budget, plan_runs=plan_runs,
+                  plan_sweep=plan_sweep)
     progress = console.err.is_terminal
 
     def on_event(message: str) -> None:

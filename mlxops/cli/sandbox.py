@@ -1,4 +1,4 @@
-"""``mlxops sandbox up|down|status``: a fake cluster of N nodes on this Linux machine.
+"""``mlxops sandbox up|down|status|sleep|wake``: a fake cluster of N nodes on this Linux machine.
 
 Each node is a network namespace with its own address, sshd and home directory, so the
 rest of mlxops (and its integration tests) runs against it as against real Macs.
@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from mlxops import console
+from mlxops.errors import UserError
 from mlxops.sandbox.darwin import FLAVOURS
 from mlxops.sandbox.layout import DEFAULT_PREFIX, DEFAULT_SUBNET, LOGIN_SHELLS
+
+if TYPE_CHECKING:
+    from mlxops.sandbox import Sandbox
 
 _dir_option = click.option(
     "--dir", "state_dir", type=click.Path(file_okay=False), envvar="MLXOPS_SANDBOX_DIR",
@@ -85,6 +90,38 @@ def down(state_dir: str) -> None:
     box.down()
     console.out.print(f"sandbox down: removed {count} node(s)" if count
                       else f"sandbox down: nothing running in {state_dir}")
+
+
+@command.command("sleep")
+@click.argument("node")
+@_dir_option
+def sleep(node: str, state_dir: str) -> None:
+    """Put NODE to sleep as a Mac falls asleep: every process of it frozen (sshd, sessions,
+    ranks), its connections open but silent, until `wake`."""
+    box = _running(state_dir, node)
+    box.sleep_node(node)
+    console.out.print(f"{node} asleep (every process frozen): `mlxops sandbox wake {node}`")
+
+
+@command.command("wake")
+@click.argument("node")
+@_dir_option
+def wake(node: str, state_dir: str) -> None:
+    """Wake NODE: its processes go on where they were."""
+    box = _running(state_dir, node)
+    box.wake_node(node)
+    console.out.print(f"{node} awake")
+
+
+def _running(state_dir: str, node: str) -> Sandbox:
+    """The sandbox in DIR, with NODE in it; a one-line error (exit 2) otherwise."""
+    from mlxops.sandbox import Sandbox
+
+    box = Sandbox(state_dir)
+    if node not in box.nodes:
+        known = ", ".join(box.nodes) or "none: no sandbox there"
+        raise UserError(f"{state_dir}: no node {node!r} in the sandbox (nodes: {known})")
+    return box
 
 
 @command.command("status")

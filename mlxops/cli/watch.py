@@ -100,6 +100,7 @@ def _watch(record: JobRecord, connector: Connector, supervising: bool) -> JobSta
             finally:
                 if notifier:
                     notifier.close()  # the last events (finished, failed) go out first
+                feeder.wait()  # the last lines before a failure, kept
         while True:
             status = job_status(record, connector)
             on_status(status)

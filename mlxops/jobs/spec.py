@@ -37,7 +37,8 @@ TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "work
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
-RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable"}
+RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable",
+                "start_timeout"}
 #: ``alerts:``: the thresholds ``mlxops monitor``, the dashboard and the report flag
 #: (docs/job-file.md); 0 turns one off. Upper bound of each, and whether it is included.
 ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0,
@@ -60,6 +61,14 @@ class RestartPolicy:
     stall_timeout: float = 60.0   # seconds without progress from any rank = stalled
     poll_interval: float = 0.0    # how often the watchdog looks; 0 = see `interval`
     exclude_unreachable: bool = False  # a restart may go on without hosts that are down
+    #: Seconds a rank may take to its first heartbeat (cold MLX kernel compiles took 40-67 s
+    #: on 2 cores here, and would trip a 60 s stall_timeout); never less than stall_timeout.
+    start_timeout: float = 300.0
+
+    @property
+    def start_limit(self) -> float:
+        """How long a rank without a heartbeat yet may go before it counts as stalled."""
+        return max(self.start_timeout, self.stall_timeout)
 
     @property
     def interval(self) -> float:
@@ -303,6 +312,8 @@ def _restart(path: Path, data: Any) -> RestartPolicy:
                                     allow_zero=True)),
         exclude_unreachable=_flag(path, "restart.exclude_unreachable",
                                   data.get("exclude_unreachable", d.exclude_unreachable)),
+        start_timeout=float(_number(path, "restart.start_timeout",
+                                    data.get("start_timeout", d.start_timeout))),
     )
 
 

@@ -1,7 +1,8 @@
 """A job's state, from every node's answer: per rank and for the job as a whole.
 
 Rank states: running, finished (exit 0), failed (non-zero exit, or gone without one),
-stalled (alive, but no progress for ``stall_timeout`` seconds), stopped (mlxops stopped it),
+stalled (alive, but no progress for ``stall_timeout`` seconds, or no first heartbeat for
+``restart.start_timeout``), stopped (mlxops stopped it),
 unreachable (its host did not answer). An mpi job also has a launcher (mpirun, on its first
 host): a rank it has not started yet counts as running while it runs, and the job failed
 when it exited non-zero (or vanished) before every rank finished. Heartbeat ages are
@@ -240,6 +241,15 @@ def job_state(record: JobRecord, ranks: list[RankStatus], launcher: str | None =
     return RUNNING
 
 
+def stall_limit(record: JobRecord, rank: protocol.RankAnswer) -> float:
+    """Seconds without a heartbeat after which ``rank`` is stalled: ``stall_timeout`` once
+    it wrote its first heartbeat; before, while it starts (a cold MLX compiles its kernels
+    first), ``restart.start_timeout``."""
+    if rank.progress is None:
+        return record.restart.start_limit
+    return record.restart.stall_timeout
+
+
 def _absent(rank: int) -> protocol.RankAnswer:
     """A rank its node has no files of (not written, or removed)."""
     return protocol.RankAnswer(rank=rank, pid=None, alive=False, exit=None, ended_ago=None,
@@ -261,7 +271,7 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
         state = rank_state(exit_code=node_rank.exit, alive=node_rank.alive,
                            heartbeat_age=node_rank.heartbeat_age,
                            stopped=answer.stopped or record.state == STOPPED,
-                           stall_timeout=record.restart.stall_timeout)
+                           stall_timeout=stall_limit(record, node_rank))
         age = node_rank.heartbeat_age
         if (launcher and launcher.state in (RUNNING, STALLED) and node_rank.pid is None
                 and node_rank.exit is None and state in (FAILED, STOPPED)):

@@ -2,7 +2,10 @@
 
 MLX collectives have no timeout: when one rank dies or hangs, every other rank waits in
 its all-reduce forever. Only something outside the ranks can notice, and only killing the
-process groups frees their ports (and, on a Mac, their GPU memory). That is this loop.
+process groups frees their ports (and, on a Mac, their GPU memory). That is this loop. It
+does not poll: each host's watch channel (:mod:`mlxops.jobs.channel`) tells it of a rank's
+exit as it happens, and it decides on every message (the one classification of a rank's
+state is :func:`mlxops.jobs.status.classify`).
 
 A restart never undoes a user's ``mlxops stop`` (see :mod:`mlxops.jobs.record`): under
 the record lock the watchdog checks that the job was not stopped before it starts a new
@@ -13,11 +16,13 @@ as launched (kept in the record), not the job file as it reads now.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 from mlxops import events
-from mlxops.errors import MlxopsError
+from mlxops.errors import InternalError, MlxopsError
+from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import (
     JobRecord,
@@ -28,7 +33,7 @@ from mlxops.jobs.record import (
     update,
 )
 from mlxops.jobs.spec import JobSpec
-from mlxops.jobs.status import JobStatus, job_status
+from mlxops.jobs.status import JobStatus, classify, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
 from mlxops.node.protocol import FAILED, FINISHED, STALLED, STOPPED
 from mlxops.transport import Connector, GroupError
@@ -108,59 +113,122 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
               on_event: OnEvent = lambda _: None, poll: float | None = None) -> JobStatus:
     """Watch until the job finishes, fails for good, or is stopped; restart on problems.
 
-    ``on_status`` gets every status polled: the terminal's progress bar, and the metrics
+    The watchdog hears each host on its watch channel (:mod:`mlxops.jobs.channel`) and
+    decides on every message, and at least every ``poll`` seconds (default: the job's
+    ``restart.interval``) so that silence ages the heartbeats it last heard.
+
+    ``on_status`` gets every status: the terminal's progress bar, and the metrics
     mirror's :class:`~mlxops.monitor.mirror.Feeder` (the monitor sits above the jobs, so
     whoever starts the watchdog passes its feeder in).
     """
     hosts = inventory_hosts(record)
     unreachable_since: dict[str, float] = {}
-    next_reap = 0.0
-    while True:
-        if record.stray and time.monotonic() >= next_reap:
-            # A host left behind may be back: its old ranks still hold memory and ports.
-            for name in reap_strays(record, connector).succeeded:
-                on_event(f"{name} is back: stopped the ranks it still ran")
-            next_reap = time.monotonic() + STRAY_RETRY
-        status = job_status(record, connector, hosts=hosts)
-        on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
-        if status.state == FINISHED:
-            record.state = update(record.name, _finished).state
-            events.record(record.name, events.FINISHED,
-                          f"every rank finished (step {status.step})", attempt=record.attempt,
-                          step=status.step)
-            return status
-        if status.state == STOPPED or load_record(record.name).state == STOPPED:
-            return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
-        problem = status.problem or _long_unreachable(status, unreachable_since,
-                                                      record.restart.stall_timeout)
-        if problem:
-            stalled = [r for r in status.ranks if r.state == STALLED]
-            if stalled:
-                events.record(record.name, events.STALLED, problem, attempt=record.attempt,
-                              ranks=[r.rank for r in stalled], step=status.step)
-            if len(record.restarts) >= record.restart.max_restarts:
-                stop_job(record, connector, mark_stopped=False)
-                message = f"gave up after {len(record.restarts)} restarts: {problem}"
-                _end(record.name, FAILED, message)
-                on_event(message)
+    reaper = _Reaper(connector, on_event)
+    channels = _listen(record, connector, hosts)
+    quiet: set[str] = set()  # hosts whose channel was lost and has not spoken since
+    try:
+        while True:
+            reaper.poke(record)
+            status = classify(record, channels.answers(), dict(channels.unreachable))
+            stopping = status.problem is not None and status.state not in (FINISHED, STOPPED)
+            if stopping:  # the ranks stop now, by the helpers on the nodes; the rest follows
+                channels.stop_ranks(record.stop_grace)
+            on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
+            if status.state == FINISHED:
+                record.state = update(record.name, _finished).state
+                events.record(record.name, events.FINISHED,
+                              f"every rank finished (step {status.step})",
+                              attempt=record.attempt, step=status.step)
+                return status
+            if status.state == STOPPED:
+                return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
+            if load_record(record.name).state == STOPPED:
+                # Stopped meanwhile: say how it ends, not what the channels said before.
                 return job_status(load_record(record.name), connector, hosts=hosts)
-            ended = record.attempt
-            try:
-                record = restart(record, connector, problem, on_event)
-            except JobStopped:
-                on_event("stopped (mlxops stop) during the restart: not restarting")
-                return job_status(load_record(record.name), connector, hosts=hosts)
-            except MlxopsError as exc:
-                message = f"restart failed: {exc}"
-                _end(record.name, FAILED, message)
-                on_event(message)
-                raise
-            unreachable_since.clear()
-            events.record(record.name, events.RESTARTED, problem, attempt=ended,
-                          excluded=record.excluded, resumed=record.message)
-            on_event(f"restarted: attempt {record.attempt}"
-                     + (f", {record.message}" if record.message else ""))
-        time.sleep(poll if poll is not None else record.restart.interval)
+            problem = status.problem or _long_unreachable(status, unreachable_since,
+                                                          record.restart.stall_timeout)
+            if problem:
+                stalled = [r for r in status.ranks if r.state == STALLED]
+                if stalled:
+                    events.record(record.name, events.STALLED, problem, attempt=record.attempt,
+                                  ranks=[r.rank for r in stalled], step=status.step)
+                if not stopping:
+                    channels.stop_ranks(record.stop_grace)
+                channels.close()  # the attempt it watched is about to end
+                if len(record.restarts) >= record.restart.max_restarts:
+                    stop_job(record, connector, mark_stopped=False)
+                    message = f"gave up after {len(record.restarts)} restarts: {problem}"
+                    _end(record.name, FAILED, message)
+                    on_event(message)
+                    return job_status(load_record(record.name), connector, hosts=hosts)
+                ended = record.attempt
+                try:
+                    record = restart(record, connector, problem, on_event)
+                except JobStopped:
+                    on_event("stopped (mlxops stop) during the restart: not restarting")
+                    return job_status(load_record(record.name), connector, hosts=hosts)
+                except MlxopsError as exc:
+                    message = f"restart failed: {exc}"
+                    _end(record.name, FAILED, message)
+                    on_event(message)
+                    raise
+                unreachable_since.clear()
+                quiet.clear()
+                events.record(record.name, events.RESTARTED, problem, attempt=ended,
+                              excluded=record.excluded, resumed=record.message)
+                on_event(f"restarted: attempt {record.attempt}"
+                         + (f", {record.message}" if record.message else ""))
+                channels = _listen(record, connector, hosts)
+                continue
+            for event in channels.wait(poll if poll is not None else record.restart.interval):
+                if isinstance(event, Lost) and event.host not in quiet:
+                    quiet.add(event.host)
+                    on_event(f"{event.host}: watch channel lost ({event.reason}): "
+                             "asking it again")
+                elif isinstance(event, Heard) and not event.asked:
+                    quiet.discard(event.host)
+    finally:
+        channels.close()
+
+
+class _Reaper:
+    """Hosts the job left behind, asked every ``STRAY_RETRY`` seconds whether they are back
+    (their old ranks still hold memory and ports there), in a thread of their own: a host
+    still asleep costs a connect timeout, and the watchdog must hear its channels meanwhile.
+    A bug met there is raised in the watchdog's thread, at its next :meth:`poke`."""
+
+    def __init__(self, connector: Connector, on_event: OnEvent) -> None:
+        self.connector, self.on_event = connector, on_event
+        self._thread: threading.Thread | None = None
+        self._next = 0.0
+        self._bug: BaseException | None = None
+
+    def poke(self, record: JobRecord) -> None:
+        if self._bug is not None:
+            raise self._bug
+        busy = self._thread is not None and self._thread.is_alive()
+        if not record.stray or busy or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + STRAY_RETRY
+        self._thread = threading.Thread(target=self._reap, args=(record,), daemon=True,
+                                        name="mlxops-reap-strays")
+        self._thread.start()
+
+    def _reap(self, record: JobRecord) -> None:
+        try:
+            for name in reap_strays(record, self.connector).succeeded:
+                self.on_event(f"{name} is back: stopped the ranks it still ran")
+        except InternalError as exc:
+            self._bug = exc
+        except MlxopsError as exc:  # the record or the inventory: said, and tried again later
+            self.on_event(f"stopping the ranks left behind: {exc}")
+
+
+def _listen(record: JobRecord, connector: Connector, hosts: dict) -> Channels:
+    """The job's channels, once every host answered or was found unreachable."""
+    channels = Channels(record, connector, hosts, retry=record.restart.interval)
+    channels.wait_all(ASK_TIMEOUT + record.restart.interval)
+    return channels
 
 
 def _long_unreachable(status: JobStatus, since: dict[str, float], timeout: float) -> str | None:

@@ -16,6 +16,7 @@ mirror over.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -171,7 +172,12 @@ class Feeder:
     ended or has a problem (the last lines before a restart or the end are kept).
 
     :meth:`on_status` is the watchdog's status hook (``supervise(on_status=...)``): the
-    watchdog knows nothing of the monitor, whoever starts it passes the feeder in.
+    watchdog knows nothing of the monitor, whoever starts it passes the feeder in. A feed
+    runs in a thread of its own: it asks every host, and a host that does not answer (a
+    Mac asleep) costs a timeout the watchdog must not wait for, least of all when it has
+    a problem to act on. Only the feed at the end of the job (finished, stopped) waits for
+    one under way and runs in the watchdog's thread; whoever ends the watchdog otherwise
+    calls :meth:`wait` for the last one.
     """
 
     def __init__(self, name: str, connector: Connector, interval: float = INTERVAL) -> None:
@@ -181,6 +187,8 @@ class Feeder:
         self._last = 0.0
         self._hosts: dict[str, Any] | None = None
         self._alerts = AlertEvents(name)
+        self._thread: threading.Thread | None = None
+        self._bug: BaseException | None = None
 
     def _due(self, status: JobStatus) -> bool:
         now = time.monotonic()
@@ -194,13 +202,41 @@ class Feeder:
         """Feed from the status the watchdog just polled, with the job's record as it
         is now (a restart rewrites it) and its hosts as the inventory had them at the
         first feed (as the watchdog connects to them)."""
+        if self._bug is not None:
+            raise self._bug
         if not self._due(status):
             return
+        at_end = status.state in ENDED_STATES and status.problem is None
+        busy = self._thread is not None and self._thread.is_alive()
+        if busy and not at_end:
+            return  # the last one is still at it (the same lines): this one is left out
+        if at_end:
+            self.wait()
+            self._feed(status)
+            return
+        self._thread = threading.Thread(target=self._feed_quietly, args=(status,),
+                                        daemon=True, name=f"mlxops-feed-{self.name}")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the feed under way is done; a bug it met is raised here."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._bug is not None:
+            raise self._bug
+
+    def _feed(self, status: JobStatus) -> None:
         record = load_record(self.name)
         if self._hosts is None:
             self._hosts = inventory_hosts(record)
         if feed(record, self.connector, status=status, hosts=self._hosts) is not None:
             self._alerts.look(record)
+
+    def _feed_quietly(self, status: JobStatus) -> None:
+        try:
+            self._feed(status)
+        except Exception as exc:  # noqa: BLE001 - raised in the watchdog's thread, next call
+            self._bug = exc
 
 
 class AlertEvents:
@@ -226,4 +262,3 @@ class AlertEvents:
             events.record(record.name, events.ALERT, alert["message"], attempt=record.attempt,
                           alert=alert["kind"], host=alert.get("host"), rank=alert.get("rank"))
         return new
-

@@ -76,7 +76,8 @@ def bench_answer(args: argparse.Namespace) -> protocol.Answer:
         return netclient.client(peer=args.peer, port=args.port, latency=args.latency,
                                 modes=args.modes, streams=args.streams,
                                 seconds=args.seconds, omit=args.omit,
-                                iperf3_port=args.iperf3_port)
+                                iperf3_port=args.iperf3_port,
+                                latency_seconds=args.latency_seconds)
     except (OSError, ValueError) as exc:
         # A measurement that could not be made (a peer gone, a port taken): one line on
         # stderr, exit 1; the controller reports it as the host's failure.
@@ -84,6 +85,11 @@ def bench_answer(args: argparse.Namespace) -> protocol.Answer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = protocol.parser().parse_args(argv)
+    if args.cmd == protocol.WATCH:  # a stream of messages, not one answer
+        from mlxops.node.watch import watch
+
+        return watch(Path(args.run_dir), tick=args.tick, beat=args.beat)
     sys.stdout.write(protocol.answer_line(answer(argv)) + "\n")
     return 0
 

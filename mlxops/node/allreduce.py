@@ -10,7 +10,8 @@ for (``mx.eval``). A rank's time is its own average per call; the controller tak
 maximum over ranks, as nccl-tests does. Correctness: every element of the sum must be
 n(n+1)/2; ``wrong`` counts those that are not. Writes ``allreduce-rank-<r>.json`` in the
 run directory, and a heartbeat (``progress/rank-<r>.json``) after each warm-up and size and
-every 5 s of timed calls, so that the job's status sees it alive.
+every 5 s of timed calls, so that the job's status sees it alive. With ``--budget``, the
+sweep stops growing once the next size would take longer than its share (:func:`sweep`).
 """
 
 from __future__ import annotations
@@ -57,9 +58,17 @@ def _call(x: mx.array, group: mx.distributed.Group) -> tuple[mx.array, float]:
 
 
 def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_iters: int,
-          max_iters: int, beat) -> list[dict]:
+          max_iters: int, beat, budget: float = 0.0) -> list[dict]:
+    """Each size in turn, ascending; with ``budget`` (seconds), the sweep stops growing
+    once the next size's least work would not fit its share, ``budget / len(sizes)``: a
+    warm-up and ``min_iters`` timed calls, each taking up to twice this size's (a size
+    twice as large, where bandwidth decides). The timed calls of a size fill about
+    ``target`` seconds, so small sizes take about that whatever the link; a slow link
+    stops the growth early. Every rank takes the same decision (the slowest rank's time
+    per call, agreed with ``all_max``)."""
     rank, n = group.rank(), group.size()
     expected = n * (n + 1) / 2
+    share = budget / len(sizes) if budget > 0 and sizes else 0.0
     rows = []
     for i, size in enumerate(sizes):
         x = mx.full((size // 4,), float(rank + 1), dtype=mx.float32)
@@ -85,6 +94,8 @@ def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_i
                      "wrong": wrong})
         del x, y
         beat(i + 1)
+        if share and (1 + min_iters) * 2 * _agree_max(elapsed / iters, group) > share:
+            break  # the largest size reached is the last row
     return rows
 
 
@@ -95,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds of timed calls per size (about)")
     p.add_argument("--min-iters", type=int, default=3)
     p.add_argument("--max-iters", type=int, default=200)
+    p.add_argument("--budget", type=float, default=0.0,
+                   help="seconds for the whole sweep: stop growing once the next size would "
+                        "take longer than its share (0: every size)")
     args = p.parse_args(argv)
     env = RankEnv.from_env()
     world = env.world_size or 1
@@ -111,8 +125,12 @@ def main(argv: list[str] | None = None) -> int:
             state=protocol.RUNNING).to_dict())
 
     beat(0)
-    rows = sweep(args.sizes, group, target=args.target, min_iters=args.min_iters,
-                 max_iters=args.max_iters, beat=beat)
+    sizes = sorted(args.sizes)
+    target = args.target
+    if args.budget > 0:  # timed calls take a third of a size's share at most
+        target = min(target, args.budget / len(sizes) / 3)
+    rows = sweep(sizes, group, target=target, min_iters=args.min_iters,
+                 max_iters=args.max_iters, beat=beat, budget=args.budget)
     _write(run_dir / allreduce_result(rank), {"rank": rank, "world_size": world,
                                               "backend": backend, "results": rows})
     _write(run_dir / protocol.progress_file(rank), protocol.Progress(

@@ -37,6 +37,7 @@ from mlxops.node.protocol.bench import (
     DOWN,
     IPERF3_TOOL,
     LATENCY_BYTES,
+    LATENCY_MIN_ROUNDS,
     LATENCY_ROUNDS,
     LATENCY_WARMUP,
     MLXOPS_TOOL,
@@ -51,14 +52,15 @@ IPERF3_RETRIES = 3         # "the server is busy": its previous test is still en
 
 
 def client(*, peer: str, port: int, latency: bool, modes: Sequence[str],
-           streams: Sequence[int], seconds: float, omit: float, iperf3_port: int = 0
-           ) -> ClientAnswer:
+           streams: Sequence[int], seconds: float, omit: float, iperf3_port: int = 0,
+           latency_seconds: float = 0.0) -> ClientAnswer:
     if any(k < 1 for k in streams) or seconds <= 0 or omit < 0:
         raise ValueError("want streams >= 1, seconds > 0 and omit >= 0")
     iperf3 = find_iperf3() if iperf3_port else None
     if iperf3_port and iperf3 is None:
         raise OSError("iperf3 was asked for but is not installed here")
-    answer = ClientAnswer(latency=measure_latency(peer, port) if latency else None)
+    answer = ClientAnswer(latency=measure_latency(peer, port, seconds=latency_seconds)
+                          if latency else None)
     for k in streams:
         for mode in modes:
             if iperf3:
@@ -70,7 +72,10 @@ def client(*, peer: str, port: int, latency: bool, modes: Sequence[str],
 
 
 def measure_latency(peer: str, port: int, rounds: int = LATENCY_ROUNDS,
-                    warmup: int = LATENCY_WARMUP) -> LatencyAnswer:
+                    warmup: int = LATENCY_WARMUP, seconds: float = 0.0) -> LatencyAnswer:
+    """``warmup`` untimed round trips, then ``rounds`` timed ones; with ``seconds``, the
+    warm-up stops after a quarter of it and the timed ones once it is over (but never
+    before :data:`LATENCY_MIN_ROUNDS`): a slow link's latency in a known time."""
     sock = connect(peer, port, nodelay=True)
     try:
         send_line(sock, {"op": "echo", "size": LATENCY_BYTES})
@@ -78,14 +83,21 @@ def measure_latency(peer: str, port: int, rounds: int = LATENCY_ROUNDS,
         sock.settimeout(10.0)
         message = b"\x5a" * LATENCY_BYTES
         view = memoryview(bytearray(LATENCY_BYTES))
-        samples = []
+        samples: list[float] = []
         clock = time.perf_counter_ns
-        for i in range(warmup + rounds):
+        start = clock()
+        box = int(seconds * 1e9) if seconds > 0 else None
+        warm = 0
+        while len(samples) < rounds:
             t0 = clock()
+            if box is not None and len(samples) >= LATENCY_MIN_ROUNDS and t0 - start > box:
+                break
             sock.sendall(message)
             if not recv_exact(sock, view):
                 raise WireError("the server closed the echo connection")
-            if i >= warmup:
+            if warm < warmup and (box is None or t0 - start < box // 4):
+                warm += 1
+            else:
                 samples.append((clock() - t0) / 1000)
     finally:
         sock.close()

@@ -1,5 +1,6 @@
 """Fake Mac nodes on Linux: network namespaces + one sshd each (README.md, "Testing
-without Macs"). :class:`Sandbox` is the API; ``mlxops sandbox up|down|status`` the CLI.
+without Macs"). :class:`Sandbox` is the API; ``mlxops sandbox up|down|status|sleep|wake``
+the CLI (``sleep``: every process of a node frozen, as a Mac asleep).
 
 The names below are imported on first use (PEP 562), not with the package: the CLI reads
 its defaults from :mod:`.layout` and :mod:`.darwin` for ``--help``, which must not bring

@@ -15,7 +15,7 @@ import shutil
 import stat
 
 from mlxops.errors import UserError
-from mlxops.sandbox import cgroups, clientfiles, darwin, kernels, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, darwin, freezer, kernels, netns, nodes
 from mlxops.sandbox.faults import Faults
 from mlxops.sandbox.layout import LOGIN_SHELLS, NodeLayout, node_rates, parse_rate
 from mlxops.sandbox.python import node_python
@@ -128,6 +128,9 @@ class Sandbox(Faults):
             return
         require_root()
         layouts = [NodeLayout(e["name"], e["ip"], e["netns"], e["veth"]) for e in state["nodes"]]
+        for entry in state["nodes"]:
+            if entry.get("asleep"):  # a frozen process takes no signal: thaw it first
+                freezer.thaw(self._freezer(entry["name"]))
         for entry in state["nodes"]:
             nodes.stop_sshd(entry.get("sshd_pid"), self._files(entry["name"]))
         netns.kill_netns_processes([n.netns for n in layouts])

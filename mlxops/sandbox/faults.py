@@ -1,6 +1,7 @@
 """Breaking sandbox nodes on purpose, and mending them: what tests of failures need.
 
-A Mac asleep (its sshd gone: connections refused), a cable pulled (its link down: packets
+A Mac whose sshd is gone (connections refused), a Mac asleep (every process of it
+frozen: connections hang, nothing answers), a cable pulled (its link down: packets
 vanish, connections time out), a Mac only reached through another (a jump host), a host key
 unknown or changed, a slower link (shaped to a
 rate), a slower machine (a CPU quota). :meth:`Faults.restore` undoes all of them, so a
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import pwd
 
-from mlxops.sandbox import cgroups, clientfiles, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, freezer, netns, nodes
 from mlxops.sandbox.layout import parse_rate
 from mlxops.sandbox.state import SandboxState
 
@@ -34,6 +35,28 @@ class Faults(SandboxState):
         entry["sshd_pid"] = nodes.start_sshd(node, self._files(name), self.user)
         self._save()
         self._wait_listening([node])
+
+    def sleep_node(self, name: str) -> None:
+        """Put the node to sleep as a Mac falls asleep: every process of it (sshd, its
+        sessions, the ranks) frozen with the cgroup freezer (:mod:`.freezer`). Its TCP
+        connections stay open and answer nothing; new ones hang."""
+        netns_name = self.node_layout(name).netns
+        freezer.freeze(self._freezer(name), netns.netns_pids(netns_name),
+                       more=lambda: netns.netns_pids(netns_name))
+        self._entry(name)["asleep"] = True
+        self._save()
+
+    def wake_node(self, name: str) -> None:
+        """Thaw every process of the node: they go on where they were."""
+        freezer.thaw(self._freezer(name))
+        self._entry(name).pop("asleep", None)
+        self._save()
+
+    def asleep(self, name: str) -> bool:
+        return bool(self._entry(name).get("asleep"))
+
+    def _freezer(self, name: str) -> str:
+        return f"mlxops-sandbox-sleep-{self.layout.prefix}-{name}"
 
     def disconnect_node(self, name: str) -> None:
         """Take the node's link down: packets vanish (timeouts, not refusals)."""
@@ -107,10 +130,12 @@ class Faults(SandboxState):
             self.start_node(name)
 
     def restore(self) -> None:
-        """Undo what the per-node controls did: every link up at the rate it was made with,
-        no CPU quota, no node isolated, every sshd running, every current host key trusted
-        (tests that break nodes call this when done)."""
+        """Undo what the per-node controls did: every node awake, every link up at the rate
+        it was made with, no CPU quota, no node isolated, every sshd running, every current
+        host key trusted (tests that break nodes call this when done)."""
         for name in self.nodes:
+            if self.asleep(name):
+                self.wake_node(name)
             self.reconnect_node(name)
             entry = self._entry(name)
             if "shaped" in entry:

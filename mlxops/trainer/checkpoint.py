@@ -135,7 +135,16 @@ def load(path: Path) -> tuple[dict[str, mx.array], dict[str, mx.array], dict[str
 def prune(ckpt_dir: Path, keep: int) -> None:
     """Keep the newest ``keep`` complete checkpoints; sweep stale temporary directories."""
     for old in list_complete(ckpt_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        # Renamed out of the way first (atomic), then removed: a rank killed while removing
+        # leaves a `.tmp-*` directory the next prune sweeps, never a `step-*` one missing
+        # files (seen: ranks stopped by a restart in the middle of a prune).
+        doomed = old.with_name(f".tmp-{old.name}-pruned")
+        shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            os.replace(old, doomed)
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
     for tmp in ckpt_dir.glob(".tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
         if pid != str(os.getpid()):

@@ -31,6 +31,7 @@ from mlxops.transport.hostkeys import (
     lookup_name,
     open_verified,
 )
+from mlxops.transport.streams import LineStream, LocalLineStream, SSHLineStream
 
 if TYPE_CHECKING:
     # Fabric and paramiko (and .jumps, built on them) are imported by the first SSH
@@ -85,6 +86,8 @@ class Connection(Protocol):
     def run(self, command: str, *, timeout: float | None = None,
             stdin: Stdin = None) -> CommandResult: ...
 
+    def stream(self, command: str) -> LineStream: ...
+
     def close(self) -> None: ...
 
 
@@ -129,6 +132,12 @@ class LocalConnection:
             duration=time.monotonic() - start,
             timed_out=timed_out,
         )
+
+    def stream(self, command: str) -> LineStream:
+        proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True, cwd=os.path.expanduser("~"))
+        return LocalLineStream(proc)
 
     def close(self) -> None:
         pass
@@ -258,6 +267,17 @@ class SSHConnection:
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return CommandResult(command, exit_code, out.decode(errors="replace"),
                              err.decode(errors="replace"), time.monotonic() - start, timed_out)
+
+    def stream(self, command: str) -> LineStream:
+        """Start ``command`` and read its stdout as it comes (its stdin stays open until
+        :meth:`LineStream.close`; its stderr is not read)."""
+        try:
+            _, channel = self._session()
+            _exec(channel, command)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self._conn.close()
+            raise HostUnreachable(self.name, f"connection lost: {exc}") from None
+        return SSHLineStream(self.name, channel)
 
     def _kill_group(self, transport: paramiko.Transport, pgid: int) -> None:
         """TERM, then KILL a second later, the process group of a command we gave up on."""

@@ -74,6 +74,7 @@ class BackgroundWatchdog:
     def __init__(self, record: JobRecord, connector, feed_interval: float | None = None
                  ) -> None:
         self.events: list[str] = []
+        self.times: list[float] = []  # time.monotonic() of each event, for reports
         self._outcome: dict = {}
         # as `mlxops watch` feeds the mirror; a test that waits for the feeds may ask
         # for them sooner than every Feeder.INTERVAL seconds
@@ -86,9 +87,13 @@ class BackgroundWatchdog:
             feeder = Feeder(record.name, connector) if self._feed_interval is None \
                 else Feeder(record.name, connector, interval=self._feed_interval)
             self._outcome["status"] = supervise(record, connector, on_status=feeder.on_status,
-                                                on_event=self.events.append)
+                                                on_event=self._event)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             self._outcome["error"] = exc
+
+    def _event(self, text: str) -> None:
+        self.times.append(time.monotonic())
+        self.events.append(text)
 
     def result(self, timeout: float) -> JobStatus:
         """The watchdog's final status; its exception, if it raised one."""

@@ -23,7 +23,7 @@ def record(state: str) -> JobRecord:
         hosts=[HostRecord("a", "/r", "/py"), HostRecord("b", "/r", "/py")],
         ranks=[Rank(0, "a", "1.1.1.1", 1, 0), Rank(1, "a", "1.1.1.1", 2, 1),
                Rank(2, "b", "1.1.1.2", 3, 0)],
-        state=state, restart=RestartPolicy(stall_timeout=10))
+        state=state, restart=RestartPolicy(stall_timeout=10, start_timeout=30))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -20,6 +20,7 @@ state spelt here is spelt nowhere else. The contract is written out for people i
 * :mod:`.metrics`: the trainer's ``metrics.jsonl`` line.
 * :mod:`.calibration`: the trainer's ``calibration.json`` (``balance: auto``'s speeds) and
   the ``calibration`` command that reads it.
+* :mod:`.channel`: the watch channel's message (the ``watch`` command's stream of lines).
 
 This module re-exports the names of the first five, so callers write ``protocol.STATUS``;
 the records of one writer and few readers are imported from their own module.
@@ -63,6 +64,7 @@ from mlxops.node.protocol.commands import (
     SPAWN,
     STATUS,
     STOP,
+    WATCH,
     keep_checkpoints_args,
     logs_args,
     parse_offsets,
@@ -76,6 +78,7 @@ from mlxops.node.protocol.commands import (
     spawn_args,
     status_args,
     stop_args,
+    watch_args,
 )
 from mlxops.node.protocol.decode import (
     ProtocolError,
@@ -174,5 +177,5 @@ __all__ = [
     "PreflightAnswer", "SpawnAnswer", "RankAnswer", "LauncherAnswer", "StatusAnswer",
     "StopAnswer", "LogChunk", "LogsAnswer", "KeepCheckpointsAnswer", "RunningRank", "ReadyAnswer",
     "ReachAnswer", "GpuSample", "MetricsChunk", "SampleAnswer", "Answer", "ANSWERS",
-    "answer_line", "parse_answer",
+    "answer_line", "parse_answer", "WATCH", "watch_args",
 ]

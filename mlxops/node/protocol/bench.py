@@ -41,6 +41,8 @@ MLXOPS_TOOL, IPERF3_TOOL = "mlxops", "iperf3"
 LATENCY_ROUNDS = 2000       # timed round trips
 LATENCY_WARMUP = 200        # untimed ones first (connection, caches, CPU clocks)
 LATENCY_BYTES = 64          # each way, per round trip
+#: A time-boxed latency measurement still takes this many timed round trips, however slow.
+LATENCY_MIN_ROUNDS = 20
 
 
 def allreduce_result(rank: int) -> str:
@@ -58,11 +60,13 @@ def serve_args(run_dir: str, *, ip: str, port: int, deadline: float,
 
 def client_args(*, peer: str, port: int, latency: bool, modes: Sequence[str],
                 streams: Sequence[int], seconds: float, omit: float,
-                iperf3_port: int = 0) -> list[str]:
-    """Measure to the server at ``peer:port``: latency (when asked), then each mode at each
-    stream count; ``iperf3_port``: bandwidth through ``iperf3 -c`` to that port instead."""
+                iperf3_port: int = 0, latency_seconds: float = 0.0) -> list[str]:
+    """Measure to the server at ``peer:port``: latency (when asked; with
+    ``latency_seconds``, time-boxed to about that long), then each mode at each stream
+    count; ``iperf3_port``: bandwidth through ``iperf3 -c`` to that port instead."""
+    box = ["--latency-seconds", str(latency_seconds)] if latency and latency_seconds else []
     return [BENCH_CLIENT, "--peer", peer, "--port", str(port),
-            *(["--latency"] if latency else []),
+            *(["--latency"] if latency else []), *box,
             "--modes", *modes, "--streams", *map(str, streams),
             "--seconds", str(seconds), "--omit", str(omit),
             "--iperf3-port", str(iperf3_port)]
@@ -85,6 +89,8 @@ def add_parsers(sub: Any) -> None:
     client.add_argument("--peer", required=True)
     client.add_argument("--port", type=int, required=True)
     client.add_argument("--latency", action="store_true")
+    client.add_argument("--latency-seconds", type=float, default=0.0,
+                        help="stop the round trips after about this long (0: all of them)")
     client.add_argument("--modes", nargs="*", choices=MODES, default=[])
     client.add_argument("--streams", type=int, nargs="*", default=[1])
     client.add_argument("--seconds", type=float, default=5.0)

@@ -116,6 +116,31 @@ def _add_monitor_parsers(sub: Any) -> None:
     sample.add_argument("--max-bytes", type=int, default=SAMPLE_MAX_BYTES)
 
 
+# The watch channel (``mlxops.node.protocol.channel``): a long-lived command, one per host
+# of a supervised job, that prints a message whenever a rank starts, exits or vanishes, and
+# at least every BEAT seconds; it ends when its stdin ends.
+WATCH = "watch"
+#: Seconds between the helper's looks at the run directory (on the node: a few stat calls).
+TICK = 0.05
+#: The helper sends the host's status at least this often, changed or not.
+BEAT = 1.0
+#: Seconds of silence after which the controller counts a channel as lost: three beats,
+#: so one late beat on a busy node (a compile, a checkpoint on a slow disk) is not a loss.
+LOST_AFTER = 3 * BEAT
+
+
+def watch_args(run_dir: str, *, tick: float = TICK, beat: float = BEAT) -> list[str]:
+    """Watch ``run_dir`` until stdin ends: look every ``tick`` s, send at least every ``beat``."""
+    return [WATCH, "--run-dir", run_dir, "--tick", str(tick), "--beat", str(beat)]
+
+
+def _add_channel_parser(sub: Any) -> None:
+    watch = sub.add_parser(WATCH)
+    watch.add_argument("--run-dir", required=True)
+    watch.add_argument("--tick", type=float, default=TICK)
+    watch.add_argument("--beat", type=float, default=BEAT)
+
+
 def parse_peers(words: Sequence[str]) -> dict[str, tuple[str, list[int]]]:
     """``["mac2=10.0.0.2:32324,32325"]`` -> ``{"mac2": ("10.0.0.2", [32324, 32325])}``
     (the last ``=`` ends the name, the last ``:`` the address, so IPv6 addresses work)."""
@@ -176,5 +201,6 @@ def parser() -> argparse.ArgumentParser:
     calibration.add_parsers(sub)
     content.add_parsers(sub)
     _add_monitor_parsers(sub)
+    _add_channel_parser(sub)
     return p
 
