@@ -40,6 +40,7 @@ COMMAND_MODULES = [
     "bench",
     "monitor",
     "selftest",
+    "serve",
 ]
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.errors import bad_input
+from mlxops.jobs.servespec import ServeSpec, parse_serve
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer.config import TrainerConfig
@@ -31,7 +32,7 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance", "serve"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -82,6 +83,7 @@ class JobSpec:
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
     balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
+    serve: ServeSpec | None = None             # mlx-lm's server instead (servespec.py)
 
     @property
     def base_port(self) -> int:
@@ -132,10 +134,13 @@ def load_job(path: str | Path) -> JobSpec:
     if backend not in BACKENDS:
         raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
-    trainer, command = data.get("trainer"), data.get("command")
-    if (trainer is None) == (command is None):
+    trainer, command, serve = data.get("trainer"), data.get("command"), data.get("serve")
+    if [trainer, command, serve].count(None) != 2:
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
-                                         "trainer) or 'command:' (your own program)")
+                                         "trainer), 'command:' (your own program) or "
+                                         "'serve:' (mlx-lm's server)")
+    if serve is not None:
+        serve = parse_serve(path, serve)
     if trainer is not None:
         trainer = parse_trainer(path, trainer)
     if command is not None:
@@ -169,6 +174,7 @@ def load_job(path: str | Path) -> JobSpec:
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=_alerts(path, data.get("alerts")),
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
+        serve=serve,
     )
 
 

@@ -235,6 +235,7 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
     """Pure: the record plus each host's ``mlxops.node status`` answer → the job's status."""
     ranks: list[RankStatus] = []
     launcher = _launcher(record, answers)
+    serving = record.serve is not None
     for rank in record.ranks:
         answer = answers.get(rank.host)
         if answer is None:
@@ -242,8 +243,9 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             continue
         node_rank = answer.rank(rank.rank) or _absent(rank.rank)
         progress = node_rank.progress or protocol.Progress()
+        # A server writes no heartbeat: the watchdog's probe is its liveness (serveprobe).
         state = rank_state(exit_code=node_rank.exit, alive=node_rank.alive,
-                           heartbeat_age=node_rank.heartbeat_age,
+                           heartbeat_age=None if serving else node_rank.heartbeat_age,
                            stopped=answer.stopped or record.state == STOPPED,
                            stall_timeout=record.restart.stall_timeout)
         age = node_rank.heartbeat_age

@@ -26,11 +26,12 @@ from mlxops.jobs.record import (
     load_record,
     update,
 )
+from mlxops.jobs.serveprobe import ProbeWatch, probe
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
-from mlxops.node.protocol import FAILED, FINISHED, STOPPED
-from mlxops.transport import Connector, GroupError
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STOPPED
+from mlxops.transport import Connector, GroupError, HostUnreachable
 
 OnStatus = Callable[[JobStatus], None]
 STRAY_RETRY = 30.0  # seconds between attempts to reach a host the job left behind
@@ -111,6 +112,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     hosts = inventory_hosts(record)
     unreachable_since: dict[str, float] = {}
     next_reap = 0.0
+    serve = record.serve
+    probes = ProbeWatch(serve, record.ranks[0].host) if serve else None
     while True:
         if record.stray and time.monotonic() >= next_reap:
             # A host left behind may be back: its old ranks still hold memory and ports.
@@ -126,6 +129,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
         problem = status.problem or _long_unreachable(status, unreachable_since,
                                                       record.restart.stall_timeout)
+        if not problem and probes is not None and status.state == RUNNING:
+            problem = _probe(probes, connector, hosts)
         if problem:
             if len(record.restarts) >= record.restart.max_restarts:
                 stop_job(record, connector, mark_stopped=False)
@@ -144,9 +149,20 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 on_event(message)
                 raise
             unreachable_since.clear()
+            if serve is not None:
+                probes = ProbeWatch(serve, record.ranks[0].host)
             on_event(f"restarted: attempt {record.attempt}"
                      + (f", {record.message}" if record.message else ""))
         time.sleep(poll if poll is not None else record.restart.interval)
+
+
+def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:
+    """A serve job's probe (:mod:`mlxops.jobs.serveprobe`); a host that cannot be reached
+    is the unreachable rule's to judge, not the probe's."""
+    try:
+        return probes.problem(probe(connector.connect(hosts[probes.host]), probes.serve))
+    except HostUnreachable:
+        return None
 
 
 def _long_unreachable(status: JobStatus, since: dict[str, float], timeout: float) -> str | None:

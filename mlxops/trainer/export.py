@@ -27,7 +27,6 @@ Standard library and mlx only: it runs where the checkpoint is (a node:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -36,12 +35,13 @@ from typing import Any
 import mlx.core as mx
 
 from mlxops.node.protocol import CKPT_DIR, CKPT_MODEL, CKPT_STATE, checkpoint_name
+from mlxops.node.protocol.serve import EXPORT_ARCHES, ExportAnswer, export_parser
 
 from .checkpoint import find_latest
 from .config import ConfigError, ModelConfig, from_dict
 
-ARCHES = ("llama", "qwen2")
-DEFAULT_ARCH = "llama"
+ARCHES = EXPORT_ARCHES
+DEFAULT_ARCH = ARCHES[0]
 BYTES = 256
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -175,9 +175,8 @@ def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
     return path
 
 
-def export_checkpoint(checkpoint: Path, out: Path, arch: str = DEFAULT_ARCH) -> dict[str, Any]:
-    """Write ``checkpoint`` (a ``step-*`` directory) to ``out`` in mlx-lm's layout;
-    returns what was written (``step``, ``arch``, ``files``)."""
+def export_checkpoint(checkpoint: Path, out: Path, arch: str = DEFAULT_ARCH) -> ExportAnswer:
+    """Write ``checkpoint`` (a ``step-*`` directory) to ``out`` in mlx-lm's layout."""
     state = json.loads((checkpoint / CKPT_STATE).read_text())
     try:
         config = from_dict(state["config"], where=str(checkpoint / CKPT_STATE))
@@ -194,25 +193,22 @@ def export_checkpoint(checkpoint: Path, out: Path, arch: str = DEFAULT_ARCH) -> 
     files["config.json"] = model_config(model, arch)
     for name, doc in files.items():
         (out / name).write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    return {"step": int(state["step"]), "arch": arch, "checkpoint": str(checkpoint),
-            "out": str(out), "files": sorted([WEIGHTS, *files])}
+    return ExportAnswer(step=int(state["step"]), arch=arch, checkpoint=str(checkpoint),
+                        out=str(out), files=sorted([WEIGHTS, *files]))
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mlxops.trainer.export --run-dir DIR [--step N] --out DIR``: one JSON
-    line (what :func:`export_checkpoint` returns), or one error line and exit 2."""
-    p = argparse.ArgumentParser(prog="python -m mlxops.trainer.export")
-    p.add_argument("--run-dir", required=True, type=Path)
-    p.add_argument("--step", type=int, default=None)
-    p.add_argument("--arch", choices=ARCHES, default=DEFAULT_ARCH)
-    p.add_argument("--out", required=True, type=Path)
-    args = p.parse_args(argv)
+    line (:class:`~mlxops.node.protocol.serve.ExportAnswer`), or one error line and exit 2.
+    Its words: :func:`mlxops.node.protocol.serve.export_args`."""
+    args = export_parser().parse_args(argv)
     try:
-        done = export_checkpoint(find_checkpoint(args.run_dir, args.step), args.out, args.arch)
+        done = export_checkpoint(find_checkpoint(Path(args.run_dir), args.step),
+                                 Path(args.out), args.arch)
     except ExportError as exc:
         sys.stderr.write(f"export: {exc}\n")
         return exc.exit_code
-    sys.stdout.write(json.dumps(done) + "\n")
+    sys.stdout.write(json.dumps(done.to_dict()) + "\n")
     return 0
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import fabric
 import paramiko
@@ -81,6 +82,8 @@ class Connection(Protocol):
 
     def close(self) -> None: ...
 
+    def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> Any: ...
+
 
 def _chunks(stdin: Stdin, size: int = 1 << 16):
     if stdin is None:
@@ -126,6 +129,10 @@ class LocalConnection:
 
     def close(self) -> None:
         pass
+
+    def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> socket.socket:
+        """A TCP connection to ``address``:``port`` as this host sees it (here: itself)."""
+        return socket.create_connection((address, port), timeout=timeout)
 
 
 class SSHConnection:
@@ -242,6 +249,27 @@ class SSHConnection:
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return CommandResult(command, exit_code, out.decode(errors="replace"),
                              err.decode(errors="replace"), time.monotonic() - start, timed_out)
+
+    def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> paramiko.Channel:
+        """A TCP connection to ``address``:``port`` as the host sees it (``127.0.0.1``: its
+        loopback), carried by this host's verified SSH transport (a ``direct-tcpip``
+        channel, what ``ssh -L`` opens). Raises :class:`HostUnreachable` when the host
+        cannot be reached, ``ConnectionRefusedError`` when nothing listens there."""
+        with self._lock:
+            try:
+                transport = self._open_locked()
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                self._conn.close()
+                raise HostUnreachable(self.name, f"connection lost: {exc}") from None
+        try:
+            return transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                          timeout=timeout)
+        except paramiko.ChannelException as exc:
+            # sshd could not connect on its side (code 2: connect failed).
+            raise ConnectionRefusedError(f"{self.name}: {address}:{port}: {exc}") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self._conn.close()
+            raise HostUnreachable(self.name, f"connection lost: {exc}") from None
 
     def _kill_group(self, transport: paramiko.Transport, pgid: int) -> None:
         """TERM, then KILL a second later, the process group of a command we gave up on."""

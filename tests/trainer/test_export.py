@@ -48,7 +48,7 @@ def test_mlx_lm_computes_the_same_logits(tmp_path, tie, arch):
     run = train_tiny(tmp_path, tie=tie)
     ckpt = find_latest(run / "ckpt")
     done = export.export_checkpoint(ckpt, tmp_path / "out", arch)
-    assert done["step"] == 3 and "config.json" in done["files"]
+    assert done.step == 3 and "config.json" in done.files
     ours = bundled_model(ckpt)
     theirs, tokenizer = mlx_lm.load(str(tmp_path / "out"))
     assert type(theirs).__module__ == f"mlx_lm.models.{arch}"

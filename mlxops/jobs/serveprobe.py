@@ -1,0 +1,86 @@
+"""The watchdog's look at a serve job's server: one greedy one-token completion, sent
+through mlxops's SSH connection to rank 0's host (the server listens on the node's
+loopback), answered within ``serve.probe_timeout`` or the server counts as hung.
+
+A process that died is the rank machinery's to see (its exit code); the probe sees what
+only a request shows: a server that runs but does not answer (hung), or stopped answering
+(its listener gone), or never started to within ``serve.start_timeout`` (a model that
+does not load in time). Latency, not throughput: ``seconds`` is the probe's round trip,
+the figure ``mlxops status`` shows for a serve job.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from mlxops.jobs.servespec import ServeSpec
+from mlxops.node.protocol.serve import PROBE_PATH, PROBE_REQUEST
+from mlxops.transport import Connection
+from mlxops.transport.forward import http_exchange
+
+
+def serve_address(serve: ServeSpec) -> str:
+    """Where the server is reached from its own host: its bind address, the loopback for
+    a wildcard one."""
+    return "127.0.0.1" if serve.bind in ("0.0.0.0", "::") else serve.bind
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    seconds: float | None = None        # the round trip of an answer
+    refused: bool = False               # nothing listens (yet, or any more)
+    hung: bool = False                  # connected, no whole answer in time
+    error: str = ""
+
+
+def probe(conn: Connection, serve: ServeSpec) -> ProbeResult:
+    """One probe of the server on ``conn``'s host (never raises for the server's sake;
+    an unreachable host raises as every transport call does)."""
+    try:
+        stream = conn.open_tunnel(serve_address(serve), serve.port, serve.probe_timeout)
+    except ConnectionRefusedError as exc:
+        return ProbeResult(False, refused=True, error=str(exc))
+    try:
+        answer = http_exchange(stream, "POST", PROBE_PATH, PROBE_REQUEST,
+                               timeout=serve.probe_timeout)
+    except TimeoutError as exc:
+        return ProbeResult(False, hung=True, error=str(exc))
+    except OSError as exc:
+        # sshd accepted the channel, then the connection was refused or reset on its side
+        return ProbeResult(False, refused=True, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        stream.close()
+    if answer.status != 200:
+        return ProbeResult(False, answer.seconds, error=f"HTTP {answer.status}: "
+                                                        f"{answer.body[:200]!r}")
+    return ProbeResult(True, answer.seconds)
+
+
+@dataclass
+class ProbeWatch:
+    """The probes of one attempt, and the problem they add up to (or None)."""
+
+    serve: ServeSpec
+    host: str
+    started: float = field(default_factory=time.monotonic)
+    answered: int = 0                   # probes answered this attempt
+    last: ProbeResult | None = None
+
+    def problem(self, result: ProbeResult, now: float | None = None) -> str | None:
+        self.last = result
+        if result.ok:
+            self.answered += 1
+            return None
+        server = f"the server on {self.host}"
+        if result.hung:
+            return (f"{server} did not answer a one-token completion in "
+                    f"{self.serve.probe_timeout:g}s (hung)")
+        if self.answered:
+            return f"{server} stopped answering ({result.error})"
+        waited = (time.monotonic() if now is None else now) - self.started
+        if result.refused and waited <= self.serve.start_timeout:
+            return None  # still loading its model
+        return (f"{server} did not answer in {waited:.0f}s since its start "
+                f"(serve.start_timeout {self.serve.start_timeout:g}s): {result.error}")
