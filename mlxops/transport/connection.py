@@ -13,6 +13,7 @@ polls with sleeps, which costs milliseconds per command on every host.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -38,6 +39,18 @@ from mlxops.transport.hostkeys import (
 from mlxops.transport.jumps import JumpHost, Jumps, fabric_connection, scan_through
 
 Stdin = bytes | IO[bytes] | None
+
+
+class _RefusedTunnels(logging.Filter):
+    """paramiko logs every refused ``direct-tcpip`` channel as an error on stderr; the
+    caller of :meth:`SSHConnection.open_tunnel` gets it as ``ConnectionRefusedError``
+    and says what it means (a server not listening yet is the watchdog's every poll)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_RefusedTunnels())
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
 
 
