@@ -164,8 +164,7 @@ def test_openai_client_through_mlxops_serve_equals_generate(sandbox, tmp_path, s
             client = forward.client()
             wait_answering(client)
             models = [m.id for m in client.models.list().data]
-            assert models == [str(Path(sandbox.node_home("node1")) /
-                                  ".mlxops/runs/serve-one/model")]
+            assert len(models) == 1 and models[0].endswith("/.mlxops/runs/serve-one/model")
             chat = client.chat.completions.create(model="default_model", messages=MESSAGES,
                                                   temperature=0, max_tokens=16)
             streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
