@@ -6,7 +6,7 @@ checkpoints), which the serve jobs export on their nodes (`model: {job: ...}`) a
 `mlxops export` copies here, where `mlx_lm.generate` gives the text the server must equal.
 
 mlx-lm on the nodes: installed into the sandbox's node interpreter by the `served_model`
-fixture (under the lock the interpreter is built under), until provisioning installs it.
+fixture (``mlxops.sandbox.python.add_package``), until provisioning installs it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import pytest
 import yaml
 from job_helpers import BackgroundWatchdog, run_dir
 
-from mlxops import filelock
 from mlxops.jobs.export import export_run
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
@@ -31,7 +30,7 @@ from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.node.protocol import FINISHED, STOPPED
-from mlxops.sandbox.python import CACHE_DIR
+from mlxops.sandbox.python import add_package
 from mlxops.transport import Connector
 
 openai = pytest.importorskip("openai")
@@ -51,20 +50,6 @@ PROMPT = "The cat sat"
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-def install_mlx_lm(python: str) -> None:
-    """mlx-lm into the node interpreter (shared by every sandbox of this machine), once."""
-    probe = subprocess.run([python, "-c", "import mlx_lm"], capture_output=True)
-    if probe.returncode == 0:
-        return
-    with filelock.exclusive(CACHE_DIR / ".lock"):
-        old = os.umask(0o022)  # the node user reads it
-        try:
-            subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "-q",
-                            "install", MLX_LM], check=True, capture_output=True, timeout=900)
-        finally:
-            os.umask(old)
-
-
 def write_job(path: Path, sandbox, name: str, hosts: str, **job) -> Path:
     doc = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": hosts, **job}
     path.write_text(yaml.safe_dump(doc))
@@ -75,7 +60,7 @@ def write_job(path: Path, sandbox, name: str, hosts: str, **job) -> Path:
 def served_model(sandbox, tmp_path_factory):
     """The trained run (on node1 and node2) and its export here: (run name, directory)."""
     inventory = yaml.safe_load(sandbox.inventory_path.read_text())
-    install_mlx_lm(inventory["all"]["vars"]["mlxops_python"])
+    add_package(inventory["all"]["vars"]["mlxops_python"], MLX_LM, "mlx_lm")
     home = tmp_path_factory.mktemp("serve-home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLXOPS_HOME", str(home))
