@@ -5,8 +5,14 @@ loopback), answered within ``serve.probe_timeout`` or the server counts as hung.
 A process that died is the rank machinery's to see (its exit code); the probe sees what
 only a request shows: a server that runs but does not answer (hung), or stopped answering
 (its listener gone), or never started to within ``serve.start_timeout`` (a model that
-does not load in time). Latency, not throughput: ``seconds`` is the probe's round trip,
-the figure ``mlxops status`` shows for a serve job.
+does not load in time).
+
+The figures ``mlxops status``, ``monitor`` and the dashboard show for a serve job
+(:class:`ServeFigures`): latency, the last probe's round trip; tokens/s, a greedy
+:data:`CANARY_TOKENS`-token completion's, sent every :data:`CANARY_EVERY` seconds (a
+measure of the server's speed now, not of its clients' traffic); requests, the requests
+its log says it answered this attempt (counted on the node, :mod:`mlxops.node.serverlog`)
+less the watchdog's own.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ from mlxops.jobs.servespec import ServeSpec
 from mlxops.node.protocol.serve import PROBE_PATH, PROBE_REQUEST
 from mlxops.transport import Connection
 from mlxops.transport.forward import http_exchange
+
+CANARY_TOKENS = 16
+CANARY_EVERY = 30.0  # seconds
 
 
 def serve_address(serve: ServeSpec) -> str:
@@ -33,17 +42,27 @@ class ProbeResult:
     refused: bool = False               # nothing listens (yet, or any more)
     hung: bool = False                  # connected, no whole answer in time
     error: str = ""
+    tokens_per_sec: float | None = None  # tokens of the answer over its round trip
 
 
-def probe(conn: Connection, serve: ServeSpec) -> ProbeResult:
+@dataclass
+class ServeFigures:
+    latency: float | None = None         # seconds: the last one-token probe's round trip
+    tokens_per_sec: float | None = None  # the last canary's
+    requests: int | None = None          # answered this attempt, the watchdog's not counted
+
+
+def probe(conn: Connection, serve: ServeSpec, tokens: int = 1) -> ProbeResult:
     """One probe of the server on ``conn``'s host (never raises for the server's sake;
-    an unreachable host raises as every transport call does)."""
+    an unreachable host raises as every transport call does). ``tokens``: more than one
+    for the canary (``tokens_per_sec`` of its answer)."""
     try:
         stream = conn.open_tunnel(serve_address(serve), serve.port, serve.probe_timeout)
     except ConnectionRefusedError as exc:
         return ProbeResult(False, refused=True, error=str(exc))
     try:
-        answer = http_exchange(stream, "POST", PROBE_PATH, PROBE_REQUEST,
+        answer = http_exchange(stream, "POST", PROBE_PATH,
+                               {**PROBE_REQUEST, "max_tokens": tokens},
                                timeout=serve.probe_timeout)
     except TimeoutError as exc:
         return ProbeResult(False, hung=True, error=str(exc))
@@ -55,7 +74,12 @@ def probe(conn: Connection, serve: ServeSpec) -> ProbeResult:
     if answer.status != 200:
         return ProbeResult(False, answer.seconds, error=f"HTTP {answer.status}: "
                                                         f"{answer.body[:200]!r}")
-    return ProbeResult(True, answer.seconds)
+    try:
+        made = int(answer.json()["usage"]["completion_tokens"])
+    except (ValueError, KeyError, TypeError):
+        made = None
+    return ProbeResult(True, answer.seconds,
+                       tokens_per_sec=made / answer.seconds if made and answer.seconds else None)
 
 
 @dataclass
@@ -67,6 +91,29 @@ class ProbeWatch:
     started: float = field(default_factory=time.monotonic)
     answered: int = 0                   # probes answered this attempt
     last: ProbeResult | None = None
+    canary: ProbeResult | None = None    # the last canary answered
+    canary_at: float = float("-inf")     # when it was sent (monotonic)
+
+    def look(self, conn: Connection, now: float | None = None) -> str | None:
+        """Probe, and every :data:`CANARY_EVERY` seconds of answers also a canary;
+        the problem, or None."""
+        now = time.monotonic() if now is None else now
+        problem = self.problem(probe(conn, self.serve), now)
+        if problem is None and self.answered and now - self.canary_at >= CANARY_EVERY:
+            self.canary_at = now
+            canary = probe(conn, self.serve, tokens=CANARY_TOKENS)
+            if canary.ok:
+                self.answered += 1
+                self.canary = canary
+        return problem
+
+    def figures(self, requests: int | None) -> ServeFigures:
+        """``requests``: what the node counted in the server's log this attempt."""
+        latency = self.last.seconds if self.last is not None and self.last.ok else None
+        return ServeFigures(
+            latency=latency,
+            tokens_per_sec=self.canary.tokens_per_sec if self.canary else None,
+            requests=None if requests is None else max(0, requests - self.answered))
 
     def problem(self, result: ProbeResult, now: float | None = None) -> str | None:
         self.last = result

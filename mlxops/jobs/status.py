@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxops.jobs.record import JobRecord, Restart, inventory_hosts
+from mlxops.jobs.serveprobe import ServeFigures
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
 from mlxops.transport import Connector, nodecmd, run_parallel
@@ -37,6 +38,7 @@ class RankStatus:
     heartbeat_age: float | None = None
     ended_ago: float | None = None   # seconds since it exited (node clock), when it has
     failure: str | None = None       # the line of its log that says why it failed
+    requests: int | None = None      # a serve job's rank 0: requests its server answered
 
 
 #: What a rank's error says when it failed because a peer rank went away (MLX's ring
@@ -122,6 +124,7 @@ class JobStatus:
     message: str = ""
     launcher: LauncherStatus | None = None   # mpi only
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
+    serve: ServeFigures | None = None        # a serve job's, when the watchdog probed it
 
     @property
     def step(self) -> int | None:
@@ -188,6 +191,8 @@ class JobStatus:
             doc["launcher"] = asdict(self.launcher)
         if self.stray:
             doc["stray"] = self.stray
+        if self.serve is not None:
+            doc["serve"] = asdict(self.serve)
         return doc
 
 
@@ -255,7 +260,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             state, age = launcher.state, launcher.age
         ranks.append(RankStatus(
             rank.rank, rank.host, state, node_rank.pid, node_rank.exit, progress.step,
-            progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure))
+            progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure,
+            node_rank.requests))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
@@ -292,7 +298,9 @@ def job_status(record: JobRecord, connector: Connector, forks: int | None = None
         h = record.host(host.name)
         paths = h.paths(record.name)
         return nodecmd.run_node(connector.connect(host), h.python, paths.code,
-                                protocol.status_args(paths.run_dir), timeout=30)
+                                protocol.status_args(paths.run_dir,
+                                                     requests=record.serve is not None),
+                                timeout=30)
 
     results = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)
     unreachable = {name: r.message for name, r in results.items() if not r.succeeded}

@@ -26,7 +26,7 @@ from mlxops.jobs.record import (
     load_record,
     update,
 )
-from mlxops.jobs.serveprobe import ProbeWatch, probe
+from mlxops.jobs.serveprobe import ProbeWatch
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
@@ -121,6 +121,10 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 on_event(f"{name} is back: stopped the ranks it still ran")
             next_reap = time.monotonic() + STRAY_RETRY
         status = job_status(record, connector, hosts=hosts)
+        probed = None
+        if probes is not None and status.state == RUNNING and not status.problem:
+            probed = _probe(probes, connector, hosts)
+            status.serve = probes.figures(status.ranks[0].requests if status.ranks else None)
         on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
@@ -128,9 +132,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
         if status.state == STOPPED or load_record(record.name).state == STOPPED:
             return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
         problem = status.problem or _long_unreachable(status, unreachable_since,
-                                                      record.restart.stall_timeout)
-        if not problem and probes is not None and status.state == RUNNING:
-            problem = _probe(probes, connector, hosts)
+                                                      record.restart.stall_timeout) or probed
         if problem:
             if len(record.restarts) >= record.restart.max_restarts:
                 stop_job(record, connector, mark_stopped=False)
@@ -160,7 +162,7 @@ def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:
     """A serve job's probe (:mod:`mlxops.jobs.serveprobe`); a host that cannot be reached
     is the unreachable rule's to judge, not the probe's."""
     try:
-        return probes.problem(probe(connector.connect(hosts[probes.host]), probes.serve))
+        return probes.look(connector.connect(hosts[probes.host]))
     except HostUnreachable:
         return None
 

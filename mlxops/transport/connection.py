@@ -274,6 +274,10 @@ class SSHConnection:
             except (OSError, paramiko.SSHException, EOFError) as exc:
                 self._conn.close()
                 raise HostUnreachable(self.name, f"connection lost: {exc}") from None
+        # Without TCP_NODELAY every channel open waits out Nagle against the peer's
+        # delayed ACK: 36-44 ms here, against 2.5 ms with it (a request through the
+        # forward opens one; mlx-lm's server closes each connection after its answer).
+        _no_delay(transport)
         try:
             return transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
                                           timeout=timeout)
@@ -298,6 +302,12 @@ class SSHConnection:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def _no_delay(transport: paramiko.Transport) -> None:
+    sock = transport.sock
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _exec(channel: paramiko.Channel, command: str) -> None:

@@ -35,7 +35,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(f"data: {json.dumps({'text': word})}\n\n".encode())
                 self.wfile.flush()
             return
-        answer = json.dumps({"choices": [{"text": "x" * body["max_tokens"]}]}).encode()
+        answer = json.dumps({"choices": [{"text": "x" * body["max_tokens"]}],
+                             "usage": {"completion_tokens": body["max_tokens"]}}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
@@ -71,7 +72,7 @@ def test_the_forward_carries_requests_and_streams(server):
             forward.url + "/v1/completions", method="POST",
             data=json.dumps({"max_tokens": 3}).encode())
         with urllib.request.urlopen(request, timeout=10) as answer:
-            assert json.loads(answer.read()) == {"choices": [{"text": "xxx"}]}
+            assert json.loads(answer.read())["choices"] == [{"text": "xxx"}]
         request.data = json.dumps({"max_tokens": 3, "stream": True}).encode()
         with urllib.request.urlopen(request, timeout=10) as answer:
             events = [line for line in answer.read().decode().splitlines() if line]
@@ -90,7 +91,7 @@ def test_http_exchange_reads_the_whole_answer(server):
     with socket.create_connection(("127.0.0.1", server)) as stream:
         answer = http_exchange(stream, "POST", "/v1/completions", {"max_tokens": 2},
                                timeout=10)
-    assert answer.status == 200 and answer.json() == {"choices": [{"text": "xx"}]}
+    assert answer.status == 200 and answer.json()["choices"] == [{"text": "xx"}]
     assert 0 < answer.seconds < 10
 
 
@@ -121,3 +122,17 @@ def test_the_probes_add_up_to_a_problem_or_not():
     assert watch.problem(ProbeResult(False, hung=True), now=64.0) == (
         "the server on node1 did not answer a one-token completion in 2s (hung)")
     assert watch.answered == 1
+
+
+def test_a_canary_every_30_seconds_of_answers_gives_tokens_per_second(server):
+    here = LocalConnection("here")
+    watch = ProbeWatch(spec(server), "node1", started=0.0)
+    assert watch.look(here, now=1.0) is None           # probe + the first canary
+    assert watch.answered == 2 and watch.canary.tokens_per_sec > 0
+    assert watch.look(here, now=20.0) is None          # probe only
+    assert watch.answered == 3
+    figures = watch.figures(requests=10)
+    assert figures.latency == watch.last.seconds
+    assert figures.tokens_per_sec == watch.canary.tokens_per_sec
+    assert figures.requests == 7                       # the watchdog's own are not counted
+    assert watch.figures(requests=None).requests is None

@@ -21,6 +21,8 @@ EXPORT_MODULE = "mlxops.trainer.export"
 EXPORT_ARCHES = ("llama", "qwen2")
 #: In a serve job's run directory: the model exported from a training job's checkpoint.
 SERVE_MODEL_DIR = "model"
+#: ... and the node's count of the requests the server answered (node/serverlog.py).
+SERVE_COUNT = "requests.json"
 #: mlx-lm's server, as a module: ``python -m mlx_lm server ...`` (0.32's own spelling).
 SERVER_ARGV = ("-m", "mlx_lm", "server")
 PROBE_PATH = "/v1/completions"
