@@ -13,12 +13,13 @@ from mlxops.cli.watch import echo_line, hints, print_failures, print_status, wat
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.jobs import logs as joblogs
 from mlxops.jobs.launch import launch as launch_job
-from mlxops.jobs.record import list_jobs, load_record
+from mlxops.jobs.record import inventory_hosts, list_jobs, load_record
+from mlxops.jobs.serveprobe import ServeFigures, look_once
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.stop import stop_job
-from mlxops.node.protocol import FAILED, FINISHED, STOPPED
-from mlxops.transport import Connector
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STOPPED
+from mlxops.transport import Connector, HostUnreachable
 
 
 def _exit_for(status: JobStatus) -> int:
@@ -129,12 +130,24 @@ def status(name, as_json, connect):
                 console.out.print(f"{s.name}: {s.state} step {step}/{s.steps or '?'} "
                                   f"({len(s.ranks)} ranks, attempt {s.attempt})")
             sys.exit(EXIT_OK)
-        st = job_status(load_record(name), connector)
+        record = load_record(name)
+        st = job_status(record, connector)
+        if record.serve is not None and st.state == RUNNING and st.ranks:
+            st.serve = _serve_figures(record, connector, st)
         if as_json:
             console.print_json(st.to_dict())
         else:
             print_status(st)
         sys.exit(EXIT_UNREACHABLE if st.unreachable else EXIT_OK)
+
+
+def _serve_figures(record, connector, st: JobStatus) -> ServeFigures | None:
+    """A serve job's latency (one probe now) and requests (its node's count)."""
+    try:
+        conn = connector.connect(inventory_hosts(record)[record.ranks[0].host])
+        return look_once(record.serve, conn, st.ranks[0].requests)
+    except HostUnreachable:
+        return None
 
 
 @click.command("logs")

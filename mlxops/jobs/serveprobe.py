@@ -131,3 +131,10 @@ class ProbeWatch:
             return None  # still loading its model
         return (f"{server} did not answer in {waited:.0f}s since its start "
                 f"(serve.start_timeout {self.serve.start_timeout:g}s): {result.error}")
+
+
+def look_once(serve: ServeSpec, conn: Connection, requests: int | None) -> ServeFigures:
+    """One probe's figures, for ``mlxops status`` (no watchdog: no canary, and the
+    requests counted include every probe sent)."""
+    result = probe(conn, serve)
+    return ServeFigures(latency=result.seconds if result.ok else None, requests=requests)

@@ -29,6 +29,7 @@ from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
+from mlxops.monitor.data import MirrorReader, document
 from mlxops.node.protocol import FINISHED, STOPPED
 from mlxops.sandbox.python import add_package
 from mlxops.transport import Connector
@@ -126,6 +127,17 @@ def reference(exported: Path, prompt: str) -> str:
     return mlx_lm.generate(model, tokenizer, prompt=prompt, max_tokens=16)
 
 
+def wait_figures(name: str, timeout: float = 60) -> dict:
+    """The serve figures in the job's mirror, once they have a canary's tokens/s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        serve = document(MirrorReader(name).read())["serve"]
+        if serve and serve["last"].get("tokens_per_sec"):
+            return serve
+        time.sleep(1)
+    raise AssertionError(f"no serve figures in {name}'s mirror after {timeout}s")
+
+
 def server_pid(sandbox, name: str) -> int:
     """The server process (the rank script's child) of the job on node1."""
     script = (run_dir(sandbox, "node1", name) / "rank-0.pid").read_text().strip()
@@ -178,6 +190,13 @@ def test_kill_9_restarts_the_server_and_stop_leaves_nothing(sandbox, tmp_path, s
             client = forward.client()
             wait_answering(client)
             before = complete(client)
+            # The watchdog's figures reach the mirror: monitor and dashboard read them there.
+            serve = wait_figures("serve-kill")
+            assert serve["last"]["requests"] >= 2 and serve["last"]["latency"] > 0
+            assert serve["last"]["tokens_per_sec"] > 0
+            shown = subprocess.run([sys.executable, "-m", "mlxops", "status", "serve-kill"],
+                                   capture_output=True, text=True, timeout=60).stdout
+            assert "serving: " in shown and " ms" in shown, shown
             os.kill(server_pid(sandbox, "serve-kill"), signal.SIGKILL)
             deadline = time.monotonic() + 60
             while not load_record("serve-kill").restarts and time.monotonic() < deadline:

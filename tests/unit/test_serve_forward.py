@@ -136,3 +136,19 @@ def test_a_canary_every_30_seconds_of_answers_gives_tokens_per_second(server):
     assert figures.tokens_per_sec == watch.canary.tokens_per_sec
     assert figures.requests == 7                       # the watchdog's own are not counted
     assert watch.figures(requests=None).requests is None
+
+
+def test_the_monitor_shows_a_serve_jobs_figures_with_their_trend():
+    from mlxops.monitor.data import serving
+    from mlxops.monitor.live import serving_line
+
+    samples = [{"time": 1.0, "ranks": []},  # before the first probe
+               {"time": 6.0, "serve": {"requests": 2, "tokens_per_sec": 200.0,
+                                       "latency": 0.02}},
+               {"time": 11.0, "serve": {"requests": 5, "tokens_per_sec": 100.0,
+                                        "latency": 0.04}}]
+    doc = serving(samples)
+    assert doc["history"]["latency"] == [0.02, 0.04] and doc["last"]["requests"] == 5
+    assert str(serving_line(doc)) == ("serving: requests 5   tokens/s 100 (canary) █▁   "
+                                      "latency 40 ms ▁█")
+    assert serving([{"time": 1.0}]) is None
