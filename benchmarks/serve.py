@@ -15,7 +15,9 @@ The official ``openai`` client, the same for both, sends each prompt in turn (gr
 ``--max-tokens`` tokens: a byte-level model without an end token always gives them all),
 as a whole completion and as a streamed chat completion, alternating direct and forwarded
 per request. tokens/s = completion tokens / the request's wall time; the table gives the
-median per path and mode and forwarded / direct (target >= 0.95).
+median per path and mode, forwarded / direct of the medians, and the median of the ratios
+of requests sent one right after the other (less sensitive to a machine whose load
+changes during the run) (target >= 0.95).
 
     sudo .venv/bin/python benchmarks/serve.py [--rounds 5] [--max-tokens 64]
                                               [--dims 256] [--layers 4]
@@ -173,11 +175,16 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmodel dims {opts.dims}, {opts.layers} layers, vocab 256; {opts.max_tokens} "
           f"tokens a request, {len(PROMPTS)} prompts x {opts.rounds} rounds per row")
-    print(f"{'mode':<12} {'direct tok/s':>13} {'forwarded tok/s':>16} {'forwarded/direct':>17}")
+    print(f"{'mode':<12} {'direct tok/s':>13} {'forwarded tok/s':>16} {'forwarded/direct':>17}"
+          f" {'paired':>7}")
     for mode in ("completion", "streaming"):
-        direct = statistics.median(got[("direct", mode)])
-        forwarded = statistics.median(got[("forwarded", mode)])
-        print(f"{mode:<12} {direct:>13.1f} {forwarded:>16.1f} {forwarded / direct:>17.3f}")
+        direct, forwarded = got[("direct", mode)], got[("forwarded", mode)]
+        paired = statistics.median(f / d for f, d in zip(forwarded, direct))
+        print(f"{mode:<12} {statistics.median(direct):>13.1f} "
+              f"{statistics.median(forwarded):>16.1f} "
+              f"{statistics.median(forwarded) / statistics.median(direct):>17.3f} {paired:>7.3f}")
+    print("paired: the median of forwarded/direct over requests sent one right after the "
+          f"other; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 
 
