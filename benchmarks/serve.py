@@ -179,7 +179,7 @@ def main() -> int:
           f" {'paired':>7}")
     for mode in ("completion", "streaming"):
         direct, forwarded = got[("direct", mode)], got[("forwarded", mode)]
-        paired = statistics.median(f / d for f, d in zip(forwarded, direct))
+        paired = statistics.median(f / d for f, d in zip(forwarded, direct, strict=True))
         print(f"{mode:<12} {statistics.median(direct):>13.1f} "
               f"{statistics.median(forwarded):>16.1f} "
               f"{statistics.median(forwarded) / statistics.median(direct):>17.3f} {paired:>7.3f}")
