@@ -107,13 +107,15 @@ class ProbeWatch:
                 self.canary = canary
         return problem
 
-    def figures(self, requests: int | None) -> ServeFigures:
-        """``requests``: what the node counted in the server's log this attempt."""
+    def figures(self, requests: int | None, own: int | None = None) -> ServeFigures:
+        """``requests``: what the node counted in the server's log this attempt, when the
+        watchdog's own answered requests were ``own`` (default: all so far)."""
         latency = self.last.seconds if self.last is not None and self.last.ok else None
         return ServeFigures(
             latency=latency,
             tokens_per_sec=self.canary.tokens_per_sec if self.canary else None,
-            requests=None if requests is None else max(0, requests - self.answered))
+            requests=None if requests is None else
+            max(0, requests - (self.answered if own is None else own)))
 
     def problem(self, result: ProbeResult, now: float | None = None) -> str | None:
         self.last = result

@@ -123,8 +123,10 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
         status = job_status(record, connector, hosts=hosts)
         probed = None
         if probes is not None and status.state == RUNNING and not status.problem:
+            own = probes.answered  # the node counted the requests before this look's
             probed = _probe(probes, connector, hosts)
-            status.serve = probes.figures(status.ranks[0].requests if status.ranks else None)
+            status.serve = probes.figures(status.ranks[0].requests if status.ranks else None,
+                                          own)
         on_status(status)  # e.g. the monitor's feeder (monitor.mirror.Feeder.on_status)
         if status.state == FINISHED:
             record.state = update(record.name, _finished).state
