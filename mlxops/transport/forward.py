@@ -14,6 +14,7 @@ answer, with a deadline: the watchdog's probe (``jobs/serveprobe.py``) and nothi
 from __future__ import annotations
 
 import json
+import logging
 import selectors
 import socket
 import threading
@@ -24,6 +25,18 @@ from typing import Any
 from mlxops.transport.connection import Connection
 
 _CHUNK = 1 << 16
+
+
+class _RefusedTunnels(logging.Filter):
+    """paramiko logs every refused ``direct-tcpip`` channel as an error on stderr; the
+    caller of ``open_tunnel`` gets it as ``ConnectionRefusedError`` and says what it means
+    (a server not listening yet is the watchdog's every poll while it loads)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_RefusedTunnels())
 
 
 class Forward:
