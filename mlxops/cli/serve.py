@@ -58,6 +58,8 @@ def serve(name, local_port, connect):
 @click.argument("run")
 @click.option("--step", type=click.IntRange(1), default=None,
               help="The checkpoint of this step (default: the newest).")
+@click.option("--best", is_flag=True,
+              help="The best checkpoint (best/: the lowest validation loss).")
 @click.option("--arch", type=click.Choice(EXPORT_ARCHES), default=EXPORT_ARCHES[0],
               show_default=True,
               help="mlx-lm architecture to write (qwen2: the same function, pipeline-able).")
@@ -65,13 +67,15 @@ def serve(name, local_port, connect):
               help="Local directory to write (new or empty).")
 @json_option
 @connect_options
-def export(run, step, arch, output, as_json, connect):
+def export(run, step, best, arch, output, as_json, connect):
     """Write job RUN's bundled-trainer checkpoint in mlx-lm's layout (config.json,
     safetensors, a byte-level tokenizer.json): mlx_lm.load, generate and server read it."""
     from mlxops.jobs.export import export_run
 
+    if best and step is not None:
+        raise UserError("--best and --step: choose one")
     with Connector(connect) as connector:
-        done = export_run(run, Path(output), connector, step=step, arch=arch)
+        done = export_run(run, Path(output), connector, step=step, best=best, arch=arch)
     if as_json:
         console.print_json(done.to_dict())
     else:

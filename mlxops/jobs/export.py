@@ -29,19 +29,21 @@ _ARCHIVE_MARK = "--- archive ---"
 
 
 def export_command(python: str, code_dir: str, run_dir: str, *, step: int | None,
-                   arch: str) -> str:
+                   best: bool, arch: str) -> str:
     """Convert into a temporary directory, print the answer, a mark, then the base64'd
     tar of the directory; the directory is removed whatever the exit."""
-    convert = shell.with_env([python, *export_args(run_dir=run_dir, step=step, arch=arch)],
-                             {"PYTHONPATH": code_dir, **HELPER_ENV}) + ' --out "$tmp"'
+    convert = shell.with_env(
+        [python, *export_args(run_dir=run_dir, step=step, best=best, arch=arch)],
+        {"PYTHONPATH": code_dir, **HELPER_ENV}) + ' --out "$tmp"'
     return (f'tmp=$(mktemp -d) || exit 1; {{ {convert} && printf "%s\\n" '
             f'{shell.quote(_ARCHIVE_MARK)} && tar -cf - -C "$tmp" . | base64; }}; '
             'code=$?; rm -rf "$tmp"; exit "$code"')
 
 
 def export_run(name: str, out: Path, connector: Connector, *, step: int | None = None,
-               arch: str = EXPORT_ARCHES[0]) -> ExportAnswer:
-    """Export job ``name``'s newest checkpoint (or ``step``'s) into ``out``; the exporter's
+               best: bool = False, arch: str = EXPORT_ARCHES[0]) -> ExportAnswer:
+    """Export job ``name``'s newest checkpoint (or ``step``'s, or its best) into ``out``;
+    the exporter's
     answer (``checkpoint``: the node's path; ``out``: the local directory)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"-o: {out} exists and is not an empty directory")
@@ -55,7 +57,7 @@ def export_run(name: str, out: Path, connector: Connector, *, step: int | None =
     paths = first.paths(name)
     sync_code(conn, paths, spec, first.python)
     result = conn.run(export_command(first.python, paths.code, paths.run_dir, step=step,
-                                     arch=arch), timeout=3600)
+                                     best=best, arch=arch), timeout=3600)
     if not result.ok:
         line = result.error_line()
         if result.exit_code == 2:  # the exporter's own refusal: bad input, one line

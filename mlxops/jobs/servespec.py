@@ -3,8 +3,9 @@ server run as the job's ranks, one per host, instead of a trainer.
 
 Checked when the job file loads, every key (one line naming the file and the key, exit 2):
 
-* ``model``: a directory on the nodes in mlx-lm's layout, or ``{job: NAME, step: N}``,
-  a bundled-trainer job's checkpoint (its newest without ``step``), exported on each node
+* ``model``: a directory on the nodes in mlx-lm's layout, or ``{job: NAME, step: N}``
+  (or ``best: true``), a bundled-trainer job's checkpoint (its newest without ``step``,
+  its best with ``best``), exported on each node
   into the serve job's run directory before the server starts
   (:mod:`mlxops.trainer.export`);
 * ``parallel``: ``pipeline`` or ``tensor``, how mlx-lm spreads the model over several hosts
@@ -49,6 +50,7 @@ class ServeSpec:
     model: str | None = None               # a directory on the nodes, or
     model_job: str | None = None           # ... a bundled-trainer job's checkpoint
     model_step: int | None = None          # ... of this step (None: its newest)
+    model_best: bool = False               # ... its best (best/: lowest validation loss)
     parallel: str | None = None            # PARALLEL_MODES, with more than one host
     port: int = 8080
     bind: str = "127.0.0.1"
@@ -80,7 +82,7 @@ def parse_serve(path: Path, data: Any) -> ServeSpec:
     if "model" not in data:
         raise bad_input(path, "serve.model", "required: a model directory on the nodes, or "
                                              "{job: NAME} (a training job's checkpoint)")
-    model, model_job, model_step = _model(path, data["model"])
+    model, model_job, model_step, model_best = _model(path, data["model"])
     parallel = data.get("parallel")
     if parallel is not None and parallel not in PARALLEL_MODES:
         raise bad_input(path, "serve.parallel", f"must be {' or '.join(PARALLEL_MODES)}, "
@@ -104,6 +106,7 @@ def parse_serve(path: Path, data: Any) -> ServeSpec:
         timeouts[key] = float(value)
     options = {key: _option(path, key, data[key]) for key in SERVER_OPTIONS if key in data}
     return ServeSpec(model=model, model_job=model_job, model_step=model_step,
+                     model_best=model_best,
                      parallel=parallel, port=port, bind=str(bind), options=options, **timeouts)
 
 
@@ -112,13 +115,14 @@ def _number(value: Any) -> bool:
         and math.isfinite(value)
 
 
-def _model(path: Path, value: Any) -> tuple[str | None, str | None, int | None]:
+def _model(path: Path, value: Any) -> tuple[str | None, str | None, int | None, bool]:
     if isinstance(value, str) and value.strip():
-        return value, None, None
+        return value, None, None, False
     if isinstance(value, dict):
         for key in value:
-            if key not in ("job", "step"):
-                raise bad_input(path, f"serve.model.{key}", "unknown key (known: job, step)")
+            if key not in ("job", "step", "best"):
+                raise bad_input(path, f"serve.model.{key}", "unknown key (known: job, step, "
+                                                            "best)")
         job = value.get("job")
         if not isinstance(job, str) or not job:
             raise bad_input(path, "serve.model.job", f"must name a job, got {job!r}")
@@ -127,7 +131,13 @@ def _model(path: Path, value: Any) -> tuple[str | None, str | None, int | None]:
                                  or step < 1):
             raise bad_input(path, "serve.model.step", f"must be a checkpoint's step (a "
                                                       f"positive integer), got {step!r}")
-        return None, job, step
+        best = value.get("best", False)
+        if not isinstance(best, bool):
+            raise bad_input(path, "serve.model.best", f"must be true or false, got {best!r}")
+        if best and step is not None:
+            raise bad_input(path, "serve.model.best", "goes without serve.model.step "
+                                                      "(choose one)")
+        return None, job, step, best
     raise bad_input(path, "serve.model", f"must be a directory on the nodes or {{job: NAME}}, "
                                          f"got {value!r}")
 

@@ -43,6 +43,7 @@ def prepare_lines(serve: ServeSpec, python: str, paths: NodePaths) -> list[str]:
     if serve.model_job is not None:
         source = NodePaths(paths.root, serve.model_job).run_dir
         lines.append(shell.join([python, *export_args(run_dir=source, step=serve.model_step,
+                                                      best=serve.model_best,
                                                       arch=serve.export_arch),
                                  "--out", paths.run_file(SERVE_MODEL_DIR)]))
     return lines

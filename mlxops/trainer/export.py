@@ -34,7 +34,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxops.node.protocol import CKPT_DIR, CKPT_MODEL, CKPT_STATE, checkpoint_name
+from mlxops.node.protocol import BEST_DIR, CKPT_DIR, CKPT_MODEL, CKPT_STATE, checkpoint_name
 from mlxops.node.protocol.serve import EXPORT_ARCHES, ExportAnswer, export_parser
 
 from .checkpoint import find_latest
@@ -161,8 +161,15 @@ def _consumed(model: ModelConfig) -> set[str]:
             *(f"blocks.{i}.{name}" for i in range(model.layers) for name in per_block)}
 
 
-def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
-    """The run's checkpoint of ``step``, or its newest complete one."""
+def find_checkpoint(run_dir: Path, step: int | None = None, best: bool = False) -> Path:
+    """The run's checkpoint of ``step``, its best (``best/``: the lowest validation loss,
+    kept by validation), or its newest complete one."""
+    if best:
+        path = find_latest(run_dir / BEST_DIR)
+        if path is None:
+            raise ExportError(f"{run_dir}: no best checkpoint (best/ is kept by a run with "
+                              "validation)")
+        return path
     ckpt_dir = run_dir / CKPT_DIR
     if step is not None:
         path = ckpt_dir / checkpoint_name(step)
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     Its words: :func:`mlxops.node.protocol.serve.export_args`."""
     args = export_parser().parse_args(argv)
     try:
-        done = export_checkpoint(find_checkpoint(Path(args.run_dir), args.step),
+        done = export_checkpoint(find_checkpoint(Path(args.run_dir), args.step, args.best),
                                  Path(args.out), args.arch)
     except ExportError as exc:
         sys.stderr.write(f"export: {exc}\n")

@@ -106,3 +106,20 @@ def test_the_node_command_writes_the_layout_or_says_why_not(tmp_path, capsys):
     assert done["step"] == 1 and (tmp_path / "o" / "model.safetensors.index.json").is_file()
     assert export.main(["--run-dir", str(run), "--step", "7", "--out", str(tmp_path / "x")]) == 2
     assert "no checkpoint of step 7" in capsys.readouterr().err
+
+
+def test_best_is_the_checkpoint_validation_kept(tmp_path, capsys):
+    """best/ is written like ckpt/ (checkpoint.save, protocol.BEST_DIR): --best takes it."""
+    from mlxops.trainer import checkpoint
+
+    run = train_tiny(tmp_path, tie=True, steps=2)
+    newest = find_latest(run / "ckpt")
+    weights, optimizer, state = checkpoint.load(newest)
+    state["step"] = 1  # as if step 1 had the lowest validation loss
+    checkpoint.save(run / "best", 1, weights, optimizer, state, keep=1)
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--best", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 1
+    assert export.main(["--run-dir", str(tmp_path / "none"), "--best", "--out",
+                        str(tmp_path / "n")]) == 2
+    assert "no best checkpoint" in capsys.readouterr().err

@@ -53,6 +53,8 @@ BAD = [
     ({"model": {"job": "x", "stpe": 3}}, "serve.model.stpe: unknown key"),
     ({"model": {"job": 3}}, "serve.model.job: must name a job"),
     ({"model": {"job": "x", "step": 0}}, "serve.model.step: must be a checkpoint's step"),
+    ({"model": {"job": "x", "best": "yes"}}, "serve.model.best: must be true or false"),
+    ({"model": {"job": "x", "best": True, "step": 3}}, "serve.model.best: goes without"),
     ({"model": "/m", "parallel": "data"}, "serve.parallel: must be pipeline or tensor"),
     ({"model": "/m", "port": 80}, "serve.port: must be a port number from 1024"),
     ({"model": "/m", "port": True}, "serve.port: must be a port number"),
@@ -116,6 +118,12 @@ def test_a_checkpoint_is_exported_on_the_node_before_the_server_starts(tmp_path)
                                      "/r/runs/chat/model"]
     argv = server_argv(spec, "/py", paths, Rank(1, "b", "10.0.0.2", 20001, 0))
     assert argv[argv.index("--model") + 1] == "/r/runs/chat/model" and "--pipeline" in argv
+
+
+def test_the_best_checkpoint_is_exported_with_best(tmp_path):
+    spec = load_job(write(tmp_path, {"model": {"job": "run1", "best": True}})).serve
+    words = shlex.split(prepare_lines(spec, "/py", NodePaths("/r", "chat"))[1])
+    assert "--best" in words and "--step" not in words
 
 
 def test_the_record_keeps_the_serve_section(tmp_path):

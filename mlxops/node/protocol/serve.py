@@ -39,18 +39,22 @@ class ExportAnswer(Record):
     files: list[str]
 
 
-def export_args(*, run_dir: str, step: int | None = None, arch: str = EXPORT_ARCHES[0]
-                ) -> list[str]:
+def export_args(*, run_dir: str, step: int | None = None, best: bool = False,
+                arch: str = EXPORT_ARCHES[0]) -> list[str]:
     """``-m mlxops.trainer.export ...`` without ``--out`` (the caller adds it: a shell
-    variable on one path, a path on another)."""
+    variable on one path, a path on another). ``best``: the run's best checkpoint
+    (``best/``, the lowest validation loss), else ``step``'s, else the newest."""
     return ["-m", EXPORT_MODULE, "--run-dir", run_dir, "--arch", arch,
-            *(["--step", str(step)] if step is not None else [])]
+            *(["--step", str(step)] if step is not None else []),
+            *(["--best"] if best else [])]
 
 
 def export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {EXPORT_MODULE}")
     p.add_argument("--run-dir", required=True)
-    p.add_argument("--step", type=int, default=None)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None)
+    which.add_argument("--best", action="store_true")
     p.add_argument("--arch", choices=EXPORT_ARCHES, default=EXPORT_ARCHES[0])
     p.add_argument("--out", required=True)
     return p
