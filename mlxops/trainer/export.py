@@ -21,13 +21,22 @@ for byte ``i`` (``bytes_to_unicode``), so every string encodes to its UTF-8 byte
 Ids from 256 up (a vocabulary wider than bytes) are special tokens ``<|extra_N|>``. A
 vocabulary under 256 cannot hold bytes: such a run (synthetic tokens) is refused.
 
-Standard library and mlx only: it runs where the checkpoint is (a node:
-``python -m mlxops.trainer.export``) as well as on the controller.
+A fine-tuning run's checkpoint (mlxops/finetune: it holds mlx-lm adapters,
+``adapter_config.json``, beside the trainer's files) is not converted but fused:
+``python -m mlx_lm fuse --model <its base model> --adapter-path <the checkpoint>
+--save-path OUT`` (the base model is the run's ``model.path``, as the checkpoint's config
+says), which a server spread over several Macs needs (mlx-lm refuses adapters there) and
+one Mac serves as well.
+
+Standard library and mlx only (mlx-lm, for a fuse, in a process of its own): it runs where
+the checkpoint is (a node: ``python -m mlxops.trainer.export``) as well as on the
+controller.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +53,8 @@ ARCHES = EXPORT_ARCHES
 DEFAULT_ARCH = ARCHES[0]
 BYTES = 256
 WEIGHTS = "model.safetensors"
+#: What mlx-lm writes beside adapters, and so a fine-tuning checkpoint holds.
+ADAPTER_CONFIG = "adapter_config.json"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
@@ -182,8 +193,32 @@ def find_checkpoint(run_dir: Path, step: int | None = None, best: bool = False) 
     return path
 
 
+def fuse_checkpoint(checkpoint: Path, out: Path) -> ExportAnswer:
+    """A fine-tuning checkpoint's adapters fused into its base model, by mlx-lm's fuse."""
+    state = json.loads((checkpoint / CKPT_STATE).read_text())
+    try:
+        base = state["config"]["model"]["path"]
+    except (KeyError, TypeError):
+        raise ExportError(f"{checkpoint / CKPT_STATE}: no config.model.path (the base "
+                          "model the adapters were trained on)") from None
+    if not (Path(base) / "config.json").is_file():
+        raise ExportError(f"{checkpoint}: its base model {base} is not on this node")
+    fused = subprocess.run([sys.executable, "-m", "mlx_lm", "fuse", "--model", base,
+                            "--adapter-path", str(checkpoint), "--save-path", str(out)],
+                           capture_output=True, text=True)
+    if fused.returncode != 0:
+        lines = (fused.stderr or fused.stdout).strip().splitlines() or ["no output"]
+        raise RuntimeError(f"mlx_lm fuse failed (exit {fused.returncode}): {lines[-1]}")
+    return ExportAnswer(step=int(state["step"]), arch="fused", checkpoint=str(checkpoint),
+                        out=str(out), files=sorted(p.name for p in out.iterdir()))
+
+
 def export_checkpoint(checkpoint: Path, out: Path, arch: str = DEFAULT_ARCH) -> ExportAnswer:
-    """Write ``checkpoint`` (a ``step-*`` directory) to ``out`` in mlx-lm's layout."""
+    """Write ``checkpoint`` (a ``step-*`` directory) to ``out`` in mlx-lm's layout: the
+    bundled trainer's converted, a fine-tuning run's fused (``arch`` is then its base
+    model's)."""
+    if (checkpoint / ADAPTER_CONFIG).is_file():
+        return fuse_checkpoint(checkpoint, out)
     state = json.loads((checkpoint / CKPT_STATE).read_text())
     try:
         config = from_dict(state["config"], where=str(checkpoint / CKPT_STATE))

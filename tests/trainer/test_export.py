@@ -123,3 +123,40 @@ def test_best_is_the_checkpoint_validation_kept(tmp_path, capsys):
     assert export.main(["--run-dir", str(tmp_path / "none"), "--best", "--out",
                         str(tmp_path / "n")]) == 2
     assert "no best checkpoint" in capsys.readouterr().err
+
+
+def test_a_fine_tuning_checkpoint_is_fused_into_its_base_model(tmp_path, capsys):
+    """A checkpoint holding mlx-lm adapters (as mlxops/finetune writes them) comes out
+    fused by mlx_lm fuse: the same logits as the base model with the adapters loaded."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    from mlxops.devtools.tinymodels import build_model
+
+    base = build_model(tmp_path / "base", "llama", seed=3)
+    lora = {"rank": 4, "scale": 10.0, "dropout": 0.0}
+    model, _ = mlx_lm.load(str(base))
+    model.freeze()  # as mlx_lm lora does: only the adapters are trainable
+    linear_to_lora_layers(model, 2, lora)
+    # lora_b starts at zero (a fuse of it changes nothing): give it values.
+    adapters = {k: (mx.random.normal(v.shape, key=mx.random.key(7)) * 0.05 if "lora_b" in k
+                    else v) for k, v in tree_flatten(model.trainable_parameters())}
+    ckpt = tmp_path / "run" / "ckpt" / "step-00000005"
+    ckpt.mkdir(parents=True)
+    for name in ("adapters.safetensors", "model.safetensors", "optimizer.safetensors"):
+        mx.save_safetensors(str(ckpt / name), adapters)
+    (ckpt / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": lora}))
+    (ckpt / "state.json").write_text(json.dumps({"step": 5,
+                                                 "config": {"model": {"path": str(base)}}}))
+    assert export.main(["--run-dir", str(tmp_path / "run"), "--out",
+                        str(tmp_path / "fused")]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert (done["step"], done["arch"]) == (5, "fused")
+    tuned, _ = mlx_lm.load(str(base), adapter_path=str(ckpt))
+    fused, _ = mlx_lm.load(str(tmp_path / "fused"))
+    tokens = mx.array([[1, 2, 3, 4, 5, 6]])
+    want, got = np.array(tuned(tokens)), np.array(fused(tokens))
+    assert np.abs(got - want).max() <= 1e-4
+    plain, _ = mlx_lm.load(str(base))
+    assert np.abs(np.array(plain(tokens)) - want).max() > 1e-3  # the adapters did something
