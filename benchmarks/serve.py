@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -164,7 +163,7 @@ def main() -> int:
         got = measure(opts, clients)
     finally:
         if forward is not None:
-            forward.send_signal(signal.SIGINT)
+            forward.terminate()  # SIGINT may be ignored (a background job's)
             forward.wait(timeout=10)
         try:
             stop_job(load_record("bench-serve"), connector)

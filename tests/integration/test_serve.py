@@ -99,7 +99,7 @@ class Forward:
                              max_retries=0)
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.terminate()  # SIGINT may be ignored (pytest run as a background job)
         self.proc.wait(timeout=10)
 
 
