@@ -55,6 +55,8 @@ COMMANDS: dict[str, str] = {
     "events": "events",
     "selftest": "selftest",
     "data": "data",
+    "serve": "serve",
+    "export": "serve",
 }
 
 

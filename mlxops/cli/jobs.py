@@ -12,9 +12,10 @@ import click
 from mlxops import console, events
 from mlxops.cli.options import connect_options, forks_option, json_option
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from mlxops.node.protocol import FAILED, FINISHED, STOPPED
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STOPPED
 
 if TYPE_CHECKING:
+    from mlxops.jobs.serveprobe import ServeFigures
     from mlxops.jobs.status import JobStatus
 
 
@@ -165,12 +166,28 @@ def status(name, as_json, connect):
                 console.out.print(f"{s.name}: {s.state} step {step}/{s.steps or '?'} "
                                   f"({len(s.ranks)} ranks, attempt {s.attempt})")
             sys.exit(EXIT_OK)
-        st = job_status(load_record(name), connector)
+        record = load_record(name)
+        st = job_status(record, connector)
+        if record.serve is not None and st.state == RUNNING and st.ranks:
+            st.serve = _serve_figures(record, connector, st)
         if as_json:
             console.print_json(st.to_dict())
         else:
             print_status(st)
         sys.exit(EXIT_UNREACHABLE if st.unreachable else EXIT_OK)
+
+
+def _serve_figures(record, connector, st: JobStatus) -> ServeFigures | None:
+    """A serve job's latency (one probe now) and requests (its node's count)."""
+    from mlxops.jobs.record import inventory_hosts
+    from mlxops.jobs.serveprobe import look_once
+    from mlxops.transport import HostUnreachable
+
+    try:
+        conn = connector.connect(inventory_hosts(record)[record.ranks[0].host])
+        return look_once(record.serve, conn, st.ranks[0].requests)
+    except HostUnreachable:
+        return None
 
 
 @click.command("logs")

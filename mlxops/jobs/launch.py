@@ -73,7 +73,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         raise UserError("--fresh starts over and resume continues: choose one")
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
-    ranks = place_ranks(hosts, spec.base_port)
+    ranks = place_ranks(hosts, spec.base_port, one_per_host=spec.serve is not None)
     results, preps = preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
     step = check_preflight(spec, preps, ranks, resume, fresh)

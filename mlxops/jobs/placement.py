@@ -38,11 +38,12 @@ class Rank:
                 "local_rank": self.local_rank}
 
 
-def place_ranks(hosts: Sequence, base_port: int) -> list[Rank]:
+def place_ranks(hosts: Sequence, base_port: int, *, one_per_host: bool = False) -> list[Rank]:
     """The ranks of ``hosts`` in the one rank order (:func:`mlxops.render.rank_hosts`),
-    each with its port and its index among its host's ranks."""
+    each with its port and its index among its host's ranks. ``one_per_host``: a serve
+    job's, one server process per host whatever its ``mlxops_slots``."""
     ranks: list[Rank] = []
-    for n, host in enumerate(render.rank_hosts(hosts)):
+    for n, host in enumerate(hosts if one_per_host else render.rank_hosts(hosts)):
         local = sum(r.host == host.name for r in ranks)
         ranks.append(Rank(n, host.name, host.ip, base_port + n, local))
     return ranks
@@ -143,13 +144,15 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
 
 
 def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, cwd: str,
-                rank: int, mpi: bool = False) -> str:
+                rank: int, mpi: bool = False, prepare: Sequence[str] = ()) -> str:
     """The script a rank runs, detached: managed env, then its own, then the program.
 
     It does not ``exec`` the program: it stays to record the exit code, which is how the
     watchdog tells a rank that finished or failed from one that vanished. Under ``mpi``,
     mpirun (or its orted), not ``mlxops.node spawn``, starts it: so it records its own pid
-    and sends its output to its own log first.
+    and sends its output to its own log first. ``prepare``: command lines (built with
+    :mod:`mlxops.shell`) that must succeed before the program starts (a serve job's
+    export); the first that fails gives the rank its exit code.
     """
     exit_file = paths.process_file(rank, protocol.EXIT)
     pid_file = paths.process_file(rank, protocol.PID)
@@ -174,7 +177,7 @@ def rank_script(*, env: dict[str, str], argv: Sequence[str], paths: NodePaths, c
         shell.export_lines(env).rstrip("\n"),
         f"export PYTHONPATH={shell.quote(paths.code)}${{PYTHONPATH:+:$PYTHONPATH}}",
         f"cd {shell.quote(cwd)} || exit 1",
-        shell.join(argv),
+        " && ".join([*prepare, shell.join(argv)]),
         "code=$?",
         f'printf "%s\\n" "$code" > {shell.quote(exit_file + ".tmp")} && '
         f"mv {shell.quote(exit_file + '.tmp')} {shell.quote(exit_file)}",

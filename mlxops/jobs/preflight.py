@@ -23,6 +23,7 @@ from mlxops.jobs.content import PlaceReport, place
 from mlxops.jobs.data import files_for_node
 from mlxops.jobs.notifying import job_notify
 from mlxops.jobs.placement import NodePaths, Rank
+from mlxops.jobs.servespec import check_hosts
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
 from mlxops.readiness import Versions, agreement, mlx_findings
@@ -57,6 +58,8 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
+    if spec.serve is not None:
+        check_hosts(spec.path, spec.serve, hosts)
     # launch, plan, resume: before connecting
     check_world(spec, sum(h.slots for h in hosts), [h.name for h in render.rank_hosts(hosts)])
     return hosts
@@ -83,6 +86,10 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
         ports = [r.port for r in host_ranks] if spec.backend == protocol.RING else []
         questions = {"ip": host.ip if ports else "", "ports": ports,
                      "mpi": spec.backend == protocol.MPI}
+        if spec.serve is not None and host_ranks and host_ranks[0].rank == 0:
+            # The server's own port, where it will listen (the ring port of rank 0 of a
+            # serve job is asked on the same address: one address per question).
+            questions.update(ip=spec.serve.bind, ports=[spec.serve.port, *ports])
         # One round trip when the code is current: resolve, manifest and the questions
         # (asked in <root>, so of the run directory relative to it).
         result = conn.run(nodecmd.preflight_command(
@@ -121,6 +128,9 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
             pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)
             problems.append(f"{name}: ranks of job {spec.name!r} still run (pids {pids}); "
                             f"run 'mlxops stop {spec.name}'")
+        elif spec.serve is not None and spec.serve.port in prep.answer.ports_busy:
+            problems.append(f"{name}: serve.port {spec.serve.port} is in use on "
+                            f"{spec.serve.bind} (another server?)")
         elif prep.answer.ports_busy:
             ports = ", ".join(map(str, prep.answer.ports_busy))
             problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "

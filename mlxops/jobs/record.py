@@ -33,6 +33,7 @@ from mlxops.filelock import exclusive
 from mlxops.inventory import load_inventory
 from mlxops.jobs.data import DataSpec
 from mlxops.jobs.placement import NodePaths, Rank
+from mlxops.jobs.servespec import ServeSpec
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 from mlxops.paths import controller_home
@@ -119,6 +120,12 @@ class JobRecord:
     def world_size(self) -> int:
         return len(self.ranks)
 
+    @property
+    def serve(self) -> ServeSpec | None:
+        """A serve job's ``serve:`` section as launched; None for any other job."""
+        data = (self.job or {}).get("serve")
+        return ServeSpec.from_dict(data) if data else None
+
     def host(self, name: str) -> HostRecord:
         return next(h for h in [*self.hosts, *self.stray] if h.name == name)
 
@@ -142,6 +149,8 @@ class JobRecord:
             except trainer_config.ConfigError as exc:
                 raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
                                   f"{exc}") from None
+        if rest.get("serve") is not None:
+            rest["serve"] = ServeSpec.from_dict(rest["serve"])
         return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
                        backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
                        **rest)
@@ -201,7 +210,7 @@ def launched_job(spec: JobSpec) -> dict[str, Any]:
             value = getattr(spec, f.name)
             if isinstance(value, PurePath):
                 value = str(value)
-            elif isinstance(value, (TrainerConfig, DataSpec)):
+            elif isinstance(value, (TrainerConfig, DataSpec, ServeSpec)):
                 value = value.to_dict()
             out[f.name] = value
     return json.loads(json.dumps(out))  # a copy, as it will read back

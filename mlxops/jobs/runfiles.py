@@ -22,6 +22,7 @@ from mlxops.jobs.placement import (
     ring_hostfile,
 )
 from mlxops.jobs.preflight import HostPrep
+from mlxops.jobs.serving import prepare_lines, server_argv
 from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_config
 from mlxops.node import protocol
 from mlxops.node.protocol import rankenv
@@ -45,7 +46,12 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
     host = prep.host
     paths = NodePaths(prep.root, spec.name)
     files: dict[str, bytes] = {}
-    if spec.trainer is not None:
+    prepare: list[str] = []
+    if spec.serve is not None:
+        argv = []  # per rank, below
+        prepare = prepare_lines(spec.serve, prep.python, paths)
+        cwd = paths.run_dir
+    elif spec.trainer is not None:
         config = rank_config(spec, [r.host for r in ranks]).to_dict() | {"out": paths.run_dir}
         if prep.data is not None:     # the job's data: this node's copy of the shards
             config = rank_data(config, prep.data.node_dir)
@@ -72,8 +78,11 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
                                host_env=host.env, job_env=spec.env, resume=resume,
                                mpi_env=mpi_environment(launcher) if mpi else None,
                                openblas=openblas, cpus=prep.answer.cpus)
+        if spec.serve is not None:
+            argv = server_argv(spec.serve, prep.python, paths, rank)
         files[protocol.process_file(rank.rank, protocol.SCRIPT)] = rank_script(
-            env=env, argv=argv, paths=paths, cwd=cwd, rank=rank.rank, mpi=mpi).encode()
+            env=env, argv=argv, paths=paths, cwd=cwd, rank=rank.rank, mpi=mpi,
+            prepare=prepare).encode()
     if mpi and host.name == ranks[0].host:
         assert launcher.mpirun, "pre-flight refuses an mpi job without mpirun on its first host"
         scripts = {r.rank: NodePaths(preps[r.host].root, spec.name).process_file(

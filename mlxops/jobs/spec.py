@@ -25,6 +25,7 @@ from typing import Any
 from mlxops import shell
 from mlxops.errors import bad_input
 from mlxops.jobs.data import DataSpec, apply_manifest, parse_data
+from mlxops.jobs.servespec import ServeSpec, parse_serve
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.notify import config as notify_config
 from mlxops.trainer import config as trainer_config
@@ -33,7 +34,8 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify", "data"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify", "data",
+            "serve"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -100,6 +102,7 @@ class JobSpec:
     # :func:`mlxops.jobs.notifying.job_notify` once the inventory is known).
     notify: dict[str, Any] | bool | None = None
     data: DataSpec | None = None               # prepared shards (mlxops data prepare)
+    serve: ServeSpec | None = None             # mlx-lm's server instead (servespec.py)
 
     @property
     def base_port(self) -> int:
@@ -150,10 +153,13 @@ def load_job(path: str | Path) -> JobSpec:
     if backend not in BACKENDS:
         raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
-    trainer, command = data.get("trainer"), data.get("command")
-    if (trainer is None) == (command is None):
+    trainer, command, serve = data.get("trainer"), data.get("command"), data.get("serve")
+    if [trainer, command, serve].count(None) != 2:
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
-                                         "trainer) or 'command:' (your own program)")
+                                         "trainer), 'command:' (your own program) or "
+                                         "'serve:' (mlx-lm's server)")
+    if serve is not None:
+        serve = parse_serve(path, serve)
     raw_trainer = trainer
     if trainer is not None:
         trainer = parse_trainer(path, trainer)
@@ -194,6 +200,7 @@ def load_job(path: str | Path) -> JobSpec:
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
         notify=_notify(path, data.get("notify")),
         data=prepared,
+        serve=serve,
     )
 
 

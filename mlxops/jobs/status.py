@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mlxops.jobs.record import JobRecord, Restart, inventory_hosts
+from mlxops.jobs.serveprobe import ServeFigures
 from mlxops.node import protocol
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, UNREACHABLE
 from mlxops.node.protocol.layout import BEST_DIR
@@ -42,6 +43,7 @@ class RankStatus:
     val_loss: float | None = None    # its last validation loss (train.eval_every)
     best_val_loss: float | None = None
     best_step: int | None = None     # where best_val_loss was measured (checkpoint in best/)
+    requests: int | None = None      # a serve job's rank 0: requests its server answered
 
 
 #: What a rank's error says when it failed because a peer rank went away (MLX's ring
@@ -127,6 +129,7 @@ class JobStatus:
     message: str = ""
     launcher: LauncherStatus | None = None   # mpi only
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
+    serve: ServeFigures | None = None        # a serve job's, when the watchdog probed it
 
     @property
     def step(self) -> int | None:
@@ -205,6 +208,8 @@ class JobStatus:
             doc["launcher"] = asdict(self.launcher)
         if self.stray:
             doc["stray"] = self.stray
+        if self.serve is not None:
+            doc["serve"] = asdict(self.serve)
         return doc
 
 
@@ -261,6 +266,7 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
     """Pure: the record plus each host's ``mlxops.node status`` answer → the job's status."""
     ranks: list[RankStatus] = []
     launcher = _launcher(record, answers)
+    serving = record.serve is not None
     for rank in record.ranks:
         answer = answers.get(rank.host)
         if answer is None:
@@ -268,8 +274,9 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             continue
         node_rank = answer.rank(rank.rank) or _absent(rank.rank)
         progress = node_rank.progress or protocol.Progress()
+        # A server writes no heartbeat: the watchdog's probe is its liveness (serveprobe).
         state = rank_state(exit_code=node_rank.exit, alive=node_rank.alive,
-                           heartbeat_age=node_rank.heartbeat_age,
+                           heartbeat_age=None if serving else node_rank.heartbeat_age,
                            stopped=answer.stopped or record.state == STOPPED,
                            stall_timeout=stall_limit(record, node_rank))
         age = node_rank.heartbeat_age
@@ -280,7 +287,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
         ranks.append(RankStatus(
             rank.rank, rank.host, state, node_rank.pid, node_rank.exit, progress.step,
             progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure,
-            progress.val_loss, progress.best_val_loss, progress.best_step))
+            progress.val_loss, progress.best_val_loss, progress.best_step,
+            node_rank.requests))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
@@ -317,7 +325,9 @@ def job_status(record: JobRecord, connector: Connector, forks: int | None = None
         h = record.host(host.name)
         paths = h.paths(record.name)
         return nodecmd.run_node(connector.connect(host), h.python, paths.code,
-                                protocol.status_args(paths.run_dir), timeout=30)
+                                protocol.status_args(paths.run_dir,
+                                                     requests=record.serve is not None),
+                                timeout=30)
 
     results = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)
     unreachable = {name: r.message for name, r in results.items() if not r.succeeded}

@@ -32,11 +32,12 @@ from mlxops.jobs.record import (
     load_record,
     update,
 )
+from mlxops.jobs.serveprobe import ProbeWatch
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.status import JobStatus, classify, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
-from mlxops.node.protocol import FAILED, FINISHED, STALLED, STOPPED
-from mlxops.transport import Connector, GroupError
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED
+from mlxops.transport import Connector, GroupError, HostUnreachable
 
 OnStatus = Callable[[JobStatus], None]
 STRAY_RETRY = 30.0  # seconds between attempts to reach a host the job left behind
@@ -126,10 +127,24 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     reaper = _Reaper(connector, on_event)
     channels = _listen(record, connector, hosts)
     quiet: set[str] = set()  # hosts whose channel was lost and has not spoken since
+    serve = record.serve
+    probes = ProbeWatch(serve, record.ranks[0].host) if serve else None
+    next_probe, figures = 0.0, None
     try:
         while True:
             reaper.poke(record)
             status = classify(record, channels.answers(), dict(channels.unreachable))
+            probed = None
+            if probes is not None and status.state == RUNNING and not status.problem:
+                # A serve job's probe, every restart.interval (the channels wake the loop
+                # far more often): its figures stand until the next one.
+                if time.monotonic() >= next_probe:
+                    next_probe = time.monotonic() + record.restart.interval
+                    own = probes.answered  # the node counted the requests before this look's
+                    probed = _probe(probes, connector, hosts)
+                    figures = probes.figures(status.ranks[0].requests if status.ranks else None,
+                                             own)
+                status.serve = figures
             stopping = status.problem is not None and status.state not in (FINISHED, STOPPED)
             if stopping:  # the ranks stop now, by the helpers on the nodes; the rest follows
                 channels.stop_ranks(record.stop_grace)
@@ -146,7 +161,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 # Stopped meanwhile: say how it ends, not what the channels said before.
                 return job_status(load_record(record.name), connector, hosts=hosts)
             problem = status.problem or _long_unreachable(status, unreachable_since,
-                                                          record.restart.stall_timeout)
+                                                          record.restart.stall_timeout) or probed
             if problem:
                 stalled = [r for r in status.ranks if r.state == STALLED]
                 if stalled:
@@ -174,6 +189,9 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                     raise
                 unreachable_since.clear()
                 quiet.clear()
+                if serve is not None:
+                    probes = ProbeWatch(serve, record.ranks[0].host)
+                    next_probe, figures = 0.0, None
                 events.record(record.name, events.RESTARTED, problem, attempt=ended,
                               excluded=record.excluded, resumed=record.message)
                 on_event(f"restarted: attempt {record.attempt}"
@@ -229,6 +247,15 @@ def _listen(record: JobRecord, connector: Connector, hosts: dict) -> Channels:
     channels = Channels(record, connector, hosts, retry=record.restart.interval)
     channels.wait_all(ASK_TIMEOUT + record.restart.interval)
     return channels
+
+
+def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:
+    """A serve job's probe (:mod:`mlxops.jobs.serveprobe`); a host that cannot be reached
+    is the unreachable rule's to judge, not the probe's."""
+    try:
+        return probes.look(connector.connect(hosts[probes.host]))
+    except HostUnreachable:
+        return None
 
 
 def _long_unreachable(status: JobStatus, since: dict[str, float], timeout: float) -> str | None:

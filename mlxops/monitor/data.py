@@ -203,6 +203,19 @@ def job_info(record: JobRecord) -> dict[str, Any]:
             "alerts": alerts.thresholds(job)}
 
 
+def serving(samples: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """A serve job's figures (jobs/serveprobe.py: requests from the server's log, latency
+    from the watchdog's probe, tokens/s from its canary): the last, and their history."""
+    rows = [s for s in samples if s.get("serve")]
+    if not rows:
+        return None
+    names = ("requests", "tokens_per_sec", "latency")
+    history: dict[str, list[Any]] = {"time": [s["time"] for s in rows]}
+    for name in names:
+        history[name] = [s["serve"].get(name) for s in rows]
+    return {"last": rows[-1]["serve"], "history": history}
+
+
 def document(mirror: Mirror, *, points: int | None = None, now: float | None = None,
              extras: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job document. ``points``: thin each series to about that many rows (pages);
@@ -231,5 +244,6 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
         "ranks": ranks,
         "nodes": nodes,
         "alerts": alerts.evaluate(limits, last, cols["tokens_per_sec"], cols),
+        "serve": serving(samples),
         **(extras or {}),
     }

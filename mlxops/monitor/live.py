@@ -97,6 +97,21 @@ def totals(doc: dict[str, Any], width: int) -> Text:
     return Text("\n".join(lines))
 
 
+def serving_line(serve: dict[str, Any]) -> Text:
+    """A serve job's line: requests, tokens/s (the canary's) and latency (the probe's),
+    each with its trend."""
+    last, history = serve["last"], serve["history"]
+    parts = []
+    if last.get("requests") is not None:
+        parts.append(f"requests {last['requests']:,}")
+    if last.get("tokens_per_sec") is not None:
+        parts.append(f"tokens/s {last['tokens_per_sec']:,.0f} (canary) "
+                     f"{sparkline(history['tokens_per_sec'])}")
+    if last.get("latency") is not None:
+        parts.append(f"latency {last['latency'] * 1e3:,.0f} ms {sparkline(history['latency'])}")
+    return Text("serving: " + ("   ".join(parts) or "no answer to the probe yet"))
+
+
 def rank_table(doc: dict[str, Any]):
     """Per rank: host, state, step, loss, tokens/s with a sparkline, its node's memory,
     heartbeat age (red when stalled or past the alert)."""
@@ -135,7 +150,10 @@ def rank_table(doc: dict[str, Any]):
 
 
 def render(doc: dict[str, Any], now: float, width: int = 100) -> RenderableType:
-    parts: list[RenderableType] = [header(doc, now), totals(doc, width), Text("")]
+    parts: list[RenderableType] = [header(doc, now), totals(doc, width)]
+    if doc.get("serve"):
+        parts.append(serving_line(doc["serve"]))
+    parts.append(Text(""))
     if doc["ranks"]:
         parts.append(rank_table(doc))
     else:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +100,11 @@ def sample_line(status: JobStatus, nodes: dict[str, dict[str, Any]], now: float
               "loss": r.loss, "tokens_per_sec": r.tokens_per_sec,
               "heartbeat_age": None if r.heartbeat_age is None else round(r.heartbeat_age, 2)}
              for r in status.ranks]
-    return {"time": round(now, 3), "state": status.state, "attempt": status.attempt,
+    line = {"time": round(now, 3), "state": status.state, "attempt": status.attempt,
             "step": status.step, "ranks": ranks, "nodes": nodes}
+    if status.serve is not None:  # a serve job's figures (jobs/serveprobe.py)
+        line["serve"] = asdict(status.serve)
+    return line
 
 
 def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = None,

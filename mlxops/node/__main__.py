@@ -52,7 +52,7 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
     if args.cmd == protocol.SPAWN:
         return spawn_job(run_dir, args.ranks, args.launcher)
     if args.cmd == protocol.STATUS:
-        return status(run_dir)
+        return status(run_dir, requests=args.requests)
     if args.cmd == protocol.STOP:
         stopped = stop(run_dir, args.grace)
         stopped.ports_busy = busy_ports(args.ip, args.ports) if args.ip else []

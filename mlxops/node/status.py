@@ -19,6 +19,7 @@ from mlxops.node.rundir import (
     ranks_in,
     read_int,
 )
+from mlxops.node.serverlog import requests_answered
 
 
 def progress(run_dir: Path, rank: int) -> protocol.Progress | None:
@@ -75,13 +76,18 @@ def launcher_status(run_dir: Path, now: float, table: Table | None = None
     )
 
 
-def status(run_dir: Path) -> protocol.StatusAnswer:
-    """The ``status`` command."""
+def status(run_dir: Path, requests: bool = False) -> protocol.StatusAnswer:
+    """The ``status`` command; ``requests``: a serve job's, whose rank 0 also says how many
+    requests its server answered (:mod:`mlxops.node.serverlog`)."""
     now = time.time()
     table = process_table()
+    ranks = [rank_status(run_dir, r, now, table) for r in ranks_in(run_dir)]
+    for rank in ranks:
+        if requests and rank.rank == 0:
+            rank.requests = requests_answered(run_dir)
     return protocol.StatusAnswer(
         now=now, exists=run_dir.is_dir(), stopped=is_stopped(run_dir),
-        ranks=[rank_status(run_dir, r, now, table) for r in ranks_in(run_dir)],
+        ranks=ranks,
         checkpoints=checkpoint_steps(run_dir),
         launcher=launcher_status(run_dir, now, table),
     )

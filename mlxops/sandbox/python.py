@@ -90,3 +90,19 @@ def _run(argv: list[str]) -> None:
         raise MlxopsError(
             f"building the node interpreter failed: {' '.join(argv)}: " + " | ".join(tail)
         )
+
+
+def add_package(python: str, requirement: str, module: str, cache: Path = CACHE_DIR) -> None:
+    """``requirement`` (e.g. ``mlx-lm==0.32.2``, for the serving tests and benchmark) into
+    the node interpreter ``python`` unless ``module`` imports there already: under the
+    build lock, world-readable, once for every sandbox of the machine. (Provisioning
+    installs mlx-lm on real nodes; the sandbox's shared interpreter is the tests' own.)"""
+    if subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0:
+        return
+    with filelock.exclusive(cache / ".lock"):
+        old_umask = os.umask(0o022)  # the node user reads it
+        try:
+            _run([python, "-m", "pip", "--disable-pip-version-check", "-q", "install",
+                  requirement])
+        finally:
+            os.umask(old_umask)

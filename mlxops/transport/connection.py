@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlxops import shell
 from mlxops.transport.hostkeys import (
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from mlxops.transport.jumps import JumpHost, Jumps
 
 Stdin = bytes | IO[bytes] | None
+
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
 
 
@@ -89,6 +91,8 @@ class Connection(Protocol):
     def stream(self, command: str) -> LineStream: ...
 
     def close(self) -> None: ...
+
+    def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> Any: ...
 
 
 def _chunks(stdin: Stdin, size: int = 1 << 16):
@@ -141,6 +145,10 @@ class LocalConnection:
 
     def close(self) -> None:
         pass
+
+    def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> socket.socket:
+        """A TCP connection to ``address``:``port`` as this host sees it (here: itself)."""
+        return socket.create_connection((address, port), timeout=timeout)
 
 
 class SSHConnection:
@@ -271,6 +279,8 @@ class SSHConnection:
     def stream(self, command: str) -> LineStream:
         """Start ``command`` and read its stdout as it comes (its stdin stays open until
         :meth:`LineStream.close`; its stderr is not read)."""
+        import paramiko
+
         try:
             _, channel = self._session()
             _exec(channel, command)
@@ -278,6 +288,33 @@ class SSHConnection:
             self._conn.close()
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return SSHLineStream(self.name, channel)
+
+    def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> paramiko.Channel:
+        """A TCP connection to ``address``:``port`` as the host sees it (``127.0.0.1``: its
+        loopback), carried by this host's verified SSH transport (a ``direct-tcpip``
+        channel, what ``ssh -L`` opens). Raises :class:`HostUnreachable` when the host
+        cannot be reached, ``ConnectionRefusedError`` when nothing listens there."""
+        import paramiko
+
+        with self._lock:
+            try:
+                transport = self._open_locked()
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                self._conn.close()
+                raise HostUnreachable(self.name, f"connection lost: {exc}") from None
+        # Without TCP_NODELAY every channel open waits out Nagle against the peer's delayed
+        # ACK: 36-44 ms here, 0.4-2.5 ms with it (each request through a forward opens one).
+        if isinstance(transport.sock, socket.socket):
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            return transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                          timeout=timeout)
+        except paramiko.ChannelException as exc:
+            # sshd could not connect on its side (code 2: connect failed).
+            raise ConnectionRefusedError(f"{self.name}: {address}:{port}: {exc}") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            self._conn.close()
+            raise HostUnreachable(self.name, f"connection lost: {exc}") from None
 
     def _kill_group(self, transport: paramiko.Transport, pgid: int) -> None:
         """TERM, then KILL a second later, the process group of a command we gave up on."""

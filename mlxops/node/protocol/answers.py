@@ -92,6 +92,7 @@ class RankAnswer(Record):
     progress: Progress | None            # this attempt's heartbeat, None before the first
     log_bytes: int
     failure: str | None = None           # ended non-zero: the line of its log saying why
+    requests: int | None = None          # asked (serve jobs, rank 0): requests answered
 
 
 

@@ -30,8 +30,9 @@ def spawn_args(run_dir: str, ranks: Sequence[int], *, launcher: bool = False) ->
             *(["--launcher"] if launcher else [])]
 
 
-def status_args(run_dir: str) -> list[str]:
-    return [STATUS, "--run-dir", run_dir]
+def status_args(run_dir: str, *, requests: bool = False) -> list[str]:
+    """``requests``: a serve job's; rank 0 also counts the requests its server answered."""
+    return [STATUS, "--run-dir", run_dir, *(["--requests"] if requests else [])]
 
 
 def stop_args(run_dir: str, grace: float, *, ip: str = "", ports: Sequence[int] = ()
@@ -179,6 +180,8 @@ def parser() -> argparse.ArgumentParser:
     commands[SPAWN].add_argument("--launcher", action="store_true",
                                  help="also start launcher.sh (mpirun of an mpi job)")
     commands[STOP].add_argument("--grace", type=float, default=5.0)
+    commands[STATUS].add_argument("--requests", action="store_true",
+                                  help="a serve job: count rank 0's answered requests")
     logs = commands[LOGS]
     logs.add_argument("--rank", type=int)
     logs.add_argument("--offsets", nargs="*", default=[],

@@ -1,0 +1,142 @@
+"""The watchdog's look at a serve job's server: one greedy one-token completion, sent
+through mlxops's SSH connection to rank 0's host (the server listens on the node's
+loopback), answered within ``serve.probe_timeout`` or the server counts as hung.
+
+A process that died is the rank machinery's to see (its exit code); the probe sees what
+only a request shows: a server that runs but does not answer (hung), or stopped answering
+(its listener gone), or never started to within ``serve.start_timeout`` (a model that
+does not load in time).
+
+The figures ``mlxops status``, ``monitor`` and the dashboard show for a serve job
+(:class:`ServeFigures`): latency, the last probe's round trip; tokens/s, a greedy
+:data:`CANARY_TOKENS`-token completion's, sent every :data:`CANARY_EVERY` seconds (a
+measure of the server's speed now, not of its clients' traffic); requests, the requests
+its log says it answered this attempt (counted on the node, :mod:`mlxops.node.serverlog`)
+less the watchdog's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from mlxops.jobs.servespec import ServeSpec
+from mlxops.node.protocol.serve import PROBE_PATH, PROBE_REQUEST
+from mlxops.transport import Connection
+from mlxops.transport.forward import http_exchange
+
+CANARY_TOKENS = 16
+CANARY_EVERY = 30.0  # seconds
+
+
+def serve_address(serve: ServeSpec) -> str:
+    """Where the server is reached from its own host: its bind address, the loopback for
+    a wildcard one."""
+    return "127.0.0.1" if serve.bind in ("0.0.0.0", "::") else serve.bind
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    seconds: float | None = None        # the round trip of an answer
+    refused: bool = False               # nothing listens (yet, or any more)
+    hung: bool = False                  # connected, no whole answer in time
+    error: str = ""
+    tokens_per_sec: float | None = None  # tokens of the answer over its round trip
+
+
+@dataclass
+class ServeFigures:
+    latency: float | None = None         # seconds: the last one-token probe's round trip
+    tokens_per_sec: float | None = None  # the last canary's
+    requests: int | None = None          # answered this attempt, the watchdog's not counted
+
+
+def probe(conn: Connection, serve: ServeSpec, tokens: int = 1) -> ProbeResult:
+    """One probe of the server on ``conn``'s host (never raises for the server's sake;
+    an unreachable host raises as every transport call does). ``tokens``: more than one
+    for the canary (``tokens_per_sec`` of its answer)."""
+    try:
+        stream = conn.open_tunnel(serve_address(serve), serve.port, serve.probe_timeout)
+    except ConnectionRefusedError as exc:
+        return ProbeResult(False, refused=True, error=str(exc))
+    try:
+        answer = http_exchange(stream, "POST", PROBE_PATH,
+                               {**PROBE_REQUEST, "max_tokens": tokens},
+                               timeout=serve.probe_timeout)
+    except TimeoutError as exc:
+        return ProbeResult(False, hung=True, error=str(exc))
+    except OSError as exc:
+        # sshd accepted the channel, then the connection was refused or reset on its side
+        return ProbeResult(False, refused=True, error=f"{type(exc).__name__}: {exc}")
+    finally:
+        stream.close()
+    if answer.status != 200:
+        return ProbeResult(False, answer.seconds, error=f"HTTP {answer.status}: "
+                                                        f"{answer.body[:200]!r}")
+    try:
+        made = int(answer.json()["usage"]["completion_tokens"])
+    except (ValueError, KeyError, TypeError):
+        made = None
+    return ProbeResult(True, answer.seconds,
+                       tokens_per_sec=made / answer.seconds if made and answer.seconds else None)
+
+
+@dataclass
+class ProbeWatch:
+    """The probes of one attempt, and the problem they add up to (or None)."""
+
+    serve: ServeSpec
+    host: str
+    started: float = field(default_factory=time.monotonic)
+    answered: int = 0                   # probes answered this attempt
+    last: ProbeResult | None = None
+    canary: ProbeResult | None = None    # the last canary answered
+    canary_at: float = float("-inf")     # when it was sent (monotonic)
+
+    def look(self, conn: Connection, now: float | None = None) -> str | None:
+        """Probe, and every :data:`CANARY_EVERY` seconds of answers also a canary;
+        the problem, or None."""
+        now = time.monotonic() if now is None else now
+        problem = self.problem(probe(conn, self.serve), now)
+        if problem is None and self.answered and now - self.canary_at >= CANARY_EVERY:
+            self.canary_at = now
+            canary = probe(conn, self.serve, tokens=CANARY_TOKENS)
+            if canary.ok:
+                self.answered += 1
+                self.canary = canary
+        return problem
+
+    def figures(self, requests: int | None, own: int | None = None) -> ServeFigures:
+        """``requests``: what the node counted in the server's log this attempt, when the
+        watchdog's own answered requests were ``own`` (default: all so far)."""
+        latency = self.last.seconds if self.last is not None and self.last.ok else None
+        return ServeFigures(
+            latency=latency,
+            tokens_per_sec=self.canary.tokens_per_sec if self.canary else None,
+            requests=None if requests is None else
+            max(0, requests - (self.answered if own is None else own)))
+
+    def problem(self, result: ProbeResult, now: float | None = None) -> str | None:
+        self.last = result
+        if result.ok:
+            self.answered += 1
+            return None
+        server = f"the server on {self.host}"
+        if result.hung:
+            return (f"{server} did not answer a one-token completion in "
+                    f"{self.serve.probe_timeout:g}s (hung)")
+        if self.answered:
+            return f"{server} stopped answering ({result.error})"
+        waited = (time.monotonic() if now is None else now) - self.started
+        if result.refused and waited <= self.serve.start_timeout:
+            return None  # still loading its model
+        return (f"{server} did not answer in {waited:.0f}s since its start "
+                f"(serve.start_timeout {self.serve.start_timeout:g}s): {result.error}")
+
+
+def look_once(serve: ServeSpec, conn: Connection, requests: int | None) -> ServeFigures:
+    """One probe's figures, for ``mlxops status`` (no watchdog: no canary, and the
+    requests counted include every probe sent)."""
+    result = probe(conn, serve)
+    return ServeFigures(latency=result.seconds if result.ok else None, requests=requests)

@@ -1,0 +1,268 @@
+"""Serving (issue 20) on sandbox nodes: `serve:` jobs running mlx-lm's server, reached with
+the official `openai` client through `mlxops serve`'s forward.
+
+The model is the bundled trainer's: one short run on node1 and node2 (each node keeps its
+checkpoints), which the serve jobs export on their nodes (`model: {job: ...}`) and
+`mlxops export` copies here, where `mlx_lm.generate` gives the text the server must equal.
+
+mlx-lm on the nodes: installed into the sandbox's node interpreter by the `served_model`
+fixture (``mlxops.sandbox.python.add_package``), until provisioning installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from job_helpers import BackgroundWatchdog, run_dir
+
+from mlxops.jobs.export import export_run
+from mlxops.jobs.launch import launch
+from mlxops.jobs.record import load_record
+from mlxops.jobs.spec import load_job
+from mlxops.jobs.status import job_status
+from mlxops.jobs.stop import stop_job
+from mlxops.jobs.watch import supervise
+from mlxops.monitor.data import MirrorReader, document
+from mlxops.node.protocol import FINISHED, STOPPED
+from mlxops.sandbox.python import add_package
+from mlxops.transport import Connector
+
+openai = pytest.importorskip("openai")
+mlx_lm = pytest.importorskip("mlx_lm")
+
+pytestmark = pytest.mark.integration
+
+MLX_LM = "mlx-lm==0.32.2"
+TRAIN = "serve-train"
+TRAINER = {
+    "model": {"dims": 64, "layers": 2, "heads": 4, "vocab_size": 256, "seq_len": 32},
+    "data": {"source": "synthetic", "seed": 0},
+    "train": {"steps": 20, "global_batch": 4, "micro_batch": 2, "lr": 3e-3, "log_every": 5,
+              "checkpoint_every": 20, "consistency_every": 0},
+}
+PROMPT = "The cat sat"
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+def write_job(path: Path, sandbox, name: str, hosts: str, **job) -> Path:
+    doc = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": hosts, **job}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture(scope="module")
+def served_model(sandbox, tmp_path_factory):
+    """The trained run (on node1 and node2) and its export here: (run name, directory)."""
+    inventory = yaml.safe_load(sandbox.inventory_path.read_text())
+    add_package(inventory["all"]["vars"]["mlxops_python"], MLX_LM, "mlx_lm")
+    home = tmp_path_factory.mktemp("serve-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLXOPS_HOME", str(home))
+        spec = load_job(write_job(home / "train.yml", sandbox, TRAIN, "node1,node2",
+                                  trainer=TRAINER))
+        with Connector() as connector:
+            record = launch(spec, connector, fresh=True)
+            assert supervise(record, connector).state == FINISHED
+            out = home / "exported"
+            done = export_run(TRAIN, out, connector)
+    assert done.step == 20 and (out / "tokenizer.json").is_file()
+    return TRAIN, out
+
+
+def serve_job(tmp_path: Path, sandbox, name: str, hosts: str = "node1", port: int = 8181,
+              **serve) -> Path:
+    return write_job(tmp_path / f"{name}.yml", sandbox, name, hosts,
+                     restart={"max_restarts": 2, "stall_timeout": 30, "poll_interval": 0.5},
+                     serve={"model": {"job": TRAIN}, "port": port, "max_tokens": 16, **serve})
+
+
+class Forward:
+    """`mlxops serve NAME` in a subprocess: its base URL, and the process to stop."""
+
+    def __init__(self, name: str):
+        self.proc = subprocess.Popen([sys.executable, "-m", "mlxops", "serve", name],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, stdin=subprocess.DEVNULL)
+        self.url = self.proc.stdout.readline().strip()
+        assert self.url.startswith("http://127.0.0.1:") and self.url.endswith("/v1"), \
+            (self.url, self.proc.stderr.read() if self.proc.poll() is not None else "")
+
+    def client(self, timeout: float = 60) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key="unused", timeout=timeout,
+                             max_retries=0)
+
+    def close(self) -> None:
+        self.proc.terminate()  # SIGINT may be ignored (pytest run as a background job)
+        self.proc.wait(timeout=10)
+
+
+def wait_answering(client: openai.OpenAI, timeout: float = 120) -> None:
+    """Until the server (loading its model) answers a completion."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.completions.create(model="default_model", prompt="a", max_tokens=1)
+            return
+        except (openai.APIConnectionError, openai.APIStatusError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def complete(client: openai.OpenAI, prompt: str = PROMPT) -> str:
+    answer = client.completions.create(model="default_model", prompt=prompt, temperature=0,
+                                       max_tokens=16)
+    return answer.choices[0].text
+
+
+def reference(exported: Path, prompt: str) -> str:
+    model, tokenizer = mlx_lm.load(str(exported))
+    return mlx_lm.generate(model, tokenizer, prompt=prompt, max_tokens=16)
+
+
+def wait_figures(name: str, requests: int, timeout: float = 60) -> dict:
+    """The serve figures in the job's mirror, once they have a canary's tokens/s and
+    count ``requests`` of the client's."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        serve = document(MirrorReader(name).read())["serve"]
+        if serve and serve["last"].get("tokens_per_sec") and \
+                serve["last"].get("requests") == requests:
+            return serve
+        time.sleep(1)
+    raise AssertionError(f"no serve figures in {name}'s mirror after {timeout}s")
+
+
+def server_pid(sandbox, name: str) -> int:
+    """The server process (the rank script's child) of the job on node1."""
+    script = (run_dir(sandbox, "node1", name) / "rank-0.pid").read_text().strip()
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", script], capture_output=True,
+                         text=True).stdout.split()
+    assert len(out) == 1, out
+    return int(out[0])
+
+
+def test_openai_client_through_mlxops_serve_equals_generate(sandbox, tmp_path, served_model):
+    """One node: models, chat (whole and streamed) and completions through the forward;
+    at temperature 0 the text is mlx_lm.generate's on the exported checkpoint."""
+    from mlx_lm.server import convert_chat
+
+    _, exported = served_model
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-one"))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        forward = Forward("serve-one")
+        try:
+            client = forward.client()
+            wait_answering(client)
+            models = [m.id for m in client.models.list().data]
+            assert len(models) == 1 and models[0].endswith("/.mlxops/runs/serve-one/model")
+            chat = client.chat.completions.create(model="default_model", messages=MESSAGES,
+                                                  temperature=0, max_tokens=16)
+            streamed = "".join(chunk.choices[0].delta.content or "" for chunk in
+                               client.chat.completions.create(
+                                   model="default_model", messages=MESSAGES,
+                                   temperature=0, max_tokens=16, stream=True)
+                               if chunk.choices)
+            text = complete(client)
+        finally:
+            forward.close()
+            stop_job(record, connector)
+    assert chat.usage.completion_tokens == 16
+    assert streamed == chat.choices[0].message.content
+    # The server's prompt for a model without a chat template is mlx-lm's convert_chat.
+    assert chat.choices[0].message.content == reference(exported, convert_chat(MESSAGES))
+    assert text == reference(exported, PROMPT)
+
+
+def test_kill_9_restarts_the_server_and_stop_leaves_nothing(sandbox, tmp_path, served_model):
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-kill", port=8182))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        watchdog = BackgroundWatchdog(record, connector)
+        forward = Forward("serve-kill")
+        try:
+            client = forward.client()
+            wait_answering(client)
+            before = complete(client)
+            # The watchdog's figures reach the mirror: monitor and dashboard read them there.
+            # The client's answered requests: wait_answering's and complete's (the
+            # watchdog's probes and canaries are not counted).
+            serve = wait_figures("serve-kill", requests=2)
+            assert serve["last"]["latency"] > 0
+            assert serve["last"]["tokens_per_sec"] > 0
+            shown = subprocess.run([sys.executable, "-m", "mlxops", "status", "serve-kill"],
+                                   capture_output=True, text=True, timeout=60).stdout
+            assert "serving: " in shown and " ms" in shown, shown
+            os.kill(server_pid(sandbox, "serve-kill"), signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not load_record("serve-kill").restarts and time.monotonic() < deadline:
+                time.sleep(0.5)
+            restarts = load_record("serve-kill").restarts
+            assert [r.reason for r in restarts] == ["rank 0 on node1 exited with code 137"]
+            wait_answering(client)
+            assert complete(client) == before  # the client's next request succeeds
+            status = job_status(load_record("serve-kill"), connector)
+            assert status.attempt == 2 and len(status.restarts) == 1
+        finally:
+            forward.close()
+            stopped = stop_job(load_record("serve-kill"), connector)
+        watchdog.result(timeout=30)  # it ends once the job is stopped
+    assert load_record("serve-kill").state == STOPPED and stopped.exit_code == 0
+    leftovers = subprocess.run(["pgrep", "-af", "/runs/serve-kill/"], capture_output=True,
+                               text=True).stdout
+    assert [line for line in leftovers.splitlines() if "pgrep" not in line] == []
+    listening = sandbox.exec_in("node1", ["ss", "-Hltn", "sport = :8182"], user="root")
+    assert listening.returncode == 0 and listening.stdout.strip() == ""
+
+
+def test_a_hung_server_is_restarted(sandbox, tmp_path, served_model):
+    """SIGSTOP: the process lives, the probe's one token never comes (probe_timeout)."""
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-hung", port=8183, probe_timeout=3))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        watchdog = BackgroundWatchdog(record, connector)
+        forward = Forward("serve-hung")
+        try:
+            client = forward.client(timeout=30)
+            wait_answering(client)
+            os.kill(server_pid(sandbox, "serve-hung"), signal.SIGSTOP)
+            deadline = time.monotonic() + 60
+            while not load_record("serve-hung").restarts and time.monotonic() < deadline:
+                time.sleep(0.5)
+            reasons = [r.reason for r in load_record("serve-hung").restarts]
+            assert reasons == ["the server on node1 did not answer a one-token completion "
+                               "in 3s (hung)"]
+            wait_answering(client)
+        finally:
+            forward.close()
+            stop_job(load_record("serve-hung"), connector)
+        watchdog.result(timeout=30)
+
+
+def test_two_node_pipeline_answers_like_one_node(sandbox, tmp_path, served_model):
+    """node1 and node2 in one MLX ring, mlx-lm's --pipeline (the export as qwen2): the same
+    greedy text as the one-node server (mlx_lm.generate on one process)."""
+    _, exported = served_model
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-pipe", hosts="node1,node2", port=8184,
+                              parallel="pipeline"))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        forward = Forward("serve-pipe")
+        try:
+            client = forward.client()
+            wait_answering(client, timeout=180)
+            text = complete(client)
+        finally:
+            forward.close()
+            stop_job(record, connector)
+    assert text == reference(exported, PROMPT)
+    layers = (run_dir(sandbox, "node2", "serve-pipe") / "model" / "config.json").read_text()
+    assert '"model_type": "qwen2"' in layers

@@ -1,0 +1,154 @@
+"""The forward (transport/forward.py) and the watchdog's probe (jobs/serveprobe.py), on this
+machine: a local connection (a host with ``ansible_connection: local``) to a small HTTP
+server in a thread that answers as mlx-lm's does, or hangs, or is not there."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mlxops.jobs.serveprobe import ProbeResult, ProbeWatch, probe
+from mlxops.jobs.servespec import ServeSpec
+from mlxops.transport import LocalConnection
+from mlxops.transport.forward import Forward, http_exchange
+
+
+class Handler(BaseHTTPRequestHandler):
+    hang = threading.Event()           # set: never answer (a hung server)
+    release = threading.Event()
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if Handler.hang.is_set():
+            Handler.release.wait(10)
+            return
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for word in ("a", "b", "c"):
+                self.wfile.write(f"data: {json.dumps({'text': word})}\n\n".encode())
+                self.wfile.flush()
+            return
+        answer = json.dumps({"choices": [{"text": "x" * body["max_tokens"]}],
+                             "usage": {"completion_tokens": body["max_tokens"]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    Handler.hang.clear()
+    Handler.release.clear()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.server_address[1]
+    Handler.release.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_forward_carries_requests_and_streams(server):
+    with Forward(LocalConnection("here"), "127.0.0.1", server) as forward:
+        assert forward.url == f"http://127.0.0.1:{forward.local_port}"
+        request = urllib.request.Request(
+            forward.url + "/v1/completions", method="POST",
+            data=json.dumps({"max_tokens": 3}).encode())
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert json.loads(answer.read())["choices"] == [{"text": "xxx"}]
+        request.data = json.dumps({"max_tokens": 3, "stream": True}).encode()
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            events = [line for line in answer.read().decode().splitlines() if line]
+        assert events == [f"data: {json.dumps({'text': w})}" for w in "abc"]
+        assert forward.connections == 2 and forward.errors == []
+
+
+def test_a_forward_to_nothing_refuses_its_client_and_says_why():
+    with Forward(LocalConnection("here"), "127.0.0.1", free_port()) as forward:
+        with pytest.raises(OSError):
+            urllib.request.urlopen(forward.url + "/v1/models", timeout=10)
+        assert forward.errors and "ConnectionRefusedError" in forward.errors[0]
+
+
+def test_http_exchange_reads_the_whole_answer(server):
+    with socket.create_connection(("127.0.0.1", server)) as stream:
+        answer = http_exchange(stream, "POST", "/v1/completions", {"max_tokens": 2},
+                               timeout=10)
+    assert answer.status == 200 and answer.json()["choices"] == [{"text": "xx"}]
+    assert 0 < answer.seconds < 10
+
+
+def spec(port: int, **kw) -> ServeSpec:
+    return ServeSpec(model="/m", port=port, **{"probe_timeout": 2.0, **kw})
+
+
+def test_the_probe_sees_an_answer_a_hang_and_nothing(server):
+    here = LocalConnection("here")
+    ok = probe(here, spec(server))
+    assert ok.ok and ok.seconds is not None
+    Handler.hang.set()
+    hung = probe(here, spec(server, probe_timeout=0.5))
+    assert not hung.ok and hung.hung
+    nothing = probe(here, spec(free_port()))
+    assert not nothing.ok and nothing.refused and not nothing.hung
+
+
+def test_the_probes_add_up_to_a_problem_or_not():
+    watch = ProbeWatch(spec(1234, start_timeout=60), "node1", started=0.0)
+    refused = ProbeResult(False, refused=True, error="refused")
+    assert watch.problem(refused, now=30.0) is None          # still loading its model
+    assert watch.problem(refused, now=61.0) == (
+        "the server on node1 did not answer in 61s since its start "
+        "(serve.start_timeout 60s): refused")
+    assert watch.problem(ProbeResult(True, 0.01), now=62.0) is None
+    assert watch.problem(refused, now=63.0) == "the server on node1 stopped answering (refused)"
+    assert watch.problem(ProbeResult(False, hung=True), now=64.0) == (
+        "the server on node1 did not answer a one-token completion in 2s (hung)")
+    assert watch.answered == 1
+
+
+def test_a_canary_every_30_seconds_of_answers_gives_tokens_per_second(server):
+    here = LocalConnection("here")
+    watch = ProbeWatch(spec(server), "node1", started=0.0)
+    assert watch.look(here, now=1.0) is None           # probe + the first canary
+    assert watch.answered == 2 and watch.canary.tokens_per_sec > 0
+    assert watch.look(here, now=20.0) is None          # probe only
+    assert watch.answered == 3
+    figures = watch.figures(requests=10)
+    assert figures.latency == watch.last.seconds
+    assert figures.tokens_per_sec == watch.canary.tokens_per_sec
+    assert figures.requests == 7                       # the watchdog's own are not counted
+    assert watch.figures(requests=None).requests is None
+
+
+def test_the_monitor_shows_a_serve_jobs_figures_with_their_trend():
+    from mlxops.monitor.data import serving
+    from mlxops.monitor.live import serving_line
+
+    samples = [{"time": 1.0, "ranks": []},  # before the first probe
+               {"time": 6.0, "serve": {"requests": 2, "tokens_per_sec": 200.0,
+                                       "latency": 0.02}},
+               {"time": 11.0, "serve": {"requests": 5, "tokens_per_sec": 100.0,
+                                        "latency": 0.04}}]
+    doc = serving(samples)
+    assert doc["history"]["latency"] == [0.02, 0.04] and doc["last"]["requests"] == 5
+    assert str(serving_line(doc)) == ("serving: requests 5   tokens/s 100 (canary) █▁   "
+                                      "latency 40 ms ▁█")
+    assert serving([{"time": 1.0}]) is None
