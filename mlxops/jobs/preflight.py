@@ -3,9 +3,9 @@
 One pass over the hosts, in parallel: reachable; ``mlxops_root`` and the interpreter
 resolved to absolute paths; code synced (only what changed travels); then, from every
 node's pre-flight answer (:class:`mlxops.node.protocol.PreflightAnswer`): the same mlx and
-Python everywhere; the ring ports free (ring) or Open MPI found (mpi); no leftover rank of
-this job; and the checkpoint step a resume starts from. Nothing is started anywhere unless
-every host passes. The node's side: docs/node-protocol.md.
+Python everywhere (and mlx-lm, for a job that runs its code); the ring ports free (ring) or
+Open MPI found (mpi); no leftover rank of this job; and the checkpoint step a resume starts
+from. Nothing is started anywhere unless every host passes. The node's side: docs/node-protocol.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
-from mlxops.readiness import Versions, agreement, mlx_findings
+from mlxops.readiness import Versions, agreement, mlx_findings, mlx_lm_findings
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
@@ -100,9 +100,12 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     # The readiness rules mlxops check reports by (mlxops.readiness), without the pin:
     # every rank imports mlx, and mlx and Python agree across the hosts.
     versions = [Versions(name, p.python, p.answer.python_version, p.answer.mlx,
-                         p.answer.system) for name, p in preps.items()]
+                         p.answer.system, mlx_lm=p.answer.mlx_lm) for name, p in preps.items()]
     problems = [f.line for v in versions for f in mlx_findings(v)]
     problems += [f.line for f in agreement(versions, keys=("mlx", "python")).findings]
+    if spec.needs_mlx_lm:
+        # Refused, not installed: software is provision's business (docs/job-file.md).
+        problems += [f.line for f in mlx_lm_findings(versions)]
     for name, prep in preps.items():
         if prep.answer.leftovers:
             pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)

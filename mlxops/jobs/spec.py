@@ -82,6 +82,13 @@ class JobSpec:
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
     balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
+    finetune: Any = None                       # the finetune: section (issue 18), parsed
+
+    @property
+    def needs_mlx_lm(self) -> bool:
+        """The job runs mlx-lm's code on its nodes: pre-flight and ``mlxops check --job``
+        require mlx-lm there (:func:`mlxops.readiness.mlx_lm_findings`)."""
+        return self.finetune is not None
 
     @property
     def base_port(self) -> int:

@@ -15,6 +15,9 @@ from mlxops.jobs.spec import JobSpec
 from mlxops.node.protocol import Leftover
 from mlxops.trainer.config import TrainerConfig
 
+# A job's parsed finetune: section; pre-flight asks only whether there is one.
+FINETUNE = {"method": "lora"}
+
 
 def spec(backend: str = "ring") -> JobSpec:
     return JobSpec(path=Path("/jobs/j.yml"), name="j", inventory=Path("/inv.yml"),
@@ -78,3 +81,19 @@ def test_jaccl_needs_an_rdma_device_for_every_pair_before_any_host_is_touched():
     hosts[1] = Host("b", {"mlxops_rdma": {"a": "rdma_en4"}})
     assert rdma_devices(spec("jaccl"), hosts) == [[None, "rdma_en3"], ["rdma_en4", None]]
     assert rdma_devices(spec("ring"), hosts) is None
+
+
+def test_a_job_that_runs_mlx_lm_is_refused_where_mlx_lm_is_missing_or_differs():
+    import dataclasses
+
+    finetune = dataclasses.replace(spec(), trainer=None, finetune=FINETUNE)
+    p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": None})
+    ranks = place_ranks([x.host for x in p.values()], 30000)
+    with pytest.raises(PreflightError, match="b: mlx-lm not installed for /py, needed here: "
+                       "set mlxops_mlx_lm .* run mlxops provision --tags mlx_lm"):
+        check_preflight(finetune, p, ranks, False)
+    p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": "0.31.0"})
+    with pytest.raises(PreflightError, match="b: mlx-lm 0.31.0, others 0.32.2"):
+        check_preflight(finetune, p, ranks, False)
+    # The bundled trainer does not need it.
+    assert check(a={"mlx_lm": None}, b={"mlx_lm": "0.31.0"}) is None
