@@ -434,3 +434,8 @@ def describe_options() -> str:
     lines.append(f"  {'out':<24} {json.dumps('runs/default'):<10} "
                  + TrainerConfig.__dataclass_fields__["out"].metadata["help"])
     return "\n".join(lines)
+
+
+#: The value and file rules, public for the fine-tuning config (mlxops/finetune/config.py),
+#: which follows them key for key.
+coerce, read_file = _coerce, _read_file

@@ -1,0 +1,317 @@
+"""The fine-tuning config: one typed structure with defaults, file values and overrides.
+
+The same shape and rules as the bundled trainer's (:mod:`mlxops.trainer.config`):
+dataclass defaults < the config file (JSON, or YAML when PyYAML is importable) < ``--set
+section.key=value``; unknown keys, keys written twice, wrong types and out-of-range values
+are a :class:`ConfigError` naming the file and the key (exit 2). The controller parses a
+job's ``finetune:`` section with :func:`load_config` before it connects to any host, and
+the node program parses the resolved copy again when it starts.
+
+Standard library only (the controller imports it; nodes run it without mlxops' own
+dependencies). The names follow mlx-lm's where it has one (``num_layers``, ``rank``,
+``scale``, ``dropout``, ``keys``, ``mask_prompt``, ``max_seq_len`` for its
+``max_seq_length``), so that an ``adapter_config.json`` mlxops writes reads as mlx-lm's.
+
+Batch: each step takes ``train.global_batch`` examples over all ranks; rank r takes a
+contiguous slice of ``c_r`` of them (``train.balance``, :mod:`mlxops.trainer.balance`) and
+cuts it into ``train.accumulation`` micro-batches (or more: the out-of-memory back-off
+doubles it). The loss is the mean over every unmasked token of the global batch, whatever
+the split, so the world size, the balance and the accumulation change only the order of
+summation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from mlxops.trainer.config import BALANCE_EQUAL, ConfigError, coerce, read_file
+
+__all__ = ["ConfigError", "FinetuneConfig", "load_config", "check_world", "describe_options",
+           "diff_resume_keys", "METHODS", "OPTIMIZERS", "SCHEDULES"]
+
+METHODS = ("lora", "dora", "full")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("cosine", "constant")
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field whose help text ends up in ``--help`` and docs/finetune.md."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelSection:
+    path: str | None = _f(None, "the base model: a directory in the Hugging Face / mlx-lm "
+                          "layout (config.json, *.safetensors, tokenizer files; quantized "
+                          "models too); required")
+
+
+@dataclass
+class MethodSection:
+    type: str = _f("lora", "lora, dora or full")
+    rank: int = _f(8, "LoRA/DoRA rank")
+    scale: float = _f(20.0, "LoRA/DoRA scale (mlx-lm's; the update is scale x B A x)")
+    dropout: float = _f(0.0, "dropout on the adapter's input, 0 <= dropout < 1")
+    num_layers: int = _f(16, "adapt (or, for full, train) the last N transformer blocks; "
+                         "-1 = all")
+    keys: list | None = _f(None, "module paths inside each block to adapt, e.g. "
+                           "[self_attn.q_proj, self_attn.v_proj]; null = every linear "
+                           "layer (mlx-lm's default)")
+
+
+@dataclass
+class DataSection:
+    path: str | None = _f(None, "directory holding train.jsonl and valid.jsonl in mlx-lm's "
+                          "formats (chat messages, prompt/completion or text); required")
+    mask_prompt: bool = _f(False, "leave the prompt out of the loss (chat and completions "
+                           "data: only the last message / the completion is learnt)")
+
+
+@dataclass
+class OptimizerSection:
+    name: str = _f("adamw", "adamw, adam or sgd")
+    lr: float = _f(1e-5, "peak learning rate")
+    min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
+    schedule: str = _f("constant", "cosine or constant (after the warmup)")
+    warmup: int = _f(0, "linear warmup steps from 0")
+    weight_decay: float = _f(0.0, "weight decay (adamw only)")
+    grad_clip: float = _f(0.0, "clip the global gradient norm to this; 0 = off")
+
+
+@dataclass
+class TrainSection:
+    steps: int = _f(1000, "optimizer steps in total (the schedule spans them); see epochs")
+    epochs: int = _f(0, "when above 0: train this many passes over train.jsonl instead "
+                     "(steps = ceil(epochs x examples / global_batch))")
+    stop_at: int = _f(0, "stop after this step, leaving the run resumable; 0 = the last")
+    global_batch: int = _f(4, "examples per optimizer step, over all ranks")
+    accumulation: int = _f(1, "micro-batches each rank cuts its share into (one "
+                           "forward/backward each); the out-of-memory back-off doubles it")
+    max_seq_len: int = _f(2048, "tokens per example at most (longer ones are cut)")
+    grad_checkpoint: bool = _f(False, "recompute each block in backward (mx.checkpoint)")
+    seed: int = _f(0, "seed of the adapters' initialisation, the dropout and the data order")
+    log_every: int = _f(10, "print and write metrics every N steps")
+    eval_every: int = _f(100, "validation loss every N steps (and at the last); 0 = never")
+    eval_batches: int = _f(25, "validation batches of global_batch examples; -1 = all "
+                           "of valid.jsonl")
+    save_every: int = _f(100, "write a checkpoint (and its adapters) every N steps and at "
+                         "the end; 0 = only at the end")
+    keep: int = _f(3, "keep the newest K checkpoints (best/ is kept besides)")
+    patience: int = _f(0, "stop after this many validations without a new best "
+                       "validation loss; 0 = never")
+    balance: list | str = _f("equal", "how the global batch is split over ranks: equal, "
+                             "auto (measured in the first steps) or a list of weights, one "
+                             "per rank")
+    grad_reduce_dtype: str = _f("float32", "gradients on the network in the all-reduce: "
+                                "float32 or bfloat16")
+    consistency_every: int = _f(100, "every N steps the ranks compare a checksum of their "
+                                "trainable weights and optimizer state; 0 = off")
+
+
+@dataclass
+class FinetuneConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    method: MethodSection = field(default_factory=MethodSection)
+    data: DataSection = field(default_factory=DataSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    out: str = _f("runs/finetune", "run directory: metrics.jsonl, progress/, ckpt/, best/, "
+                  "adapters/")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"model": ModelSection, "method": MethodSection, "data": DataSection,
+            "optimizer": OptimizerSection, "train": TrainSection}
+
+# Keys that must be equal between a checkpoint and the config that resumes it: they change
+# the trainable weights, the data stream or the optimisation. The model and data paths may
+# move (another node root); their content is the job's business (hash-checked placement).
+RESUME_KEYS = (
+    [f"method.{f.name}" for f in dataclasses.fields(MethodSection)]
+    + ["data.mask_prompt"]
+    + [f"optimizer.{f.name}" for f in dataclasses.fields(OptimizerSection)]
+    + ["train.global_batch", "train.max_seq_len", "train.seed", "train.epochs"]
+)
+
+
+def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
+    if typ == list | None:  # method.keys: null, or a list of module paths
+        if value is None:
+            return None
+        if isinstance(value, list) and value and all(isinstance(k, str) and k for k in value):
+            return list(value)
+        raise ConfigError(f"{where}: {key}: must be null or a list of module paths, "
+                          f"got {value!r}")
+    return coerce(where, key, typ, value)
+
+
+def _set(cfg: FinetuneConfig, where: str, key: str, value: Any, text: str | None = None
+         ) -> None:
+    """Set ``section.key`` (or ``out``); ``text``: the command line's spelling."""
+    if key == "out":
+        cfg.out = coerce(where, key, str, value if text is None else text)
+        return
+    section_name, _, sub = key.partition(".")
+    if section_name not in SECTIONS:
+        raise ConfigError(f"{where}: {key}: unknown key")
+    section = getattr(cfg, section_name)
+    hints = get_type_hints(type(section))
+    if sub not in hints:
+        raise ConfigError(f"{where}: {key}: unknown key")
+    if text is not None and hints[sub] in (str, str | None) and value is not None:
+        value = text  # keep "007" a string where a string is expected
+    setattr(section, sub, _coerce(where, key, hints[sub], value))
+
+
+def from_dict(data: dict[str, Any], where: str = "finetune") -> FinetuneConfig:
+    """Build and validate a config from a nested mapping; unknown keys are an error."""
+    cfg = FinetuneConfig()
+    for key, value in data.items():
+        if key == "out":
+            _set(cfg, where, key, value)
+            continue
+        if key not in SECTIONS:
+            raise ConfigError(f"{where}: {key}: unknown key")
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key}: must be a mapping")
+        for sub, v in value.items():
+            _set(cfg, where, f"{key}.{sub}", v)
+    validate(cfg, where)
+    return cfg
+
+
+def apply_overrides(cfg: FinetuneConfig, overrides: list[str], where: str = "--set") -> None:
+    """Apply ``section.key=value`` strings (the ``--set`` option) in place."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: {item}: expected section.key=value")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        _set(cfg, where, key, value, text)
+    validate(cfg, where)
+
+
+def validate(cfg: FinetuneConfig, where: str) -> None:
+    """Every value on its own (what needs the world size: :func:`check_world`)."""
+    m, d, o, t = cfg.method, cfg.data, cfg.optimizer, cfg.train
+    if not cfg.model.path:
+        raise ConfigError(f"{where}: model.path: required (the base model's directory)")
+    if not d.path:
+        raise ConfigError(f"{where}: data.path: required (a directory with train.jsonl)")
+    choices = {"method.type": (m.type, METHODS), "optimizer.name": (o.name, OPTIMIZERS),
+               "optimizer.schedule": (o.schedule, SCHEDULES),
+               "train.grad_reduce_dtype": (t.grad_reduce_dtype, ("float32", "bfloat16"))}
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{where}: {key}: must be {' | '.join(allowed)}, got {value!r}")
+    positive = {"method.rank": m.rank, "train.steps": t.steps,
+                "train.global_batch": t.global_batch, "train.accumulation": t.accumulation,
+                "train.max_seq_len": t.max_seq_len, "train.log_every": t.log_every,
+                "train.keep": t.keep, "optimizer.lr": o.lr}
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{where}: {key}: must be positive, got {value}")
+    at_least_zero = {"method.scale": m.scale, "optimizer.min_lr": o.min_lr,
+                     "optimizer.warmup": o.warmup, "optimizer.weight_decay": o.weight_decay,
+                     "optimizer.grad_clip": o.grad_clip, "train.epochs": t.epochs,
+                     "train.seed": t.seed, "train.eval_every": t.eval_every,
+                     "train.save_every": t.save_every, "train.patience": t.patience,
+                     "train.consistency_every": t.consistency_every}
+    for key, value in at_least_zero.items():
+        if value < 0:
+            raise ConfigError(f"{where}: {key}: must be >= 0, got {value}")
+    if t.seed >= 2**63:
+        raise ConfigError(f"{where}: train.seed: must be below 2**63, got {t.seed}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"{where}: method.dropout: must be in [0, 1), got {m.dropout}")
+    if m.num_layers == 0 or m.num_layers < -1:
+        raise ConfigError(f"{where}: method.num_layers: must be positive or -1 (all), got "
+                          f"{m.num_layers}")
+    if t.eval_batches == 0 or t.eval_batches < -1:
+        raise ConfigError(f"{where}: train.eval_batches: must be positive or -1 (all), got "
+                          f"{t.eval_batches}")
+    if t.stop_at < 0 or (not t.epochs and t.stop_at > t.steps):
+        raise ConfigError(f"{where}: train.stop_at: must be between 0 and train.steps")
+    if t.patience and not t.eval_every:
+        raise ConfigError(f"{where}: train.patience: needs train.eval_every (patience counts "
+                          "validations)")
+    if m.type == "full" and m.keys is not None:
+        raise ConfigError(f"{where}: method.keys: goes with lora or dora (full trains whole "
+                          "blocks)")
+
+
+def check_world(cfg: FinetuneConfig, world: int, where: str = "finetune") -> None:
+    """The rules that need the number of ranks: every rank takes at least one example of
+    each global batch, ``equal`` needs a global batch that divides, and a list of weights
+    has one per rank (the trainer's rule, :func:`mlxops.trainer.config.check_world`)."""
+    if world < 1:
+        raise ConfigError(f"{where}: the world size must be at least 1, got {world}")
+    g, balance = cfg.train.global_batch, cfg.train.balance
+    if isinstance(balance, list) and len(balance) != world:
+        raise ConfigError(f"{where}: train.balance: {len(balance)} weights for {world} ranks "
+                          "(one weight per rank)")
+    if balance == BALANCE_EQUAL and g % world:
+        raise ConfigError(f"{where}: train.global_batch: {g} is not divisible by the world "
+                          f"size {world} (each rank takes global_batch / world examples)")
+    if g < world:
+        raise ConfigError(f"{where}: train.global_batch: {g} is smaller than the world size "
+                          f"{world} (every rank takes at least one example)")
+
+
+def load_config(source: str | os.PathLike[str] | dict[str, Any],
+                overrides: list[str] | None = None, where: str | None = None
+                ) -> FinetuneConfig:
+    """A config from a file path or a mapping (a job's ``finetune:`` section); ``where``
+    names the origin in messages (default: the path, or ``finetune``)."""
+    if isinstance(source, dict):
+        cfg = from_dict(source, where or "finetune")
+    else:
+        path = Path(source)
+        cfg = from_dict(read_file(path), where or str(path))
+    if overrides:
+        apply_overrides(cfg, overrides)
+    return cfg
+
+
+def diff_resume_keys(saved: dict[str, Any], current: FinetuneConfig) -> list[str]:
+    """Keys of :data:`RESUME_KEYS` whose values differ: ``["method.rank: ..."]``."""
+    now = current.to_dict()
+    out = []
+    for key in RESUME_KEYS:
+        section, sub = key.split(".")
+        a, b = saved.get(section, {}).get(sub), now[section][sub]
+        if a != b:
+            out.append(f"{key}: checkpoint has {a!r}, config has {b!r}")
+    return out
+
+
+def options() -> list[tuple[str, Any, str]]:
+    """Every key as ``(name, default, meaning)``, in order: ``--help`` and the docs."""
+    rows = []
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((f"{name}.{f.name}", default, f.metadata["help"]))
+    out = FinetuneConfig.__dataclass_fields__["out"]
+    rows.append(("out", out.default, out.metadata["help"]))
+    return rows
+
+
+def describe_options() -> str:
+    """Every config key with its default and meaning, for ``--help``."""
+    return "\n".join(f"  {name:<26} {json.dumps(default):<10} {help}"
+                     for name, default, help in options())
