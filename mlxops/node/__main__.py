@@ -11,10 +11,12 @@ import sys
 from pathlib import Path
 
 from mlxops.node import protocol
+from mlxops.node.content import listing
 from mlxops.node.logs import read_logs
 from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
 from mlxops.node.protocol import bench as benchproto
+from mlxops.node.protocol import content as contentproto
 from mlxops.node.reach import reach
 from mlxops.node.ready import ready
 from mlxops.node.rundir import keep_checkpoints_up_to
@@ -34,6 +36,8 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
                      args.seconds)
     if args.cmd in benchproto.COMMANDS:
         return bench_answer(args)
+    if args.cmd == contentproto.CONTENT:
+        return listing(Path(args.dir), Path(args.cache), args.hash)
     if args.cmd == protocol.SAMPLE:
         return sample(Path(args.run_dir) if args.run_dir else None, with_status=args.status,
                       metrics_from=args.metrics_from, metrics_inode=args.metrics_inode,

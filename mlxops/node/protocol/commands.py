@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxops.node.protocol import bench
+from mlxops.node.protocol import bench, content
 from mlxops.node.protocol.layout import LAUNCHER
 
 PREFLIGHT, SPAWN, STATUS = "preflight", "spawn", "status"
@@ -173,6 +173,7 @@ def parser() -> argparse.ArgumentParser:
     reach.add_argument("--peers", nargs="*", default=[], help="name=ip:port,port ...")
     reach.add_argument("--seconds", type=float, default=10.0)
     bench.add_parsers(sub)
+    content.add_parsers(sub)
     _add_monitor_parsers(sub)
     return p
 

@@ -134,6 +134,14 @@ KERNEL_CACHE = f"{CACHE}/{MLX_TMP}"
 START_LINE = "mlxops: started"
 
 
+#: Under ``mlxops_root``: directories of large files a job reads (prepared token shards, a
+#: base model), one per directory on the controller (``jobs/content.py`` names them).
+DATA_DIR = "data"
+#: The node's sha256 of each file under them, by path, size, mtime and inode
+#: (``node/content.py``): a launch hashes only what changed since the last one.
+CONTENT_HASHES = f"{CACHE}/content-hashes.json"
+
+
 def run_path(name: str) -> str:
     """``runs/<name>``: a job's run directory, relative to ``mlxops_root``."""
     return f"{RUNS_DIR}/{name}"
