@@ -8,6 +8,8 @@ The ``trainer:`` section is parsed once, here, by the trainer's own rules
 check, the rank files, the record) takes that :class:`TrainerConfig`, never the mapping.
 What needs the job's hosts, and so its number of ranks, is checked once they are known
 (:func:`check_world`); the ranks' own copy gets ``train.balance`` (:func:`rank_config`).
+A ``finetune:`` section is parsed the same way, by the fine-tuning config's own rules
+(:mod:`mlxops.jobs.finetune`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.errors import bad_input
+from mlxops.finetune.config import FinetuneConfig
+from mlxops.jobs import finetune as finetune_section
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer.config import TrainerConfig
@@ -31,7 +35,7 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance"}
+            "restart", "port", "stop_grace", "blas", "alerts", "balance", "finetune"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -82,7 +86,16 @@ class JobSpec:
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
     balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
-    finetune: Any = None                       # the finetune: section (issue 18), parsed
+    finetune: FinetuneConfig | None = None     # or fine-tuning (docs/finetune.md)
+
+    @property
+    def total_steps(self) -> int | None:
+        """The run's steps when mlxops knows them (its own trainer or fine-tuning)."""
+        if self.trainer is not None:
+            return self.trainer.train.steps
+        if self.finetune is not None and not self.finetune.train.epochs:
+            return self.finetune.train.steps
+        return None
 
     @property
     def needs_mlx_lm(self) -> bool:
@@ -139,12 +152,15 @@ def load_job(path: str | Path) -> JobSpec:
     if backend not in BACKENDS:
         raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
-    trainer, command = data.get("trainer"), data.get("command")
-    if (trainer is None) == (command is None):
+    trainer, command, finetune = data.get("trainer"), data.get("command"), data.get("finetune")
+    if sum(x is not None for x in (trainer, command, finetune)) != 1:
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
-                                         "trainer) or 'command:' (your own program)")
+                                         "trainer), 'finetune:' (fine-tuning a model) or "
+                                         "'command:' (your own program)")
     if trainer is not None:
         trainer = parse_trainer(path, trainer)
+    if finetune is not None:
+        finetune = finetune_section.parse_finetune(path, finetune)
     if command is not None:
         command = _command_words(path, command)
     workdir = data.get("workdir")
@@ -175,22 +191,25 @@ def load_job(path: str | Path) -> JobSpec:
         stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=_alerts(path, data.get("alerts")),
-        balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
+        balance=_balance(path, data.get("balance", BALANCE_EQUAL),
+                         trainer is not None or finetune is not None),
+        finetune=finetune,
     )
 
 
 def _balance(path: Path, value: Any, trainer: bool) -> str | dict[str, float]:
     if value in (BALANCE_EQUAL, BALANCE_AUTO):
         if value == BALANCE_AUTO and not trainer:
-            raise bad_input(path, "balance", "goes with 'trainer:' (the bundled trainer "
-                                             "splits its batch); your 'command:' does its own")
+            raise bad_input(path, "balance", "goes with 'trainer:' or 'finetune:' (mlxops "
+                                             "splits their batch); your 'command:' does its "
+                                             "own")
         return value
     if not isinstance(value, dict) or not value:
         raise bad_input(path, "balance", f"must be equal, auto or a mapping of host: weight "
                                          f"(relative speed), got {value!r}")
     if not trainer:
-        raise bad_input(path, "balance", "goes with 'trainer:' (the bundled trainer splits "
-                                         "its batch); your 'command:' does its own")
+        raise bad_input(path, "balance", "goes with 'trainer:' or 'finetune:' (mlxops "
+                                         "splits their batch); your 'command:' does its own")
     out = {}
     for host, weight in value.items():
         if (not isinstance(weight, (int, float)) or isinstance(weight, bool)
@@ -344,6 +363,11 @@ def check_world(spec: JobSpec, world: int, rank_hosts: Sequence[str] | None = No
     ``mlxops_slots`` of its hosts, summed; ``rank_hosts``: the host of each rank, for the
     job's ``balance:``), by the trainer's own rule, before any rank starts:
     ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
+    if spec.finetune is not None:
+        balance = (rank_weights(spec, rank_hosts) if rank_hosts is not None
+                   else spec.balance if isinstance(spec.balance, str) else BALANCE_EQUAL)
+        finetune_section.check_world(spec.path, spec.finetune, balance, world, spec.hosts)
+        return
     if spec.trainer is None:
         return  # the user's own command: its rules are its own
     cfg = rank_config(spec, rank_hosts) if rank_hosts is not None else spec.trainer

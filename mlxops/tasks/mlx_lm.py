@@ -54,7 +54,7 @@ def mlx_lm_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     node_wheelhouse, problem = push_wheelhouse(ctx)
     if problem:
         return Outcome.failed(problem)
-    result = ctx.conn.run(install_command(facts, mlx_pin, ["numpy", mlx_lm_requirement(pin)],
+    result = ctx.conn.run(install_command(facts, mlx_pin, [mlx_lm_requirement(pin)],
                                           node_wheelhouse), timeout=PIP_TIMEOUT)
     if not result.ok:
         return Outcome.failed(f"installing {mlx_lm_requirement(pin)} (with "

@@ -33,6 +33,7 @@ LONG_REASON = "Longer than 400 lines because"
 ROOMS: list[tuple[str, ...]] = [
     ("node",),
     ("trainer",),
+    ("finetune",),  # synced too: fine-tuning on the trainer's modules (issue 18)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
      "devtools", "hostfacts", "readiness"),
     ("transport",),

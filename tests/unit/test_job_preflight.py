@@ -8,6 +8,7 @@ import pytest
 from node_answers import preflight_answer
 
 from mlxops.errors import UserError
+from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory.model import Host
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight, rdma_devices
@@ -16,7 +17,7 @@ from mlxops.node.protocol import Leftover
 from mlxops.trainer.config import TrainerConfig
 
 # A job's parsed finetune: section; pre-flight asks only whether there is one.
-FINETUNE = {"method": "lora"}
+FINETUNE = FinetuneConfig()
 
 
 def spec(backend: str = "ring") -> JobSpec:
