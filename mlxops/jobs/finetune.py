@@ -25,6 +25,8 @@ from typing import Any
 from mlxops.errors import bad_input
 from mlxops.finetune import config as finetune_config
 from mlxops.finetune.config import FinetuneConfig
+from mlxops.jobs.content import Content, any_directory, place
+from mlxops.transport import Connection
 
 SECTION = "finetune"
 #: What a base model directory must hold (the rest is the loader's business: mlx-lm's).
@@ -95,3 +97,23 @@ def check_world(path: Path, cfg: FinetuneConfig, balance: str | list[float], wor
     except finetune_config.ConfigError as exc:
         raise bad_input(path, None, f"{problem(exc)}; the hosts {hosts!r} give {world} "
                                     "ranks (their mlxops_slots)") from None
+
+
+# --- the model and the data on every node ---------------------------------------------------
+
+
+def contents(cfg: FinetuneConfig) -> list[Content]:
+    """The base model's and the data's directories, hashed on the controller (through
+    :func:`mlxops.jobs.content.any_directory`'s cache): once per launch, not per node."""
+    return [any_directory(Path(cfg.model.path)), any_directory(Path(cfg.data.path))]
+
+
+def place_contents(conn: Connection, python: str, root: str, wanted: list[Content]
+                   ) -> list[str]:
+    """Make the node's copies equal the controller's (only what differs travels); the
+    pre-flight problems of a copy that still differs (empty: every copy verified)."""
+    problems = []
+    for content in wanted:
+        _, left = place(conn, python, root, content)
+        problems += left
+    return problems

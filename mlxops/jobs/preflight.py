@@ -4,18 +4,22 @@ One pass over the hosts, in parallel: reachable; ``mlxops_root`` and the interpr
 resolved to absolute paths; code synced (only what changed travels); then, from every
 node's pre-flight answer (:class:`mlxops.node.protocol.PreflightAnswer`): the same mlx and
 Python everywhere (and mlx-lm, for a job that runs its code); the ring ports free (ring) or
-Open MPI found (mpi); no leftover rank of this job; and the checkpoint step a resume starts
-from. Nothing is started anywhere unless every host passes. The node's side: docs/node-protocol.md.
+Open MPI found (mpi); no leftover rank of this job; the checkpoint step a resume starts
+from; and, for a ``finetune:`` job, the base model and the data placed under the node root
+(:mod:`mlxops.jobs.content`: only what differs travels; a copy that still differs is
+refused). Nothing is started anywhere unless every host passes. The node's side:
+docs/node-protocol.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlxops import render
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
+from mlxops.jobs import finetune
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
@@ -37,6 +41,8 @@ class HostPrep:
     root: str
     python: str
     answer: protocol.PreflightAnswer
+    # A copy of the job's content (a fine-tuning model, its data) that still differs.
+    content_problems: list[str] = field(default_factory=list)
 
 
 def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
@@ -66,6 +72,7 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
     """Ask every host, syncing the code on the way; the preps of those that answered."""
     _, roots, _ = code_bundle(spec)
     manifest_args = python_manifest_args(protocol.CODE_DIR, roots)
+    contents = finetune.contents(spec.finetune) if spec.finetune is not None else []
 
     def work(host) -> HostPrep:
         conn = connector.connect(host)
@@ -88,7 +95,8 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
             # The answer came from missing or older helpers: ask the ones just synced.
             answer = nodecmd.run_node(conn, python, paths.code,
                                       protocol.preflight_args(paths.run_dir, **questions))
-        return HostPrep(host, root, python, answer)
+        placed = finetune.place_contents(conn, python, root, contents) if contents else []
+        return HostPrep(host, root, python, answer, placed)
 
     results = run_parallel(hosts, work, forks=forks)
     return results, results.succeeded_values()
@@ -120,6 +128,7 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
                             "Thunderbolt 5; this node runs " + str(prep.answer.system))
     if spec.backend == protocol.MPI and ranks:
         problems += mpi_problems(preps, ranks[0].host)
+    problems += [line for prep in preps.values() for line in prep.content_problems]
     if problems:
         raise PreflightError("pre-flight failed: " + "; ".join(problems))
     steps = [set(p.answer.checkpoints) for p in preps.values()]

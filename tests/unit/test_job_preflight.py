@@ -98,3 +98,12 @@ def test_a_job_that_runs_mlx_lm_is_refused_where_mlx_lm_is_missing_or_differs():
         check_preflight(finetune, p, ranks, False)
     # The bundled trainer does not need it.
     assert check(a={"mlx_lm": None}, b={"mlx_lm": "0.31.0"}) is None
+
+
+def test_a_node_whose_copy_of_the_model_still_differs_is_refused():
+    p = preps(a={}, b={})
+    line = "b: /r/data/tiny-0123abcd differs from /m/tiny: model.safetensors: sha256 1a, want 2b"
+    p["b"].content_problems.append(line)
+    ranks = place_ranks([x.host for x in p.values()], 30000)
+    with pytest.raises(PreflightError, match=line):
+        check_preflight(spec(), p, ranks, False)
