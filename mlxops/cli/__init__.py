@@ -35,6 +35,7 @@ COMMAND_MODULES = [
     "hostfile",
     "provision",
     "jobs",
+    "fetch",
     "plan",
     "check",
     "bench",
