@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,14 @@ def save(
     optimizer: dict[str, mx.array],
     state: dict[str, Any],
     keep: int,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
+    """Write the checkpoint of ``step`` atomically and keep the newest ``keep``.
+
+    ``extra(directory)`` writes further files into the checkpoint before it is renamed
+    into place (fine-tuning's adapters in mlx-lm's format): they appear with it or not
+    at all.
+    """
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / checkpoint_name(step)
     tmp = ckpt_dir / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
@@ -84,6 +92,8 @@ def save(
         json.dump(state, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+    if extra is not None:
+        extra(tmp)
     _fsync(tmp)
     if final.exists():  # a re-run of the same step (e.g. after a resume): replace it
         shutil.rmtree(final)

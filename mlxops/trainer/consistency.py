@@ -39,9 +39,14 @@ class Mismatch:
                 f"array{'s' if len(self.keys) > 1 else ''} ({where})")
 
 
-def state_items(model: object, optimizer: object) -> list[tuple[str, mx.array]]:
-    """Every array a rank trains with, named: the model's and the optimizer's."""
-    return ([(f"model.{k}", v) for k, v in tree_flatten(model.parameters())]
+def state_items(model: object, optimizer: object, trainable_only: bool = False
+                ) -> list[tuple[str, mx.array]]:
+    """Every array a rank trains with, named: the model's and the optimizer's.
+    ``trainable_only``: the model's trainable parameters alone (fine-tuning: the frozen
+    base weights are read from the same file on every node, and checking them would
+    read the whole model every time)."""
+    params = model.trainable_parameters() if trainable_only else model.parameters()
+    return ([(f"model.{k}", v) for k, v in tree_flatten(params)]
             + [(f"optimizer.{k}", v) for k, v in tree_flatten(optimizer.state)])
 
 
@@ -103,9 +108,10 @@ def from_rank_zero(arrays: list[mx.array], group: mx.distributed.Group) -> list[
     return result
 
 
-def repair(model: object, optimizer: object, group: mx.distributed.Group) -> None:
+def repair(model: object, optimizer: object, group: mx.distributed.Group,
+           trainable_only: bool = False) -> None:
     """Make every rank's model and optimizer state rank 0's, in place."""
-    items = state_items(model, optimizer)
+    items = state_items(model, optimizer, trainable_only)
     fixed = from_rank_zero([a for _, a in items], group)
     named = dict(zip([k for k, _ in items], fixed, strict=True))
     params = [(k[len("model."):], v) for k, v in named.items() if k.startswith("model.")]

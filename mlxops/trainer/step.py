@@ -8,6 +8,11 @@ mlx-lm loop does. With accumulation above 1 each micro-batch's forward/backward 
 compiled function evaluated on its own (one micro-batch's activations at a time), and a
 compiled ``apply`` reduces and updates.
 
+The loss is the trainer's (:func:`~mlxops.trainer.model.loss_fn` over ``(x, y)``) unless
+another is given: fine-tuning (:mod:`mlxops.finetune`) passes its own, over its own batch
+arrays, and its adapters' dropout makes the RNG state part of the compiled state
+(``random=True``).
+
 Either way a step makes one chain of collectives (:func:`mean_over_ranks`): the gradients
 and a small float32 vector of step statistics (the loss, and a flag saying this rank
 computed its gradients). A rank that runs out of memory before its collectives
@@ -18,6 +23,7 @@ round trip, that the step must be undone and redone with a smaller micro-batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -109,8 +115,11 @@ class Steps:
 
     def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
                  group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
-                 wire: mx.Dtype = mx.float32, scale: float = 1.0):
+                 wire: mx.Dtype = mx.float32, scale: float = 1.0,
+                 loss: Callable[..., mx.array] = loss_fn, random: bool = False):
         self.model, self.optimizer, self.group = model, optimizer, group
+        #: ``loss(model, *batch)``: the scalar whose gradients the step takes.
+        self.loss = loss
         self.compute_dtype, self.grad_clip, self.wire = compute_dtype, grad_clip, wire
         #: This rank's weight in the mean over ranks (trainer/balance.py); 1.0 when every
         #: rank takes as many sequences as the others.
@@ -118,6 +127,8 @@ class Steps:
         #: What the compiled functions read and write besides their arguments; the
         #: containers are updated in place (see :func:`assign`), never replaced.
         self.state = [model.state, optimizer.state]
+        if random:  # the step draws random numbers (dropout): the key is state too
+            self.state.append(mx.random.state)
         self._value_and_grad = mx.value_and_grad(self._loss)
         compiled = partial(mx.compile, inputs=self.state, outputs=self.state)
         self.fused = compiled(self._fused)
@@ -125,17 +136,17 @@ class Steps:
         self.next = compiled(self._next)
         self.apply = compiled(self._apply)
 
-    def _loss(self, params: dict, x: mx.array, y: mx.array) -> mx.array:
+    def _loss(self, params: dict, *batch: mx.array) -> mx.array:
         if self.compute_dtype != mx.float32:
             # bf16 compute: cast a copy of the fp32 master weights; the cast is
             # differentiated, so the gradients come back in fp32.
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
         self.model.update(params)
-        return loss_fn(self.model, x, y)
+        return self.loss(self.model, *batch)
 
-    def _grads(self, x: mx.array, y: mx.array) -> tuple[mx.array, dict]:
+    def _grads(self, *batch: mx.array) -> tuple[mx.array, dict]:
         params = self.model.trainable_parameters()
-        loss, g = self._value_and_grad(params, x, y)
+        loss, g = self._value_and_grad(params, *batch)
         self.model.update(params)  # the fp32 master weights, not the bf16 copy
         return loss, g
 
@@ -152,16 +163,17 @@ class Steps:
         self.optimizer.update(self.model, g)
         return stats
 
-    def _fused(self, x: mx.array, y: mx.array) -> tuple[mx.array, dict]:
-        loss, g = self._grads(x, y)
+    def _fused(self, *batch: mx.array) -> tuple[mx.array, dict]:
+        loss, g = self._grads(*batch)
         # The local gradients are an output too: evaluating them first splits the step's
         # time into compute and all-reduce+update where it is logged (same graph, so the
         # same numbers as when it is evaluated at once).
         return self._update(g, loss), g
 
-    def _next(self, x: mx.array, y: mx.array, loss_sum: mx.array, acc: dict
-              ) -> tuple[mx.array, dict]:
-        loss, g = self._grads(x, y)
+    def _next(self, *batch_then_sums: Any) -> tuple[mx.array, dict]:
+        """``next(*batch, loss_sum, acc)``: one more micro-batch added to the sums."""
+        *batch, loss_sum, acc = batch_then_sums
+        loss, g = self._grads(*batch)
         return loss_sum + loss, tree_map(mx.add, acc, g)
 
     def _apply(self, loss_sum: mx.array, acc: dict, accum: mx.array) -> mx.array:

@@ -7,7 +7,7 @@ a floor when neither needs the other above it). The order, as the code is:
 
 - the synced rooms first: ``node`` (the node's helpers) and ``trainer`` (it reads the node
   protocol) run on every node with the standard library, mlx and numpy only, so they can
-  import nothing of the controller;
+  import nothing of the controller; ``finetune`` (mlx-lm too) builds on the trainer;
 - then the controller's helpers that know of no host (quoting, errors, files, YAML, tar);
 - then getting commands to hosts (``transport``, with the node-command runner), the
   inventory, the provisioning tasks and plays, the jobs, the bench, the planning that reads
@@ -33,7 +33,7 @@ LONG_REASON = "Longer than 400 lines because"
 ROOMS: list[tuple[str, ...]] = [
     ("node",),
     ("trainer",),
-    ("finetune",),  # synced too: fine-tuning on the trainer's modules (issue 18)
+    ("finetune",),  # fine-tuning, synced beside the trainer: it builds on it (and mlx-lm)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
      "devtools", "hostfacts", "readiness"),
     ("transport",),

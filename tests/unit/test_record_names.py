@@ -45,7 +45,8 @@ SPELLED = re.compile(
     r"|\bMLXOPS_(WORLD_SIZE|LOCAL_RANK|BACKEND|RUN_DIR|RESUME|HOST)\b"
     r"|\bMLX_(RANK|HOSTFILE|IBV_DEVICES|JACCL_COORDINATOR|JACCL_RING|MPI_LIBNAME)\b")
 #: Not the node root: the trainer's default ``out``, relative to wherever it is run.
-NOT_THE_NODE_ROOT = {("trainer/config.py", "runs/default")}
+NOT_THE_NODE_ROOT = {("trainer/config.py", "runs/default"),
+                     ("finetune/config.py", "runs/finetune")}
 
 
 def test_the_node_root_and_the_rank_environment_are_spelt_in_the_protocol_only():
@@ -68,7 +69,8 @@ SHARED_WITH_OTHER_RECORDS = {"step", "time", "loss", "tokens_per_sec", "compute_
 
 def test_the_metrics_line_fields_are_spelt_in_its_definition_only():
     own = set(METRICS_FIELDS) - SHARED_WITH_OTHER_RECORDS
-    assert own == {"step_time", "active_memory", "planned_memory"}
+    assert own == {"step_time", "active_memory", "planned_memory", "val_loss",
+                   "trainable_params"}
     found = [(p, line, text) for p in modules(but=(PROTOCOL / "metrics.py",))
              for line, text in literals(p) if text in own]
     assert where(found) == []

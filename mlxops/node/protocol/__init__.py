@@ -81,6 +81,7 @@ from mlxops.node.protocol.decode import (
     decode,
 )
 from mlxops.node.protocol.layout import (
+    BEST_DIR,
     CACHE,
     CALIBRATION,
     CKPT_DIR,
@@ -159,8 +160,9 @@ __all__ = [
     "JOB_STATES", "ENDED_STATES", "PROGRESS_STATES", "LAUNCHER", "STOPPED_MARKER", "PROGRESS_DIR",
     "METRICS", "CALIBRATION", "TRAINER_CONFIG", "RING_HOSTFILE", "IBV_DEVICES", "CKPT_DIR",
     "FINETUNE_CONFIG",
-    "LATEST", "CKPT_PREFIX", "CKPT_STATE", "CKPT_MODEL", "CKPT_OPTIMIZER", "CKPT_FILES", "SCRIPT",
-    "PID", "LOG", "EXIT", "stem", "process_file", "progress_file", "rank_of_script",
+    "BEST_DIR", "LATEST", "CKPT_PREFIX", "CKPT_STATE", "CKPT_MODEL", "CKPT_OPTIMIZER",
+    "CKPT_FILES", "SCRIPT", "PID", "LOG", "EXIT", "stem", "process_file", "progress_file",
+    "rank_of_script",
     "checkpoint_name", "checkpoint_step", "checkpoint_complete", "complete_checkpoints",
     "CODE_DIR", "RUNS_DIR", "TMP_DIR", "MLX_TMP", "CACHE", "KERNEL_CACHE", "START_LINE",
     "run_path", "kernel_cache_path", "rank_glob", "attempt_files", "ProtocolError", "Record",

@@ -24,6 +24,9 @@ FINETUNE_CONFIG = "finetune.json"  # a finetune: job's config (mlxops.finetune's
 RING_HOSTFILE = "hostfile.json"
 IBV_DEVICES = "ibv_devices.json"
 CKPT_DIR = "ckpt"
+#: Fine-tuning: the checkpoint with the lowest validation loss so far, written like those
+#: of ``ckpt/`` (``best/step-XXXXXXXX/``, ``best/latest``), one kept (docs/finetune.md).
+BEST_DIR = "best"
 LATEST = "latest"               # ckpt/latest: the name of the newest checkpoint directory
 CKPT_PREFIX = "step-"
 CKPT_STATE = "state.json"

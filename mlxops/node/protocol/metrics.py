@@ -36,6 +36,10 @@ class MetricsLine(Record):
     consistency_repairs: int = 0         # weights repaired so far (train.consistency_every)
     batch_split: list[int] | None = None  # sequences of each global batch, by rank
     planned_memory: int | None = None    # the memory plan's peak for this rank (trainer/plan.py)
+    # Fine-tuning (mlxops/finetune): the validation loss where one ran at this step, and
+    # the parameters it trains (a LoRA's few, or whole blocks).
+    val_loss: float | None = None
+    trainable_params: int | None = None
 
     def line(self) -> str:
         """The record as the file's line (with its newline)."""
