@@ -13,6 +13,7 @@ from mlxops import console
 from mlxops.cli.options import connect_options, json_option
 from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.errors import EXIT_FAILED
+from mlxops.finetune.plan import FinetunePlan
 from mlxops.jobs.balance import balance_plan
 from mlxops.jobs.spec import load_job
 from mlxops.planning import NodePlan, plan_job, step_estimate
@@ -61,6 +62,8 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
         return []
     m = plans[0].plan
     lines = [f"chip: {chip}" for chip in _grouped({p.host: p.chip or "?" for p in plans})]
+    if isinstance(m, FinetunePlan):
+        return lines + finetune_notes(plans)
     lines.append(f"per rank: weights+moments {_size((4 + 8) * m.params)}")
     lines += [f"peak: {above}" for above in _grouped({
         p.host: f"backward +{_size(p.plan.activation_bytes)}, update "
@@ -77,6 +80,27 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
     else:  # balance: each host's ranks take their own share (the split below)
         lines.append(f"{m.params / 1e6:.1f}M parameters; the global batch is split "
                      f"unequally over {m.world_size} ranks (balance, below)")
+    return lines
+
+
+def finetune_notes(plans: Sequence[NodePlan]) -> list[str]:
+    """A fine-tuning rank's terms (mlxops/finetune/plan.py): what every node holds alike,
+    then each node's peak above it."""
+    m = plans[0].plan
+    base = (f"{m.quantized_bits}-bit, " if m.quantized_bits else "") + _size(m.base_bytes)
+    lines = [f"per rank: base weights {base}; trainable {m.trainable_params / 1e6:.3g}M "
+             f"parameters {_size(m.trainable_bytes)}, gradients {_size(m.grad_bytes)}, "
+             f"optimizer state {_size(m.optimizer_bytes)}"]
+    lines += [f"peak: {above}" for above in _grouped({
+        p.host: f"activations at {p.plan.seq_len} tokens x micro-batch "
+                f"{p.plan.micro_batch} +{_size(p.plan.activation_bytes)}, update "
+                f"+{_size(p.plan.update_bytes)}" for p in plans})]
+    lines += [f"budget: {source}" for source in _grouped({
+        p.host: "MLX's recommended working set" if p.plan.budget_from == "working set"
+        else "80% of memory (no GPU working set reported)" for p in plans})]
+    lines.append(f"{m.params / 1e6:.1f}M parameters in the base model; each rank's "
+                 f"examples a step = micro-batch {m.micro_batch} x accumulation "
+                 f"{m.accumulation}, over {m.world_size} ranks")
     return lines
 
 
