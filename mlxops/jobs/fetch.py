@@ -6,10 +6,11 @@ adapters of ``lora`` / ``dora``, the trained blocks of ``full``) and
 ``adapter_config.json``, as the run wrote them into a checkpoint
 (:mod:`mlxops.finetune.model`). Which checkpoint:
 
-* ``best``: ``<run>/best/``, the weights of the lowest validation loss;
-* a step: ``<run>/ckpt/step-<N>/``;
 * by default the newest: the checkpoint ``ckpt/latest`` names when it is complete (has
-  its ``state.json``), else the newest one that is.
+  its ``state.json``), else the newest one that is;
+* ``best``: the same under ``<run>/best/``, where the run keeps the checkpoint of the
+  lowest validation loss (``best/step-<N>/`` and its ``latest``);
+* a step: ``<run>/ckpt/step-<N>/``.
 
 The node is asked in one POSIX ``sh`` command (the directory chosen there, so the answer
 is what the node holds now), whose output is the chosen directory's name, then the files
@@ -38,7 +39,6 @@ from mlxops.transport import Connector
 ADAPTERS, ADAPTER_CONFIG = "adapters.safetensors", "adapter_config.json"
 #: What is fetched (into the output directory) and what is read on the way (the step).
 FETCHED = (ADAPTERS, ADAPTER_CONFIG)
-BEST_DIR = "best"
 #: The answer's first line, before the tar's base64.
 MARK = "@@mlxops:fetch "
 #: Exit code of the node's command when it has no such checkpoint (not a failure of it).
@@ -59,32 +59,29 @@ class Fetched:
     out: Path
 
 
-def which_dir(best: bool = False, step: int | None = None) -> str | None:
-    """The run-relative directory asked for; None: the newest complete checkpoint."""
+def which_dir(best: bool = False, step: int | None = None) -> tuple[str, int | None]:
+    """``(directory, step)``: where the checkpoints asked for are (``ckpt`` or ``best``,
+    run-relative), and the step (None: the newest complete one there)."""
     if best and step is not None:
         raise UserError("--best and --step: choose one")
-    if best:
-        return BEST_DIR
-    if step is not None:
-        return f"{protocol.CKPT_DIR}/{protocol.checkpoint_name(step)}"
-    return None
+    return (protocol.BEST_DIR if best else protocol.CKPT_DIR), step
 
 
-def fetch_command(run_dir: str, source: str | None) -> str:
+def fetch_command(run_dir: str, where: str, step: int | None = None) -> str:
     """The node's side: choose the directory, check it holds the adapters, send them."""
-    ckpt = protocol.CKPT_DIR
-    if source is None:
-        # ckpt/latest names the newest when it is complete; else the newest that is.
-        choose = (f'd=; n=$(cat {ckpt}/{protocol.LATEST} 2>/dev/null) && '
-                  f'[ -f "{ckpt}/$n/{protocol.CKPT_STATE}" ] && d="{ckpt}/$n"; '
-                  f'if [ -z "$d" ]; then for c in {ckpt}/{protocol.CKPT_PREFIX}*; do '
+    base = shell.quote(where)
+    if step is None:
+        # <where>/latest names the newest when it is complete; else the newest that is.
+        choose = (f'd=; n=$(cat {base}/{protocol.LATEST} 2>/dev/null) && '
+                  f'[ -f "{where}/$n/{protocol.CKPT_STATE}" ] && d={base}/"$n"; '
+                  f'if [ -z "$d" ]; then for c in {base}/{protocol.CKPT_PREFIX}*; do '
                   f'[ -f "$c/{protocol.CKPT_STATE}" ] && d=$c; done; fi; ')
     else:
-        choose = f"d={shell.quote(source)}; "
+        choose = f"d={shell.quote(f'{where}/{protocol.checkpoint_name(step)}')}; "
     files = " ".join(shell.quote(f) for f in FETCHED)
     return (f"cd {shell.quote(run_dir)} || exit {NOT_THERE}; {choose}"
             f'[ -n "$d" ] && [ -f "$d/{ADAPTERS}" ] && [ -f "$d/{ADAPTER_CONFIG}" ] || '
-            f'{{ echo "no adapters in ${{d:-{ckpt}/}}" >&2; exit {NOT_THERE}; }}; '
+            f'{{ echo "no adapters in ${{d:-{where}/}}" >&2; exit {NOT_THERE}; }}; '
             f"s=; [ -f \"$d/{protocol.CKPT_STATE}\" ] && s={shell.quote(protocol.CKPT_STATE)}; "
             f"printf '{MARK}%s\\n' \"$d\" && "
             f'tar -cf - -C "$d" {files} $s | base64')
@@ -137,14 +134,14 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
     if record.job is None or record.job.get("finetune") is None:
         raise UserError(f"job {record.name!r} is not a fine-tuning job (finetune:): it has "
                         "no adapters to fetch")
-    source = which_dir(best, step)
+    where, step = which_dir(best, step)
     hosts = inventory_hosts(record)
     order = list(dict.fromkeys(r.host for r in sorted(record.ranks, key=lambda r: r.rank)))
     misses = []
     for name in order:
         h = record.host(name)
         result = connector.connect(hosts[name]).run(
-            fetch_command(h.paths(record.name).run_dir, source), timeout=FETCH_TIMEOUT)
+            fetch_command(h.paths(record.name).run_dir, where, step), timeout=FETCH_TIMEOUT)
         if result.exit_code == NOT_THERE:
             misses.append(f"{name}: {result.error_line()}")
             continue
@@ -152,5 +149,6 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
             raise FetchError(f"{name}: fetching failed: {result.error_line()}")
         directory, files = parse_answer(result.stdout)
         return Fetched(name, directory, step_of(files), write_out(files, out), out)
-    asked = source or "the newest checkpoint"
+    asked = (f"{where}/{protocol.checkpoint_name(step)}" if step is not None
+             else f"a checkpoint in {where}/")
     raise FetchError(f"no host of job {record.name!r} has {asked}: " + "; ".join(misses))
