@@ -89,7 +89,7 @@ class OptimizerSection:
 class TrainSection:
     steps: int = _f(1000, "optimizer steps in total (the schedule spans them); see epochs")
     epochs: int = _f(0, "when above 0: train this many passes over train.jsonl instead "
-                     "(steps = ceil(epochs x examples / global_batch))")
+                     "(epochs x its full global batches)")
     stop_at: int = _f(0, "stop after this step, leaving the run resumable; 0 = the last")
     global_batch: int = _f(4, "examples per optimizer step, over all ranks")
     accumulation: int = _f(1, "micro-batches each rank cuts its share into (one "
@@ -122,8 +122,8 @@ class FinetuneConfig:
     data: DataSection = field(default_factory=DataSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     train: TrainSection = field(default_factory=TrainSection)
-    out: str = _f("runs/finetune", "run directory: metrics.jsonl, progress/, ckpt/, best/, "
-                  "adapters/")
+    out: str = _f("runs/finetune", "run directory: metrics.jsonl, progress/, ckpt/ and best/ "
+                  "(each checkpoint holds its adapters in mlx-lm's format)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

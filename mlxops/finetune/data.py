@@ -18,8 +18,10 @@ splits only equally. Rank r takes the contiguous slice after the first r ranks' 
 ``1 + 32k`` tokens, at most ``max_seq_len``) with ``(offset, length)`` per row: the
 arguments of mlx-lm's ``default_loss``.
 
-The data cursor a checkpoint records is ``{"epoch", "batch"}`` of the next step (minimal;
-a data source with its own cursor can replace it).
+The shuffle and the cursor are the trainer's (:mod:`mlxops.trainer.cursor`): here a
+"window" is one length-sorted batch, so ``EpochOrder`` over the batches gives step ``s``
+its batch, and the checkpoint's ``DataCursor`` is ``(sample = steps done, epoch, shard 0,
+position = the next batch, seed)``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mlxops.trainer.cursor import DataCursor, EpochOrder
 
 from .config import ConfigError, FinetuneConfig
 
@@ -48,8 +52,9 @@ class Examples:
         return len(self.tokens)
 
 
-def load_examples(cfg: FinetuneConfig, tokenizer: Any) -> tuple[Examples, Examples]:
-    """``(train, valid)`` of ``data.path`` through mlx-lm's datasets; valid may be empty."""
+def load_examples(cfg: FinetuneConfig, tokenizer: Any) -> tuple[Examples, Examples, int]:
+    """``(train, valid, left out)`` of ``data.path`` through mlx-lm's datasets (valid may
+    be empty); left out: the examples with no token to learn (every target masked)."""
     from mlx_lm.tuner.datasets import load_local_dataset
 
     path = Path(cfg.data.path or "")
@@ -60,14 +65,24 @@ def load_examples(cfg: FinetuneConfig, tokenizer: Any) -> tuple[Examples, Exampl
         train, valid, _ = load_local_dataset(path, tokenizer, options)
     except ValueError as e:  # mlx-lm's: an unknown format, masking a text dataset
         raise ConfigError(f"{path}: data.path: {str(e).splitlines()[0]}") from None
-    parts = []
+    parts, dropped = [], 0
     for name, dataset in (("train", train), ("valid", valid)):
-        parts.append(Examples([dataset.process(dataset[i]) for i in range(len(dataset))]))
+        rows = [dataset.process(dataset[i]) for i in range(len(dataset))]
+        # An example whose every target is masked (a prompt as long as max_seq_len) would
+        # make default_loss divide by zero: it teaches nothing, so it is left out.
+        kept = [r for r in rows if _targets(len(r[0]), r[1], cfg.train.max_seq_len) > 0]
+        dropped += len(rows) - len(kept)
+        parts.append(Examples(kept))
         if name == "train" and len(parts[0]) < cfg.train.global_batch:
             raise ConfigError(f"{path / 'train.jsonl'}: train.global_batch: "
                               f"{cfg.train.global_batch} examples per step, but the file "
                               f"has {len(parts[0])}")
-    return parts[0], parts[1]
+    return parts[0], parts[1], dropped
+
+
+def _targets(length: int, offset: int, max_seq_len: int) -> int:
+    """Tokens ``default_loss`` counts in one example (see :func:`token_count`)."""
+    return max(0, min(length, max_seq_len - 1) - max(offset, 1) + 1)
 
 
 def length_batches(examples: Examples, size: int) -> list[np.ndarray]:
@@ -98,26 +113,21 @@ class Cursor:
     """The global batch of every step, and each rank's share of it."""
 
     def __init__(self, examples: Examples, global_batch: int, seed: int, max_seq_len: int):
-        self.examples, self.seed, self.max_seq_len = examples, seed, max_seq_len
+        self.examples, self.max_seq_len = examples, max_seq_len
         self.batches = length_batches(examples, global_batch)
-        self._epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+        self.order = EpochOrder(len(self.batches), seed)
 
     @property
     def per_epoch(self) -> int:
         return len(self.batches)
 
-    def position(self, step: int) -> dict[str, int]:
-        """The cursor of the step after ``step`` (what a checkpoint at ``step`` records)."""
-        epoch, batch = divmod(step, self.per_epoch)
-        return {"epoch": epoch, "batch": batch}
+    def position(self, step: int) -> DataCursor:
+        """The cursor after ``step`` steps (what a checkpoint at ``step`` records)."""
+        return self.order.cursor(step, lambda batch: (0, batch))
 
     def global_rows(self, step: int) -> np.ndarray:
         """The example indices of step ``step`` (1-based, as the loop counts)."""
-        epoch, k = divmod(step - 1, self.per_epoch)
-        if epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._perm, self._epoch = rng.permutation(self.per_epoch), epoch
-        return self.batches[int(self._perm[k])]
+        return self.batches[self.order.window(step - 1)]
 
     def rank_rows(self, step: int, counts: list[int], rank: int) -> np.ndarray:
         start = sum(counts[:rank])

@@ -42,10 +42,13 @@ BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
 RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable"}
 #: ``alerts:``: the thresholds ``mlxops monitor``, the dashboard and the report flag
 #: (docs/job-file.md); 0 turns one off. Upper bound of each, and whether it is included.
-ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0}
+ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0,
+                  "val_loss_rise": 0.02}
 _ALERT_LIMITS = {"memory_share": (1.0, True, "a share of the node's memory from 0 to 1"),
                  "tokens_per_sec_drop": (1.0, False, "a fraction from 0 to below 1"),
-                 "heartbeat_age": (float("inf"), False, "a number of seconds")}
+                 "heartbeat_age": (float("inf"), False, "a number of seconds"),
+                 "val_loss_rise": (float("inf"), False, "a fraction of the best "
+                                   "validation loss")}
 #: ``balance:``: how the trainer splits the global batch over unequal nodes (docs/job-file.md):
 #: the trainer's own modes (``train.balance``), or a mapping of host: weight.
 BALANCE_EQUAL, BALANCE_AUTO = trainer_config.BALANCE_EQUAL, trainer_config.BALANCE_AUTO
@@ -260,7 +263,8 @@ def _alerts(path: Path, data: Any) -> dict[str, float]:
         return dict(ALERT_DEFAULTS)
     if not isinstance(data, dict):
         raise bad_input(path, "alerts", "must be a mapping (memory_share, "
-                                        "tokens_per_sec_drop, heartbeat_age)")
+                                        "tokens_per_sec_drop, heartbeat_age, "
+                                        "val_loss_rise)")
     out = dict(ALERT_DEFAULTS)
     for key, value in data.items():
         if key not in ALERT_DEFAULTS:

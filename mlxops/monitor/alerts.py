@@ -7,7 +7,9 @@ and the report flag the same things:
 * ``tokens_per_sec_drop``: the global tokens/s of the last three metrics lines (their
   median) fell below ``1 - drop`` times the median of up to 50 lines before them;
 * ``heartbeat_age``: a running rank's heartbeat is older than it (seconds), before the
-  watchdog's ``stall_timeout`` calls it stalled.
+  watchdog's ``stall_timeout`` calls it stalled;
+* ``val_loss_rise``: the validation loss rose more than this fraction above its best while
+  the training loss fell (the rule is trainer/validation.py's, shared with the trainer).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from mlxops.jobs.spec import ALERT_DEFAULTS
 from mlxops.node.protocol import RUNNING, STALLED
+from mlxops.trainer.validation import overfitting
 
 RECENT, BASELINE = 3, 50   # metrics lines: the "now" and the "usual" of tokens/s
 
@@ -39,9 +42,21 @@ def tokens_drop(tokens_per_sec: Sequence[float | None], drop: float
     return (now, usual) if usual > 0 and now < (1 - drop) * usual else None
 
 
+def val_rise(metrics: Mapping[str, Sequence[Any]], rise: float) -> str | None:
+    """The over-fitting alert's message from the metrics' columns (``step``, ``loss``,
+    ``val_loss``; lines without a validation loss have None there), or None."""
+    steps, losses = metrics.get("step", []), metrics.get("loss", [])
+    vals = metrics.get("val_loss") or [None] * len(steps)
+    evaluations = [(s, v) for s, v in zip(steps, vals, strict=True) if v is not None]
+    found = overfitting(evaluations, list(zip(steps, losses, strict=True)), rise)
+    return found.message() + f" (alert at +{rise:.0%})" if found else None
+
+
 def evaluate(limits: Mapping[str, float], sample: Mapping[str, Any] | None,
-             tokens_per_sec: Sequence[float | None]) -> list[dict[str, Any]]:
-    """The alerts of a running job: ``{kind, message, host?, rank?}``, most urgent first."""
+             tokens_per_sec: Sequence[float | None],
+             metrics: Mapping[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
+    """The alerts of a running job: ``{kind, message, host?, rank?}``, most urgent first.
+    ``metrics``: the metrics' columns, for the validation alert."""
     if not sample or sample.get("state") not in (RUNNING, STALLED):
         return []
     found: list[dict[str, Any]] = []
@@ -66,4 +81,7 @@ def evaluate(limits: Mapping[str, float], sample: Mapping[str, Any] | None,
                       "message": f"tokens/s {now:,.0f}, down {1 - now / usual:.0%} from "
                                  f"{usual:,.0f} (alert at "
                                  f"{limits['tokens_per_sec_drop']:.0%})"})
+    rising = val_rise(metrics or {}, limits.get("val_loss_rise", 0))
+    if rising:
+        found.append({"kind": "val_loss_rise", "message": rising})
     return found

@@ -202,6 +202,6 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
         "restarts": restarts(record, metrics),
         "ranks": ranks,
         "nodes": nodes,
-        "alerts": alerts.evaluate(limits, last, cols["tokens_per_sec"]),
+        "alerts": alerts.evaluate(limits, last, cols["tokens_per_sec"], cols),
         **(extras or {}),
     }

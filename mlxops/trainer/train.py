@@ -405,3 +405,7 @@ class Trainer:
 
 def train(cfg: TrainerConfig, resume: bool = False) -> None:
     Trainer(cfg, resume).run()
+
+
+#: Public for fine-tuning's loop (mlxops/finetune/train.py), which backs off the same way.
+is_oom = _is_oom

@@ -101,7 +101,9 @@ BAD = [
     (with_(blas=True), "blas: must be auto or off, got True"),
     (with_(alerts=[0.9]), "alerts: must be a mapping (memory_share, tokens_per_sec_drop"),
     (with_(alerts={"memory": 0.9}), "alerts.memory: unknown key (known: heartbeat_age, "
-                                    "memory_share, tokens_per_sec_drop)"),
+                                    "memory_share, tokens_per_sec_drop, val_loss_rise)"),
+    (with_(alerts={"val_loss_rise": -1}), "alerts.val_loss_rise: must be a fraction of the "
+                                          "best validation loss (0: off), got -1"),
     (with_(alerts={"memory_share": 1.5}), "alerts.memory_share: must be a share of the node's "
                                           "memory from 0 to 1 (0: off), got 1.5"),
     (with_(alerts={"tokens_per_sec_drop": 1}), "alerts.tokens_per_sec_drop: must be a fraction"),
@@ -124,10 +126,11 @@ BAD = [
 
 def test_alerts_take_defaults_for_what_is_not_set_and_zero_turns_one_off(tmp_path):
     assert load_job(write(tmp_path, GOOD)).alerts == {
-        "memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0}
+        "memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0,
+        "val_loss_rise": 0.02}
     spec = load_job(write(tmp_path, with_(alerts={"memory_share": 0, "heartbeat_age": 12})))
     assert spec.alerts == {"memory_share": 0.0, "tokens_per_sec_drop": 0.5,
-                           "heartbeat_age": 12.0}
+                           "heartbeat_age": 12.0, "val_loss_rise": 0.02}
 
 
 @pytest.mark.parametrize("job,message", BAD, ids=[m for _, m in BAD])

@@ -36,6 +36,7 @@ def test_a_recorded_run_reads_whole():
                                                                   "batch_split",
                                                                   "planned_memory",
                                                                   "val_loss",
+                                                                  "val_perplexity",
                                                                   "trainable_params")])
 def test_a_missing_field_is_named(name):
     doc = LINE.to_dict()

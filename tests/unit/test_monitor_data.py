@@ -43,7 +43,7 @@ def test_the_finished_run_reads_back_whole(tmp_path, monkeypatch):
     assert node["host"] == "localhost" and 0 < node["memory_peak_share"] < 1
     assert doc["alerts"] == []   # ended: nothing to alert about now
     assert doc["job"]["alerts"] == {"memory_share": 0.02, "tokens_per_sec_drop": 0.5,
-                                    "heartbeat_age": 20.0}
+                                    "heartbeat_age": 20.0, "val_loss_rise": 0.02}
     assert doc["job"]["trainer"]["train"]["steps"] == 300
     json.dumps(doc)   # one JSON document
 
@@ -106,7 +106,7 @@ def test_one_slow_line_is_no_drop():
 
 def test_thresholds_of_a_record_without_alerts_are_the_defaults():
     assert alerts.thresholds(None) == {"memory_share": 0.9, "tokens_per_sec_drop": 0.5,
-                                       "heartbeat_age": 30.0}
+                                       "heartbeat_age": 30.0, "val_loss_rise": 0.02}
     assert alerts.thresholds({"alerts": {"heartbeat_age": 5}})["heartbeat_age"] == 5.0
 
 

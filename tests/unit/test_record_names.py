@@ -61,15 +61,16 @@ def test_the_node_root_and_the_rank_environment_are_spelt_in_the_protocol_only()
 #: (until each is a type of its own): the checkpoint's ``state.json`` (step, world_size,
 #: micro_batch, accumulation, consistency_repairs, batch_split), ``calibration.json``
 #: (batch_split), the report document's summary and series (docs/formats.md), the
-#: trainer's config (micro_batch, lr).
+#: trainer's config (micro_batch, lr), the monitor's series and alerts (val_loss).
 SHARED_WITH_OTHER_RECORDS = {"step", "time", "loss", "tokens_per_sec", "compute_time",
                              "comm_time", "peak_memory", "world_size", "micro_batch",
-                             "accumulation", "consistency_repairs", "batch_split", "lr"}
+                             "accumulation", "consistency_repairs", "batch_split", "lr",
+                             "val_loss"}
 
 
 def test_the_metrics_line_fields_are_spelt_in_its_definition_only():
     own = set(METRICS_FIELDS) - SHARED_WITH_OTHER_RECORDS
-    assert own == {"step_time", "active_memory", "planned_memory", "val_loss",
+    assert own == {"step_time", "active_memory", "planned_memory", "val_perplexity",
                    "trainable_params"}
     found = [(p, line, text) for p in modules(but=(PROTOCOL / "metrics.py",))
              for line, text in literals(p) if text in own]

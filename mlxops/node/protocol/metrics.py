@@ -36,9 +36,10 @@ class MetricsLine(Record):
     consistency_repairs: int = 0         # weights repaired so far (train.consistency_every)
     batch_split: list[int] | None = None  # sequences of each global batch, by rank
     planned_memory: int | None = None    # the memory plan's peak for this rank (trainer/plan.py)
-    # Fine-tuning (mlxops/finetune): the validation loss where one ran at this step, and
-    # the parameters it trains (a LoRA's few, or whole blocks).
-    val_loss: float | None = None
+    # Validation (train.eval_every): only on the lines of steps that evaluated.
+    val_loss: float | None = None        # mean loss over train.eval_batches validation batches
+    val_perplexity: float | None = None  # exp(val_loss) (trainer/validation.py)
+    # Fine-tuning (mlxops/finetune): the parameters it trains (a LoRA's few, or whole blocks).
     trainable_params: int | None = None
 
     def line(self) -> str:
@@ -50,7 +51,7 @@ class MetricsLine(Record):
 FIELDS = tuple(f.name for f in fields(MetricsLine))
 #: The fields the monitor keeps as series, one column each (docs/formats.md).
 SERIES = ("step", "time", "loss", "tokens_per_sec", "step_time", "compute_time",
-          "comm_time", "active_memory", "peak_memory", "world_size")
+          "comm_time", "active_memory", "peak_memory", "world_size", "val_loss")
 
 
 def read_line(text: str) -> MetricsLine | None:

@@ -1,0 +1,68 @@
+"""Helpers to run ``python -m mlxops.finetune`` as real processes: one, or local ring ranks
+(started as mlx.launch starts them, without its launcher: mlxops/devtools/local_ranks.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlxops.devtools.local_ranks import run_ranks
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
+
+#: A LoRA on every block of the tiny llama, 8 steps of 4 chat examples, a validation and a
+#: checkpoint every 4 steps, every step logged.
+TINY = {
+    "method": {"type": "lora", "rank": 4, "num_layers": -1},
+    "data": {"mask_prompt": True},
+    "optimizer": {"lr": 2e-3},
+    "train": {"steps": 8, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
+              "eval_batches": 1, "save_every": 4, "keep": 2, "log_every": 1},
+}
+
+
+def write_config(tmp: Path, out: Path, model_dir: Path, data_dir: Path, /,
+                 **sections: dict) -> Path:
+    cfg = json.loads(json.dumps(TINY))
+    cfg["model"], cfg["data"]["path"] = {"path": str(model_dir)}, str(data_dir)
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    cfg["out"] = str(out)
+    path = tmp / f"finetune-{out.name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def finetune_cmd(config: Path, *args: str) -> list[str]:
+    return [PY, "-m", "mlxops.finetune", "--config", str(config), *args]
+
+
+def env_with(extra: dict | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), **(extra or {})}
+
+
+def run_finetune(config: Path, *args: str, ranks: int = 1, env: dict | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run to completion; ``ranks > 1`` runs that many ring ranks on localhost."""
+    cmd = finetune_cmd(config, *args)
+    if ranks > 1:
+        return run_ranks(cmd, ranks, env=env_with(env), cwd=ROOT, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=env_with(env), cwd=ROOT, stdin=subprocess.DEVNULL)
+
+
+def curve(out: Path) -> dict[int, tuple[float, float | None]]:
+    """Step -> (training loss, validation loss or None), from metrics.jsonl."""
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in recs]
+    assert len(steps) == len(set(steps)), "a step was logged twice"
+    return {r["step"]: (r["loss"], r["val_loss"]) for r in recs}
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc

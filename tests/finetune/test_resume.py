@@ -1,0 +1,132 @@
+"""Issue 18's node side with real processes: a LoRA on a tiny model, 2 local ring ranks.
+
+Exact resume (stop + resume, kill -9) gives the uninterrupted run's loss curve bit for
+bit; fewer ranks, an unequal split and an out-of-memory back-off continue within float
+tolerance; the best checkpoint is kept; patience stops a run that stopped improving.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+from ft_procs import curve, ok, run_finetune, write_config
+
+from mlxops.node import protocol
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def straight(tiny, tmp_path_factory):
+    """8 steps on 2 ranks without a stop: the curve the others are held to."""
+    tmp = tmp_path_factory.mktemp("straight")
+    out = tmp / "straight"
+    ok(run_finetune(write_config(tmp, out, tiny.llama, tiny.data["chat"]), ranks=2))
+    return out
+
+
+def test_straight_run_learns_and_keeps_the_best(straight):
+    steps = curve(straight)
+    assert sorted(steps) == list(range(1, 9))
+    vals = [v for _, v in steps.values() if v is not None]
+    assert len(vals) == 2 and vals[1] < vals[0]  # validation loss falls
+    best = straight / protocol.BEST_DIR
+    assert (best / protocol.LATEST).read_text().strip() == "step-00000008"
+    state = json.loads((best / "step-00000008" / protocol.CKPT_STATE).read_text())
+    assert state["validation"] == {"best_loss": vals[1], "best_step": 8, "stale": 0,
+                                   "evaluations": 2}
+    assert state["data_position"] == {"sample": 8, "epoch": 0, "shard": 0,
+                                      "position": state["data_position"]["position"], "seed": 0}
+    line = json.loads((straight / protocol.METRICS).read_text().splitlines()[-1])
+    assert line["trainable_params"] > 0 and line["batch_split"] == [2, 2]
+
+
+def test_stop_and_resume_is_bitwise(straight, tiny, tmp_path):
+    out = tmp_path / "half"
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])
+    ok(run_finetune(config, "--set", "train.stop_at=4", ranks=2))
+    assert sorted(curve(out)) == [1, 2, 3, 4]
+    ok(run_finetune(config, "--resume", ranks=2))
+    assert curve(out) == curve(straight)
+
+
+def test_kill_9_and_resume_is_bitwise(straight, tiny, tmp_path):
+    out = tmp_path / "killed"
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])
+    result = {}
+    # Rank 1 made slower (sleeps, no change to the numbers) so that the kill lands between
+    # checkpoint 4 and the end.
+    runner = threading.Thread(target=lambda: result.update(proc=run_finetune(
+        config, ranks=2, env={"MLXOPS_TRAINER_FAKE_SLOW": "1:0.5"})))
+    runner.start()
+    progress = out / protocol.progress_file(1)
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline:
+            beat = json.loads(progress.read_text()) if progress.exists() else {}
+            if (out / "ckpt" / "step-00000004").exists() and beat.get("step", 0) >= 5:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("checkpoint 4 never came")
+        signal_pid = beat["pid"]  # rank 1, a process this test started
+        import os
+
+        os.kill(signal_pid, signal.SIGKILL)
+    finally:
+        runner.join()
+    assert result["proc"].returncode != 0
+    assert max(curve(out)) < 8
+    ok(run_finetune(config, "--resume", ranks=2))
+    assert curve(out) == curve(straight)
+
+
+def test_fewer_ranks_continue_within_tolerance(straight, tiny, tmp_path):
+    """``resume --exclude``'s case: the 2-rank checkpoint of step 4 resumed on 1 rank."""
+    out = tmp_path / "one"
+    shutil.copytree(straight / "ckpt", out / "ckpt")
+    (out / "ckpt" / protocol.LATEST).write_text("step-00000004\n")
+    shutil.rmtree(out / "ckpt" / "step-00000008")
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])
+    ok(run_finetune(config, "--resume"))
+    resumed, want = curve(out), curve(straight)
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for step in resumed:
+        for got, expected in zip(resumed[step], want[step], strict=True):
+            assert (got is None) == (expected is None)
+            if got is not None:
+                assert abs(got - expected) < TOLERANCE, (step, got, expected)
+
+
+def test_unequal_split_and_oom_back_off_within_tolerance(straight, tiny, tmp_path):
+    out = tmp_path / "unequal"
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"],
+                          train={"balance": [3, 1]})
+    proc = ok(run_finetune(config, ranks=2, env={"MLXOPS_TRAINER_FAKE_OOM": "0:3"}))
+    assert "out of memory at step 3 on some rank; accumulation 1 -> 2" in proc.stdout
+    got, want = curve(out), curve(straight)
+    assert sorted(got) == list(range(1, 9))
+    for step in got:
+        assert abs(got[step][0] - want[step][0]) < TOLERANCE, step
+    lines = [json.loads(x) for x in (out / protocol.METRICS).read_text().splitlines()]
+    assert {tuple(x["batch_split"]) for x in lines} == {(3, 1)}
+    assert lines[-1]["accumulation"] == 2
+
+
+def test_patience_stops_a_run_that_stopped_improving(tiny, tmp_path):
+    """SGD at 1e-30 leaves the adapters' output unchanged: the second validation is no
+    better than the first, and patience 1 ends the run there, with a checkpoint."""
+    out = tmp_path / "patient"
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"],
+                          optimizer={"name": "sgd", "lr": 1e-30},
+                          train={"eval_every": 2, "patience": 1, "save_every": 0})
+    proc = ok(run_finetune(config))
+    assert "patience: 1 validations without a loss below" in proc.stdout
+    assert sorted(curve(out)) == [1, 2, 3, 4]
+    assert (out / "ckpt" / protocol.LATEST).read_text().strip() == "step-00000004"
+    assert (out / protocol.BEST_DIR / protocol.LATEST).read_text().strip() == "step-00000002"
