@@ -146,3 +146,43 @@ def test_a_directory_that_is_not_a_model_is_named(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelError, match="no \\*.safetensors"):
         read_model(tmp_path)
+
+
+def test_mlxops_plan_plans_a_finetune_job_per_node_from_cached_facts(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    import yaml
+
+    from mlxops.cli.plan import plan_notes
+    from mlxops.hostfacts import HostFacts
+    from mlxops.jobs.spec import load_job
+    from mlxops.planning import plan_job, step_estimate
+    from mlxops.tasks.facts import save_facts
+    from mlxops.transport import Connector
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    model = write_model(tmp_path / "m", bits=4, dtype="BF16")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.jsonl").write_text("")
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        "a": {"ansible_host": "10.0.0.1", "mlxops_slots": 2},
+        "b": {"ansible_host": "10.0.0.2"}}}}))
+    (tmp_path / "job.yml").write_text(yaml.safe_dump({
+        "name": "ft", "inventory": "inv.yml", "finetune": {
+            "model": {"path": "m"}, "data": {"path": "d"}, "method": {"rank": 4},
+            "train": {"global_batch": 6, "eval_every": 0, "max_seq_len": 256}}}))
+    for host, gb in (("a", 64), ("b", 8)):   # illustrative sizes, cached as provision would
+        save_facts(host, replace(HostFacts.unknown(), memory_bytes=gb * 2**30, system="Linux"))
+    spec = load_job(tmp_path / "job.yml")
+    with Connector() as connector:   # every host's facts are cached: nothing is asked
+        plans, results = plan_job(spec, connector)
+    assert results.exit_code == 0 and [p.host for p in plans] == ["a", "b"]
+    a, b = (p.plan for p in plans)
+    assert (a.world_size, a.micro_batch, a.quantized_bits, a.seq_len) == (3, 2, 4, 256)
+    assert a.budget_bytes == int(64 * 2**30 * 0.8) // 2 and b.budget_bytes == int(8 * 2**30 * 0.8)
+    assert a.base_bytes == read_model(model).base_bytes and a.fits and b.fits
+    step = step_estimate(spec, plans)
+    assert step["gradient_bytes"] == a.trainable_bytes   # the all-reduce: adapters only
+    notes = plan_notes(plans)
+    assert any(n.startswith("per rank: base weights 4-bit, ") for n in notes), notes
+    assert any("activations at 256 tokens x micro-batch 2" in n for n in notes), notes
