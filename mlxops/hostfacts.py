@@ -37,6 +37,8 @@ class Interpreter:
     mlx: str | None
     # MLX's recommended GPU working set in bytes (a Mac's memory budget); None on the CPU.
     working_set: int | None = None
+    # The mlx-lm it has installed (package metadata); None: none. Fine-tuning needs it.
+    mlx_lm: str | None = None
 
     @classmethod
     def none(cls) -> Interpreter:

@@ -10,6 +10,11 @@ Per step, beside the compute (6 x parameters x tokens, per rank; attention's sco
 ``model.window`` bounds, apart: trainer/plan.py), the all-reduce of the
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
 t(S) = a + b*S, docs/formats.md, "mlxops bench --json").
+
+A ``finetune:`` job is planned by fine-tuning's own plan
+(:func:`mlxops.finetune.plan.plan_finetune`: base weights, quantized or not, adapters,
+optimizer state, activations at the sequence length), read from the base model's files on
+the controller; its all-reduce carries the trainable parameters' gradients only.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from mlxops.bench.results import latest_for, predict_us
 from mlxops.errors import UserError
+from mlxops.finetune.plan import FinetunePlan, ModelError, plan_finetune, read_model
 from mlxops.hostfacts import HostFacts
 from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.preflight import select_hosts
@@ -34,7 +40,7 @@ class NodePlan:
     memory_bytes: int
     chip: str
     ranks: int
-    plan: MemoryPlan
+    plan: MemoryPlan | FinetunePlan
     source: str            # "cached facts" or "asked now"
 
     def to_dict(self) -> dict[str, Any]:
@@ -46,9 +52,15 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
              split: BalancePlan | None = None) -> tuple[list[NodePlan], Results]:
     """``split``: the job's ``balance:`` (:func:`mlxops.jobs.balance.balance_plan`); a rank
     is planned with its own share of the global batch (the largest on its host)."""
-    if spec.trainer is None:
-        raise UserError(f"{spec.path}: trainer: 'mlxops plan' plans the bundled trainer; this "
-                        "job runs its own 'command:'")
+    if spec.trainer is None and spec.finetune is None:
+        raise UserError(f"{spec.path}: trainer: 'mlxops plan' plans the bundled trainer and "
+                        "fine-tuning; this job runs its own 'command:'")
+    shape = None
+    if spec.finetune is not None:
+        try:
+            shape = read_model(spec.finetune.model.path)
+        except ModelError as exc:
+            raise UserError(f"{spec.path}: finetune.model.path: {exc}") from None
     hosts = select_hosts(spec)
     world = sum(h.slots for h in hosts)
 
@@ -69,9 +81,14 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
             continue
         node, source = facts[host.name]
         memory = int(node.memory_bytes or 0)
-        plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
-                           per_rank=split.largest(host.name) if split else None,
-                           working_set=node.ranks_working_set)
+        per_rank = split.largest(host.name) if split else None
+        if shape is not None:
+            plan = plan_finetune(spec.finetune, shape, memory, world,
+                                 ranks_per_node=host.slots, per_rank=per_rank,
+                                 working_set=node.ranks_working_set)
+        else:
+            plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
+                               per_rank=per_rank, working_set=node.ranks_working_set)
         plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
     return plans, results
@@ -80,17 +97,26 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
 def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None:
     """One step per rank: its compute (6 x parameters x tokens, in GFLOP) and the all-reduce
     of its fp32 gradients predicted from the newest bench of these hosts (None: no bench)."""
-    if not plans or spec.trainer is None:
+    if not plans or (spec.trainer is None and spec.finetune is None):
         return None
     m = plans[0].plan
-    tokens = m.micro_batch * m.accumulation * spec.trainer.model.seq_len
-    nbytes = 4 * m.params
-    model = spec.trainer.model
+    if isinstance(m, FinetunePlan):
+        # Forward over every parameter, backward through the adapted ones: about 6 x
+        # params x tokens at most; the wire carries the trainable gradients alone.
+        tokens = m.micro_batch * m.accumulation * m.seq_len
+        nbytes = m.trainable_bytes
+    else:
+        tokens = m.micro_batch * m.accumulation * spec.trainer.model.seq_len
+        nbytes = 4 * m.params
     out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
-                           "attention_gflop": attention_flops_per_token(spec.trainer)
-                           * tokens / 1e9,
-                           "attended_keys": attended_keys(model.seq_len, model.window),
+                           "attention_gflop": None, "attended_keys": None,
                            "gradient_bytes": nbytes, "allreduce": None}
+    if spec.trainer is not None:
+        # The bundled model's attention (its window included); a fine-tuned model's is
+        # in its 6 x parameters estimate.
+        model = spec.trainer.model
+        out["attention_gflop"] = attention_flops_per_token(spec.trainer) * tokens / 1e9
+        out["attended_keys"] = attended_keys(model.seq_len, model.window)
     found = latest_for([p.host for p in plans])
     if found is not None:
         path, doc = found

@@ -15,6 +15,11 @@ what it read into :class:`Versions` and asks the same pure rules:
   have; a tie goes to the pin for mlx, else to the first host's. A host whose value
   differs is named with its value and the others'. Pre-flight compares mlx and Python
   only: its answer does not carry the macOS build.
+- **mlx-lm** (:func:`mlx_lm_findings`), only on the hosts that need it (their inventory
+  sets ``mlxops_mlx_lm``, or a job that runs mlx-lm's code, ``finetune:``, is checked):
+  each has mlx-lm, the pin when one is given (``mlxops_mlx_lm: <version>``, else the
+  controller's mlx-lm), and they agree with each other (the most common version; a tie
+  goes to the pin, else the first host's). Pre-flight gives no pin, as for mlx.
 
 A finding says who (``host``), what was found, against what, and the fix.
 """
@@ -30,6 +35,8 @@ from typing import Any
 from mlxops.hostfacts import HostFacts
 
 PROVISION = "run mlxops provision"
+MLX_LM_FIX = ("set mlxops_mlx_lm (true, or a version) for these hosts, then run mlxops "
+              "provision --tags mlx_lm")
 AGREE_FIX = ("make them agree (mlxops_mlx_version, the Python of mlxops_python, macOS "
              "updates), then run mlxops provision")
 #: What must agree across hosts, and how a finding names it.
@@ -55,6 +62,27 @@ def pin_source(host: Any) -> str:
     return "mlxops_mlx_version" if host.is_set("mlxops_mlx_version") else "controller"
 
 
+def controller_mlx_lm_version() -> str | None:
+    """mlx-lm's default pin: the version the controller has installed (metadata only)."""
+    try:
+        return metadata.version("mlx-lm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def mlx_lm_pin(host: Any) -> str | None:
+    """The mlx-lm a host must run: ``mlxops_mlx_lm: <version>``, else (``true``, or a job
+    that needs it) the controller's; None when neither says."""
+    asked = host.var("mlxops_mlx_lm")
+    return asked if isinstance(asked, str) else controller_mlx_lm_version()
+
+
+def mlx_lm_pin_source(host: Any) -> str:
+    """Where :func:`mlx_lm_pin` took the pin from, as a finding names it."""
+    return ("mlxops_mlx_lm" if isinstance(host.var("mlxops_mlx_lm"), str)
+            else "controller")
+
+
 def python_series(version: str | None) -> str | None:
     """``3.11.7`` -> ``3.11``: the part of a Python version that must agree."""
     parts = (version or "").split(".")
@@ -71,13 +99,14 @@ class Versions:
     mlx: str | None                # the mlx it imports; None: not importable
     system: str | None             # uname -s
     macos_build: str | None = None
+    mlx_lm: str | None = None      # the mlx-lm it has installed; None: none
 
     @classmethod
     def from_facts(cls, host: str, facts: HostFacts) -> Versions:
         """The interpreter jobs run (the venv provision made, else ``mlxops_python``)."""
         python = facts.interpreter()
         return cls(host, python.path, python.version, python.mlx, facts.system,
-                   facts.macos_build)
+                   facts.macos_build, python.mlx_lm)
 
     def agreed(self) -> dict[str, str | None]:
         """The values that must agree across hosts, keyed as :data:`AGREED`."""
@@ -110,6 +139,31 @@ def mlx_findings(node: Versions, pin: str | None = None, source: str = "controll
     if pin and node.mlx != pin:
         return [Finding(node.host, "mlx", f"mlx {node.mlx}", wanted, PROVISION)]
     return []
+
+
+def mlx_lm_findings(nodes: Sequence[Versions], pin: str | None = None,
+                    source: str = "controller") -> list[Finding]:
+    """mlx-lm on every one of ``nodes`` (the hosts that need it), the pin when one is
+    given, and the same version everywhere (see the module)."""
+    wanted = f"{source} {pin}" if pin else "needed here"
+    findings = []
+    for node in nodes:
+        if node.mlx_lm is None:
+            findings.append(Finding(node.host, "mlx_lm", f"mlx-lm not installed for "
+                                    f"{node.interpreter}", wanted, MLX_LM_FIX))
+        elif pin and node.mlx_lm != pin:
+            findings.append(Finding(node.host, "mlx_lm", f"mlx-lm {node.mlx_lm}", wanted,
+                                    MLX_LM_FIX))
+    installed = [n for n in nodes if n.mlx_lm is not None]
+    counts = Counter(n.mlx_lm for n in installed)
+    top = max(counts.values(), default=0)
+    leaders = [value for value, c in counts.items() if c == top]
+    expected = pin if pin in leaders else (leaders[0] if leaders else None)
+    for node in installed:
+        if node.mlx_lm != expected:
+            findings.append(Finding(node.host, "mlx_lm", f"mlx-lm {node.mlx_lm}",
+                                    f"others {expected}", MLX_LM_FIX))
+    return findings
 
 
 @dataclass(frozen=True)

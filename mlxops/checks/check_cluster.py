@@ -1,4 +1,5 @@
-"""Across the hosts: the same mlx, Python and macOS build; every pair reaching the other on
+"""Across the hosts: the same mlx, Python and macOS build; mlx-lm where it is needed;
+every pair reaching the other on
 the ring ports; mpirun at the same path when the backend is mpi; one real ``all_sum``
 across every rank. Each is asserted per host,
 so the table and JUnit name the host that differs."""
@@ -11,7 +12,16 @@ import pytest
 
 from mlxops.checks import when
 from mlxops.node import protocol
-from mlxops.readiness import Versions, agreement, findings_of, joined, pinned_version
+from mlxops.readiness import (
+    Versions,
+    agreement,
+    findings_of,
+    joined,
+    mlx_lm_findings,
+    mlx_lm_pin,
+    mlx_lm_pin_source,
+    pinned_version,
+)
 
 
 def _several(cluster, node) -> bool:
@@ -33,6 +43,27 @@ def check_versions_agree(node, cluster):
         pytest.skip("no other host answered to compare with")
     agreed = agreement(nodes, pinned_version(cluster.target.hosts[0]))
     findings = findings_of(agreed.findings, node.name)
+    if findings:
+        raise node.fail(*joined(findings))
+
+
+def _needs_mlx_lm(cluster, node) -> bool:
+    """The inventory asks for mlx-lm on the host, or the checked job runs mlx-lm's code."""
+    job = cluster.target.job
+    return ((job is not None and job.needs_mlx_lm)
+            or node.host.var("mlxops_mlx_lm") is not False)
+
+
+@when(_needs_mlx_lm)
+def check_mlx_lm(node, cluster):
+    """The interpreter jobs run has mlx-lm at its pin (``mlxops_mlx_lm: <version>``, else
+    the controller's), the same as on the other hosts that need it."""
+    if not node.interpreter.version:
+        pytest.skip("no interpreter (see check_interpreter)")
+    needing = [s for s in cluster.answered() if _needs_mlx_lm(cluster, s)]
+    nodes = [Versions.from_facts(s.name, s.facts) for s in needing]
+    findings = findings_of(mlx_lm_findings(nodes, mlx_lm_pin(node.host),
+                                           mlx_lm_pin_source(node.host)), node.name)
     if findings:
         raise node.fail(*joined(findings))
 

@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "status": "jobs",
     "logs": "jobs",
     "stop": "jobs",
+    "fetch": "fetch",
     "plan": "plan",
     "check": "check",
     "bench": "bench",

@@ -16,6 +16,7 @@ from mlxops.errors import EXIT_FAILED
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from mlxops.finetune.plan import FinetunePlan
     from mlxops.planning import NodePlan
 
 GB = 1024**3
@@ -61,6 +62,8 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
         return []
     m = plans[0].plan
     lines = [f"chip: {chip}" for chip in _grouped({p.host: p.chip or "?" for p in plans})]
+    if isinstance(m, FinetunePlan):
+        return lines + finetune_notes(plans)
     lines.append(f"per rank: weights+moments {_size((4 + 8) * m.params)}")
     lines += [f"peak: {above}" for above in _grouped({
         p.host: f"backward +{_size(p.plan.activation_bytes)}, update "
@@ -80,6 +83,27 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
     return lines
 
 
+def finetune_notes(plans: Sequence[NodePlan]) -> list[str]:
+    """A fine-tuning rank's terms (mlxops/finetune/plan.py): what every node holds alike,
+    then each node's peak above it."""
+    m = plans[0].plan
+    base = (f"{m.quantized_bits}-bit, " if m.quantized_bits else "") + _size(m.base_bytes)
+    lines = [f"per rank: base weights {base}; trainable {m.trainable_params / 1e6:.3g}M "
+             f"parameters {_size(m.trainable_bytes)}, gradients {_size(m.grad_bytes)}, "
+             f"optimizer state {_size(m.optimizer_bytes)}"]
+    lines += [f"peak: {above}" for above in _grouped({
+        p.host: f"activations at {p.plan.seq_len} tokens x micro-batch "
+                f"{p.plan.micro_batch} +{_size(p.plan.activation_bytes)}, update "
+                f"+{_size(p.plan.update_bytes)}" for p in plans})]
+    lines += [f"budget: {source}" for source in _grouped({
+        p.host: "MLX's recommended working set" if p.plan.budget_from == "working set"
+        else "80% of memory (no GPU working set reported)" for p in plans})]
+    lines.append(f"{m.params / 1e6:.1f}M parameters in the base model; each rank's "
+                 f"examples a step = micro-batch {m.micro_batch} x accumulation "
+                 f"{m.accumulation}, over {m.world_size} ranks")
+    return lines
+
+
 def step_notes(step: dict | None) -> list[str]:
     """The compute of one step and, from the last bench of these hosts, its all-reduce."""
     if step is None:
@@ -87,14 +111,16 @@ def step_notes(step: dict | None) -> list[str]:
     lines = [f"per step and rank: {step['compute_gflop']:.3g} GFLOP of compute "
              "(6 x params x tokens)"]
     # Attention's scores are not in 6 x params: their own line (model.window bounds them).
-    attention = (f"  + {step['attention_gflop']:.3g} GFLOP of attention (a query attends to "
-                 f"{step['attended_keys']:.4g} keys)")
+    # (A fine-tuning job's model is mlx-lm's: its attention is not estimated apart.)
+    attention = [] if step["attention_gflop"] is None else [
+        f"  + {step['attention_gflop']:.3g} GFLOP of attention (a query attends to "
+        f"{step['attended_keys']:.4g} keys)"]
     grads = f"gradient all-reduce {step['gradient_bytes'] / 1e6:.3g} MB"
     ar = step["allreduce"]
     if ar is None:
-        return [*lines, f"{grads}: no 'mlxops bench' of these hosts yet", attention]
+        return [*lines, f"{grads}: no 'mlxops bench' of these hosts yet", *attention]
     return [*lines, f"{grads}: ~{ar['predicted_us'] / 1e3:.3g} ms (bench "
-                    f"{Path(ar['bench']).name}, {ar['bench_ranks']} ranks)", attention]
+                    f"{Path(ar['bench']).name}, {ar['bench_ranks']} ranks)", *attention]
 
 
 @click.command("plan")

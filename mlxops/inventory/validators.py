@@ -132,6 +132,17 @@ def version(value: Any) -> str:
     return value
 
 
+def boolean_or_version(value: Any) -> bool | str:
+    """``true`` / ``false``, or a version string (``mlxops_mlx_lm``: install it, pinned)."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return version(value)
+    except Invalid:
+        raise Invalid(f"must be true, false or a version string such as '0.29.1', "
+                      f"got {value!r}") from None
+
+
 # --- paths and commands -------------------------------------------------------------------
 
 

@@ -133,6 +133,9 @@ register("mlxops_env", {}, v.environment, "extra environment for every rank on t
 register("mlxops_known_hosts", None, v.local_path,
          "known_hosts file to use instead of ~/.ssh/known_hosts (resolved like the key file)")
 register("mlxops_mlx_version", None, v.version, "mlx version to install on the node (pinned)")
+register("mlxops_mlx_lm", False, v.boolean_or_version,
+         "install mlx-lm on the node (fine-tuning): true pins the controller's version, "
+         "or give the version")
 register("mlxops_wheelhouse", None, v.local_path, "directory of wheels to install from, offline")
 register("mlxops_backend", None, v.backend,
          "backend you run on this host, for provision's checks (a Thunderbolt Bridge "

@@ -3,11 +3,13 @@
 One pass over the hosts, in parallel: reachable; ``mlxops_root`` and the interpreter
 resolved to absolute paths; code synced (only what changed travels); then, from every
 node's pre-flight answer (:class:`mlxops.node.protocol.PreflightAnswer`): the same mlx and
-Python everywhere; the ring ports free (ring) or Open MPI found (mpi); no leftover rank of
-this job; and the checkpoint step a resume starts from. A job's ``data:`` is placed on each
-node on the way (:mod:`mlxops.jobs.data`: only what differs travels) and a node whose copy
-still differs from the manifest is refused. Nothing is started anywhere unless every host
-passes. The node's side: docs/node-protocol.md.
+Python everywhere (and mlx-lm, for a job that runs its code); the ring ports free (ring) or
+Open MPI found (mpi); no leftover rank of this job; the checkpoint step a resume starts
+from; a job's ``data:`` placed on each node on the way (:mod:`mlxops.jobs.data`), and for
+a ``finetune:`` job the base model and its data under the node root
+(:mod:`mlxops.jobs.content`: only what differs travels; a copy that still differs from its
+manifest is refused). Nothing is started anywhere unless every host passes. The node's
+side: docs/node-protocol.md.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from mlxops import render
 from mlxops.errors import MlxopsError, UserError
 from mlxops.inventory import load_inventory
+from mlxops.jobs import finetune
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.content import PlaceReport, place
 from mlxops.jobs.data import files_for_node
@@ -26,7 +29,7 @@ from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.servespec import check_hosts
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
-from mlxops.readiness import Versions, agreement, mlx_findings
+from mlxops.readiness import Versions, agreement, mlx_findings, mlx_lm_findings
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
@@ -45,6 +48,8 @@ class HostPrep:
     answer: protocol.PreflightAnswer
     data: PlaceReport | None = None   # the job's data: on this node (where, what was sent)
     data_problems: list[str] = field(default_factory=list)
+    # A copy of the job's content (a fine-tuning model, its data) that still differs.
+    content_problems: list[str] = field(default_factory=list)
 
 
 def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
@@ -79,6 +84,7 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
     manifest_args = python_manifest_args(protocol.CODE_DIR, roots)
     content = spec.data.content() if spec.data else None
     wanted = files_for_node(spec.data.manifest()) if spec.data else []
+    contents = finetune.contents(spec.finetune) if spec.finetune is not None else []
 
     def work(host) -> HostPrep:
         conn = connector.connect(host)
@@ -108,6 +114,8 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
         prep = HostPrep(host, root, python, answer)
         if content is not None:
             prep.data, prep.data_problems = place(conn, python, root, content, wanted)
+        if contents:
+            prep.content_problems = finetune.place_contents(conn, python, root, contents)
         return prep
 
     results = run_parallel(hosts, work, forks=forks)
@@ -120,9 +128,12 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     # The readiness rules mlxops check reports by (mlxops.readiness), without the pin:
     # every rank imports mlx, and mlx and Python agree across the hosts.
     versions = [Versions(name, p.python, p.answer.python_version, p.answer.mlx,
-                         p.answer.system) for name, p in preps.items()]
+                         p.answer.system, mlx_lm=p.answer.mlx_lm) for name, p in preps.items()]
     problems = [f.line for v in versions for f in mlx_findings(v)]
     problems += [f.line for f in agreement(versions, keys=("mlx", "python")).findings]
+    if spec.needs_mlx_lm:
+        # Refused, not installed: software is provision's business (docs/job-file.md).
+        problems += [f.line for f in mlx_lm_findings(versions)]
     for name, prep in preps.items():
         if prep.answer.leftovers:
             pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)
@@ -141,6 +152,7 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     if spec.backend == protocol.MPI and ranks:
         problems += mpi_problems(preps, ranks[0].host)
     problems += [line for prep in preps.values() for line in prep.data_problems]
+    problems += [line for prep in preps.values() for line in prep.content_problems]
     if problems:
         raise PreflightError("pre-flight failed: " + "; ".join(problems))
     steps = [set(p.answer.checkpoints) for p in preps.values()]

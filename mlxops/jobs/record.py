@@ -30,6 +30,8 @@ from typing import Any
 
 from mlxops.errors import MlxopsError, UserError
 from mlxops.filelock import exclusive
+from mlxops.finetune import config as finetune_config
+from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory import load_inventory
 from mlxops.jobs.data import DataSpec
 from mlxops.jobs.placement import NodePaths, Rank
@@ -151,6 +153,12 @@ class JobRecord:
                                   f"{exc}") from None
         if rest.get("serve") is not None:
             rest["serve"] = ServeSpec.from_dict(rest["serve"])
+        if rest.get("finetune") is not None:
+            try:
+                rest["finetune"] = finetune_config.from_dict(rest["finetune"], "job.finetune")
+            except finetune_config.ConfigError as exc:
+                raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
+                                  f"{exc}") from None
         return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
                        backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
                        **rest)
@@ -210,7 +218,7 @@ def launched_job(spec: JobSpec) -> dict[str, Any]:
             value = getattr(spec, f.name)
             if isinstance(value, PurePath):
                 value = str(value)
-            elif isinstance(value, (TrainerConfig, DataSpec, ServeSpec)):
+            elif isinstance(value, (TrainerConfig, DataSpec, ServeSpec, FinetuneConfig)):
                 value = value.to_dict()
             out[f.name] = value
     return json.loads(json.dumps(out))  # a copy, as it will read back

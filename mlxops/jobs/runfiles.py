@@ -1,7 +1,8 @@
 """What a job's run directory on one node holds before its ranks start, and the command
 that clears the previous attempt's files and unpacks the new ones.
 
-Names are :mod:`mlxops.node.protocol`'s: ``trainer.json`` (the bundled trainer's config),
+Names are :mod:`mlxops.node.protocol`'s: ``trainer.json`` (the bundled trainer's config) or
+``finetune.json`` (a ``finetune:`` job's, its paths the node's copies of the model and data),
 ``hostfile.json`` (ring), ``ibv_devices.json`` (jaccl), one ``rank-<r>.sh`` per rank on the
 node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
 """
@@ -9,10 +10,12 @@ node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
 from __future__ import annotations
 
 import json
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from mlxops import archive, shell
+from mlxops.jobs.content import Content
 from mlxops.jobs.data import rank_data
+from mlxops.jobs.finetune import rank_finetune
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
@@ -23,7 +26,7 @@ from mlxops.jobs.placement import (
 )
 from mlxops.jobs.preflight import HostPrep
 from mlxops.jobs.serving import prepare_lines, server_argv
-from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_config
+from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_config, rank_weights
 from mlxops.node import protocol
 from mlxops.node.protocol import rankenv
 
@@ -61,6 +64,14 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         if resume:
             argv.append("--resume")
         cwd = paths.run_dir
+    elif spec.finetune is not None:
+        config = finetune_config(spec, prep.root, paths.run_dir, [r.host for r in ranks])
+        files[protocol.FINETUNE_CONFIG] = json.dumps(config.to_dict(), indent=1).encode()
+        argv = [prep.python, "-m", "mlxops.finetune", "--config",
+                paths.run_file(protocol.FINETUNE_CONFIG)]
+        if resume:
+            argv.append("--resume")
+        cwd = paths.run_dir
     else:
         argv = list(spec.command or [])
         if argv[0] in ("python", "python3"):
@@ -90,6 +101,16 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         files[protocol.process_file(protocol.LAUNCHER, protocol.SCRIPT)] = launcher_script(
             mpirun=launcher.mpirun, ranks=ranks, scripts=scripts, paths=paths).encode()
     return files
+
+
+def finetune_config(spec: JobSpec, root: str, run_dir: str, rank_hosts: list[str]):
+    """The job's fine-tuning config as the ranks under node ``root`` get it: the model and
+    data where :mod:`mlxops.jobs.content` places them there, the run directory, the split."""
+    assert spec.finetune is not None
+    cfg = spec.finetune
+    return rank_finetune(cfg, rank_weights(spec, rank_hosts),
+                         Content(Path(cfg.model.path), {}).node_dir(root),
+                         Content(Path(cfg.data.path), {}).node_dir(root), run_dir)
 
 
 def tar(files: dict[str, bytes]) -> bytes:

@@ -8,6 +8,8 @@ The ``trainer:`` section is parsed once, here, by the trainer's own rules
 check, the rank files, the record) takes that :class:`TrainerConfig`, never the mapping.
 What needs the job's hosts, and so its number of ranks, is checked once they are known
 (:func:`check_world`); the ranks' own copy gets ``train.balance`` (:func:`rank_config`).
+A ``finetune:`` section is parsed the same way, by the fine-tuning config's own rules
+(:mod:`mlxops.jobs.finetune`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.errors import bad_input
+from mlxops.finetune.config import FinetuneConfig
+from mlxops.jobs import finetune as finetune_section
 from mlxops.jobs.data import DataSpec, apply_manifest, parse_data
 from mlxops.jobs.servespec import ServeSpec, parse_serve
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
@@ -35,7 +39,7 @@ from mlxops.yamlfile import read_yaml
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
             "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify", "data",
-            "serve"}
+            "serve", "finetune"}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -103,6 +107,22 @@ class JobSpec:
     notify: dict[str, Any] | bool | None = None
     data: DataSpec | None = None               # prepared shards (mlxops data prepare)
     serve: ServeSpec | None = None             # mlx-lm's server instead (servespec.py)
+    finetune: FinetuneConfig | None = None     # or fine-tuning (docs/finetune.md)
+
+    @property
+    def total_steps(self) -> int | None:
+        """The run's steps when mlxops knows them (its own trainer or fine-tuning)."""
+        if self.trainer is not None:
+            return self.trainer.train.steps
+        if self.finetune is not None and not self.finetune.train.epochs:
+            return self.finetune.train.steps
+        return None
+
+    @property
+    def needs_mlx_lm(self) -> bool:
+        """The job runs mlx-lm's code on its nodes: pre-flight and ``mlxops check --job``
+        require mlx-lm there (:func:`mlxops.readiness.mlx_lm_findings`)."""
+        return self.finetune is not None or self.serve is not None
 
     @property
     def base_port(self) -> int:
@@ -154,15 +174,19 @@ def load_job(path: str | Path) -> JobSpec:
         raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
     trainer, command, serve = data.get("trainer"), data.get("command"), data.get("serve")
-    if [trainer, command, serve].count(None) != 2:
+    finetune = data.get("finetune")
+    if sum(x is not None for x in (trainer, command, serve, finetune)) != 1:
         raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
-                                         "trainer), 'command:' (your own program) or "
-                                         "'serve:' (mlx-lm's server)")
+                                         "trainer), 'finetune:' (fine-tuning a model), "
+                                         "'serve:' (mlx-lm's server) or 'command:' (your "
+                                         "own program)")
     if serve is not None:
         serve = parse_serve(path, serve)
     raw_trainer = trainer
     if trainer is not None:
         trainer = parse_trainer(path, trainer)
+    if finetune is not None:
+        finetune = finetune_section.parse_finetune(path, finetune)
     prepared = None
     if data.get("data") is not None:
         prepared = parse_data(path, data["data"])
@@ -197,10 +221,12 @@ def load_job(path: str | Path) -> JobSpec:
         stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=_alerts(path, data.get("alerts")),
-        balance=_balance(path, data.get("balance", BALANCE_EQUAL), trainer is not None),
+        balance=_balance(path, data.get("balance", BALANCE_EQUAL),
+                         trainer is not None or finetune is not None),
         notify=_notify(path, data.get("notify")),
         data=prepared,
         serve=serve,
+        finetune=finetune,
     )
 
 
@@ -216,15 +242,16 @@ def _notify(path: Path, data: Any) -> dict[str, Any] | bool | None:
 def _balance(path: Path, value: Any, trainer: bool) -> str | dict[str, float]:
     if value in (BALANCE_EQUAL, BALANCE_AUTO):
         if value == BALANCE_AUTO and not trainer:
-            raise bad_input(path, "balance", "goes with 'trainer:' (the bundled trainer "
-                                             "splits its batch); your 'command:' does its own")
+            raise bad_input(path, "balance", "goes with 'trainer:' or 'finetune:' (mlxops "
+                                             "splits their batch); your 'command:' does its "
+                                             "own")
         return value
     if not isinstance(value, dict) or not value:
         raise bad_input(path, "balance", f"must be equal, auto or a mapping of host: weight "
                                          f"(relative speed), got {value!r}")
     if not trainer:
-        raise bad_input(path, "balance", "goes with 'trainer:' (the bundled trainer splits "
-                                         "its batch); your 'command:' does its own")
+        raise bad_input(path, "balance", "goes with 'trainer:' or 'finetune:' (mlxops "
+                                         "splits their batch); your 'command:' does its own")
     out = {}
     for host, weight in value.items():
         if (not isinstance(weight, (int, float)) or isinstance(weight, bool)
@@ -381,6 +408,11 @@ def check_world(spec: JobSpec, world: int, rank_hosts: Sequence[str] | None = No
     ``mlxops_slots`` of its hosts, summed; ``rank_hosts``: the host of each rank, for the
     job's ``balance:``), by the trainer's own rule, before any rank starts:
     ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
+    if spec.finetune is not None:
+        balance = (rank_weights(spec, rank_hosts) if rank_hosts is not None
+                   else spec.balance if isinstance(spec.balance, str) else BALANCE_EQUAL)
+        finetune_section.check_world(spec.path, spec.finetune, balance, world, spec.hosts)
+        return
     if spec.trainer is None:
         return  # the user's own command: its rules are its own
     cfg = rank_config(spec, rank_hosts) if rank_hosts is not None else spec.trainer

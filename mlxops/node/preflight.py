@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from mlxops.node import host, protocol
@@ -45,7 +46,17 @@ def preflight(run_dir: Path, *, ip: str, ports: list[int], mpi: bool
         # is nothing to find, by what the node has rather than by its name.
         openblas=find_openblas(),
         cpus=usable_cpus(),
+        mlx_lm=mlx_lm_version(),
     )
+
+
+def mlx_lm_version() -> str | None:
+    """The mlx-lm this interpreter has installed, by its metadata: importing mlx_lm would
+    load transformers, seconds of every pre-flight."""
+    try:
+        return metadata.version("mlx-lm")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def open_mpi() -> tuple[str | None, str | None]:

@@ -2,7 +2,10 @@
 
 The controller's Python (pyenv under a mode-700 ``/root``) is invisible to the node user,
 so nodes get their own venv built from Debian's ``/usr/bin/python3`` with the controller's
-exact mlx version (every node runs the same mlx: docs/inventory.md, ``mlxops_mlx_version``).
+exact mlx version (every node runs the same mlx: docs/inventory.md, ``mlxops_mlx_version``)
+and, when the controller has it, its exact mlx-lm: the nodes are then as ``mlxops
+provision`` leaves Macs whose inventory sets ``mlxops_mlx_lm: true``, ready for
+fine-tuning jobs (the ``mlx_lm`` task's own install is tested with a wheelhouse).
 It is built once, under a lock, into a world-readable cache and reused by every sandbox;
 ``down`` leaves it.
 """
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from mlxops import filelock
 from mlxops.errors import MlxopsError
-from mlxops.readiness import controller_mlx_version
+from mlxops.readiness import controller_mlx_lm_version, controller_mlx_version
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 CACHE_DIR = Path(os.environ.get("MLXOPS_SANDBOX_CACHE", "/var/cache/mlxops-sandbox"))
@@ -42,8 +45,10 @@ def _system_python_version(python: str) -> str:
     return out.stdout.strip()
 
 
-def venv_path(mlx_version: str, python: str = SYSTEM_PYTHON, cache: Path = CACHE_DIR) -> Path:
-    return cache / f"venv-py{_system_python_version(python)}-mlx{mlx_version}"
+def venv_path(mlx_version: str, python: str = SYSTEM_PYTHON, cache: Path = CACHE_DIR,
+              mlx_lm_version: str | None = None) -> Path:
+    lm = f"-mlxlm{mlx_lm_version}" if mlx_lm_version else ""
+    return cache / f"venv-py{_system_python_version(python)}-mlx{mlx_version}{lm}"
 
 
 def node_python(
@@ -54,7 +59,8 @@ def node_python(
 ) -> str:
     """Path of the node interpreter, building the cached venv first if needed."""
     version = mlx_version or _controller_mlx_version()
-    venv = venv_path(version, python, cache)
+    mlx_lm = controller_mlx_lm_version()
+    venv = venv_path(version, python, cache, mlx_lm)
     interpreter = venv / "bin" / "python"
     if (venv / _MARKER).exists() and interpreter.exists():
         return str(interpreter)
@@ -65,19 +71,23 @@ def node_python(
         if (venv / _MARKER).exists() and interpreter.exists():
             return str(interpreter)
         if log:
-            log(f"building node interpreter {venv} (once; pip install mlx[cpu]=={version})")
-        _build(venv, python, version)
+            extra = f" mlx-lm=={mlx_lm}" if mlx_lm else ""
+            log(f"building node interpreter {venv} (once; pip install mlx[cpu]=={version}"
+                f"{extra})")
+        _build(venv, python, version, mlx_lm)
     return str(interpreter)
 
 
-def _build(venv: Path, python: str, version: str) -> None:
+def _build(venv: Path, python: str, version: str, mlx_lm: str | None = None) -> None:
     shutil.rmtree(venv, ignore_errors=True)
     old_umask = os.umask(0o022)  # world-readable: the node user runs it
     try:
         _run([python, "-m", "venv", str(venv)])
         pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-        _run([*pip, "install", f"mlx[cpu]=={version}", "numpy"])
-        _run([str(venv / "bin" / "python"), "-c", "import mlx.core, numpy"])
+        _run([*pip, "install", f"mlx[cpu]=={version}", "numpy",
+              *([f"mlx-lm=={mlx_lm}"] if mlx_lm else [])])
+        _run([str(venv / "bin" / "python"), "-c",
+              "import mlx.core, numpy" + (", mlx_lm" if mlx_lm else "")])
         (venv / _MARKER).write_text(version + "\n")
     finally:
         os.umask(old_umask)

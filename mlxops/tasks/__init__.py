@@ -6,7 +6,16 @@ before a playbook is validated against it.
 
 from __future__ import annotations
 
-from mlxops.tasks import blas, env, facts, hostfiles, macos, python, sync  # noqa: F401 - registers
+from mlxops.tasks import (  # noqa: F401 - registers
+    blas,
+    env,
+    facts,
+    hostfiles,
+    macos,
+    mlx_lm,
+    python,
+    sync,
+)
 from mlxops.tasks.base import REGISTRY, Outcome, TaskContext, TaskSpec, task
 
 __all__ = ["REGISTRY", "Outcome", "TaskContext", "TaskSpec", "task"]

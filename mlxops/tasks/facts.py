@@ -34,11 +34,17 @@ MARK = "@@mlxops:"
 # Runs under the node's interpreter: its version and the mlx it imports (import, not
 # package metadata: the test is "does mlx.core load", and it is as fast here), and that
 # mlx's recommended GPU working set, the memory plan's budget on a Mac (read as
-# mlxops/node/memory.py reads it; this probe runs before the node has mlxops' code).
+# mlxops/node/memory.py reads it; this probe runs before the node has mlxops' code); and the
+# mlx-lm installed, by its package metadata (importing it would load transformers: seconds).
 PROBE = (
     "import json, sys\n"
     "v = '%d.%d.%d' % sys.version_info[:3]\n"
     "w = None\n"
+    "try:\n"
+    "    from importlib import metadata\n"
+    "    lm = metadata.version('mlx-lm')\n"
+    "except Exception:\n"
+    "    lm = None\n"
     "try:\n"
     "    import mlx.core as mx\n"
     "    m = str(mx.__version__)\n"
@@ -49,7 +55,7 @@ PROBE = (
     "    w = int(info.get('max_recommended_working_set_size') or 0) or None\n"
     "except Exception:\n"
     "    pass\n"
-    "print(json.dumps({'version': v, 'mlx': m, 'working_set': w}))\n"
+    "print(json.dumps({'version': v, 'mlx': m, 'working_set': w, 'mlx_lm': lm}))\n"
 )
 
 # The constant part of the script. `$py`, `$root` and `$venv` are set before it from quoted

@@ -1,5 +1,6 @@
 """The ``python`` task (MLX at the pinned version on every node) and ``skew`` (the same
-mlx, Python and macOS build everywhere, by the rule of :mod:`mlxops.readiness`).
+mlx, Python and macOS build everywhere, and the same mlx-lm on the hosts that ask for it,
+by the rules of :mod:`mlxops.readiness`).
 
 ``python`` reads what the facts task already probed — ``mlxops_python`` and, if present,
 ``mlxops_root/venv`` — so on a provisioned node it costs no round trip at all. Only when
@@ -25,6 +26,9 @@ from mlxops.readiness import (
     agreement,
     findings_of,
     joined,
+    mlx_lm_findings,
+    mlx_lm_pin,
+    mlx_lm_pin_source,
     pinned_version,
 )
 from mlxops.tasks.base import Outcome, TaskContext, task
@@ -86,6 +90,23 @@ def wheelhouse_archive(directory: Path) -> bytes:
         if path.is_file() and path.name.endswith(WHEEL_SUFFIXES)), gzip=True)
 
 
+def push_wheelhouse(ctx: TaskContext) -> tuple[str | None, str | None]:
+    """Push ``mlxops_wheelhouse`` (when set) to ``<root>/wheelhouse`` on the node: its node
+    path (None: not set, pip uses the index), and the problem when it failed."""
+    wheels = wheelhouse_dir(ctx.host)
+    if wheels is None:
+        return None, None
+    if not wheels.is_dir():
+        return None, f"mlxops_wheelhouse: {wheels}: not a directory"
+    node_wheelhouse = f"{ctx.facts.root}/wheelhouse"
+    push = shell.and_then([shell.join(["mkdir", "-p", node_wheelhouse]),
+                           shell.join(["tar", "-xzf", "-", "-C", node_wheelhouse])])
+    result = ctx.conn.run(push, stdin=wheelhouse_archive(wheels), timeout=PIP_TIMEOUT)
+    if not result.ok:
+        return None, f"pushing the wheelhouse failed: {result.error_line()}"
+    return node_wheelhouse, None
+
+
 @task("python", args=["packages"])
 def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     facts = ctx.facts
@@ -107,17 +128,9 @@ def python_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     what = f"mlx {have or 'missing'} -> {pin} in {facts.root}/{VENV_DIR}"
     if ctx.check:
         return Outcome.changed(f"would install {what}")
-    wheels = wheelhouse_dir(ctx.host)
-    node_wheelhouse = None
-    if wheels is not None:
-        if not wheels.is_dir():
-            return Outcome.failed(f"mlxops_wheelhouse: {wheels}: not a directory")
-        node_wheelhouse = f"{facts.root}/wheelhouse"
-        push = shell.and_then([shell.join(["mkdir", "-p", node_wheelhouse]),
-                               shell.join(["tar", "-xzf", "-", "-C", node_wheelhouse])])
-        result = ctx.conn.run(push, stdin=wheelhouse_archive(wheels), timeout=PIP_TIMEOUT)
-        if not result.ok:
-            return Outcome.failed(f"pushing the wheelhouse failed: {result.error_line()}")
+    node_wheelhouse, problem = push_wheelhouse(ctx)
+    if problem:
+        return Outcome.failed(problem)
     packages = list(args.get("packages") or [])
     result = ctx.conn.run(install_command(facts, pin, packages, node_wheelhouse),
                           timeout=PIP_TIMEOUT)
@@ -166,6 +179,13 @@ def skew_task(contexts: Mapping[str, TaskContext], args: Mapping[str, Any]
     agreed = agreement([Versions.from_facts(n, f) for n, f in facts.items()],
                        pinned_version(first.host))
     expected, odd = agreed.expected, agreed.odd
+    lm_findings = _mlx_lm_skew(contexts, facts)
+    if lm_findings:
+        # mlx-lm's skew fails its hosts with its own line (mlx's table stays mlx's).
+        for name in facts:
+            mine = findings_of(lm_findings, name)
+            if mine:
+                odd.setdefault(name, [])
     if not odd:
         summary = ", ".join(f"{AGREED[k]} {v}" for k, v in expected.items() if v != NOT_A_MAC)
         return {**unread, **{name: Outcome.ok(summary) for name in facts}}
@@ -173,9 +193,22 @@ def skew_task(contexts: Mapping[str, TaskContext], args: Mapping[str, Any]
     out = dict(unread)
     for name in facts:
         if name in odd:
-            found, fix = joined(findings_of(agreed.findings, name))
+            found, fix = joined(findings_of(agreed.findings, name)
+                                + findings_of(lm_findings, name))
             out[name] = Outcome.failed(f"{found}: {fix}", table=table)
         else:
             out[name] = Outcome.ok("agrees", table=table)
     return out
 
+
+
+def _mlx_lm_skew(contexts: Mapping[str, TaskContext], facts: Mapping[str, HostFacts]
+                 ) -> list:
+    """mlx-lm's rule over the hosts whose inventory asks for it (mlxops_mlx_lm), pinned
+    by the first of them."""
+    asking = [name for name in facts if contexts[name].host.var("mlxops_mlx_lm") is not False]
+    if not asking:
+        return []
+    first = contexts[asking[0]].host
+    return mlx_lm_findings([Versions.from_facts(n, facts[n]) for n in asking],
+                           mlx_lm_pin(first), mlx_lm_pin_source(first))

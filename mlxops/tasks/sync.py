@@ -48,6 +48,11 @@ def bundle(workdir: Path | None = None, job: str | None = None
     node_files, node_ignore = collect(paths.node_dir(), DEFAULT_EXCLUDES, prefix="mlxops/node")
     files.update(node_files)
     ignore.extend(node_ignore)
+    # Fine-tuning (python -m mlxops.finetune) runs beside the trainer, on its modules.
+    ft_files, ft_ignore = collect(paths.trainer_dir().parent / "finetune", DEFAULT_EXCLUDES,
+                                  prefix="mlxops/finetune")
+    files.update(ft_files)
+    ignore.extend(ft_ignore)
     files["mlxops/__init__.py"] = paths.trainer_dir().parent / "__init__.py"
     # The excludes above apply under mlxops/trainer/ and mlxops/node/ only; the
     # mlxops/__pycache__/ a node's Python writes beside __init__.py is no difference either

@@ -158,25 +158,33 @@ def test_bad_input_is_exit_2_before_any_host_is_touched(sandbox, tmp_path):
 def _tiny_mlx_wheel(directory: Path, version: str) -> Path:
     """A pure-Python wheel named mlx whose `mlx.core.__version__` is ``version``: enough for
     the python task's real path (venv, pushed wheelhouse, pip --no-index) in seconds."""
+    return _tiny_wheel(directory, "mlx", version, {
+        "mlx/__init__.py": "", "mlx/core.py": f"__version__ = {version!r}\n"},
+        "Provides-Extra: cpu\n")
+
+
+def _tiny_wheel(directory: Path, name: str, version: str, modules: dict[str, str],
+                metadata: str = "") -> Path:
+    """A pure-Python wheel of ``modules`` that pip installs as ``name`` ``version``."""
     import base64
     import zipfile
 
+    dist = f"{name.replace('-', '_')}-{version}"
     files = {
-        "mlx/__init__.py": "",
-        "mlx/core.py": f"__version__ = {version!r}\n",
-        f"mlx-{version}.dist-info/METADATA":
-            f"Metadata-Version: 2.1\nName: mlx\nVersion: {version}\nProvides-Extra: cpu\n",
-        f"mlx-{version}.dist-info/WHEEL":
+        **modules,
+        f"{dist}.dist-info/METADATA":
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{metadata}",
+        f"{dist}.dist-info/WHEEL":
             "Wheel-Version: 1.0\nGenerator: mlxops-test\nRoot-Is-Purelib: true\n"
             "Tag: py3-none-any\n",
     }
     record = []
-    for name, text in files.items():
+    for path_in, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"mlx-{version}.dist-info/RECORD,,")
-    files[f"mlx-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
-    path = directory / f"mlx-{version}-py3-none-any.whl"
+        record.append(f"{path_in},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    path = directory / f"{dist}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as whl:
         for name, text in files.items():
             whl.writestr(name, text)
@@ -203,7 +211,39 @@ def test_python_task_makes_a_venv_from_a_pushed_wheelhouse(sandbox, tmp_path):
     venv_python = f"/home/{sandbox.user}/.prov-venv/venv/bin/python"
     assert host["facts"]["python"] == {"path": venv_python, "version": host["facts"]["python"]
                                        ["version"], "mlx": pin,
-                                       "working_set": None}  # MLX's CPU build: no GPU
+                                       "working_set": None,  # MLX's CPU build: no GPU
+                                       "mlx_lm": None}
     proc, doc = provision(inv, tmp_path, "--playbook", str(play), "--limit", "node2")
     assert proc.returncode == 0 and doc["hosts"]["node2"]["changed"] == 0
     assert doc["hosts"]["node2"]["facts"]["python"]["path"] == venv_python
+
+
+def test_mlx_lm_is_installed_pinned_only_where_the_inventory_asks(sandbox, tmp_path):
+    # node3 asks for mlx-lm 0.30.1 (its interpreter, the system Python, has neither): the
+    # python task makes the venv with the pinned mlx, the mlx_lm task adds mlx-lm beside
+    # it, both offline from the pushed wheelhouse; node4 does not ask and is skipped.
+    from importlib.metadata import version
+
+    pin = version("mlx")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _tiny_mlx_wheel(wheels, pin)
+    _tiny_wheel(wheels, "mlx-lm", "0.30.1", {"mlx_lm/__init__.py": "__version__ = '0.30.1'\n"},
+                f"Requires-Dist: mlx=={pin}\n")
+    inv = inventory_copy(sandbox, tmp_path, "~/.prov-mlxlm", {
+        "node3": {"mlxops_python": "/usr/bin/python3", "mlxops_wheelhouse": str(wheels),
+                  "mlxops_mlx_lm": "0.30.1"}})
+    play = tmp_path / "mlx_lm.yml"
+    play.write_text("tasks:\n  - {task: facts}\n  - {task: python}\n  - {task: mlx_lm}\n"
+                    "  - {task: skew}\n")
+    proc, doc = provision(inv, tmp_path, "--playbook", str(play), "--limit", "node3,node4")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    task = next(t for t in doc["tasks"] if t["task"] == "mlx_lm")
+    assert task["hosts"]["node3"]["status"] == "changed"
+    assert task["hosts"]["node3"]["message"] == (
+        f"installed mlx-lm missing -> 0.30.1 in /home/{sandbox.user}/.prov-mlxlm/venv")
+    assert task["hosts"]["node4"]["status"] == "skipped"
+    python = doc["hosts"]["node3"]["facts"]["venv"]
+    assert (python["mlx"], python["mlx_lm"]) == (pin, "0.30.1")
+    proc, doc = provision(inv, tmp_path, "--playbook", str(play), "--limit", "node3,node4")
+    assert proc.returncode == 0 and totals(doc)["changed"] == 0

@@ -34,7 +34,7 @@ def test_recorded_output_parses_to_expected_facts(path: Path) -> None:
     doc = facts.to_json()
     assert doc == json.loads(path.with_suffix(".json").read_text())
     assert SCHEMA <= set(doc)
-    assert set(doc["python"]) == {"path", "version", "mlx", "working_set"}
+    assert set(doc["python"]) == {"path", "version", "mlx", "working_set", "mlx_lm"}
     assert isinstance(facts.memory_bytes, int) and isinstance(facts.cpu_cores, int)
     assert facts.root.startswith("/")
     for addrs in facts.interfaces.values():

@@ -83,3 +83,22 @@ def test_skew_tie_prefers_the_pin_and_ignores_linux_builds() -> None:
              "b": _facts("0.32.4", system="Linux", build=None)}
     expected, odd, _ = find_skew(nodes, "0.32.4")
     assert expected["mlx"] == "0.32.4" and odd == {"a": ["mlx"]}
+
+
+def test_skew_names_a_host_whose_mlx_lm_differs_among_those_that_ask_for_it():
+    from mlxops.inventory.model import Host
+    from mlxops.tasks.base import TaskContext
+
+    def ctx(name, mlx_lm, asked):
+        host = Host(name, {"mlxops_mlx_lm": asked} if asked else {})
+        node = _facts("0.32.4", system="Linux")
+        node.python = replace(node.python, mlx_lm=mlx_lm)
+        return TaskContext(host=host, conn=None, inventory=None, hosts=[], facts=node)
+
+    contexts = {"a": ctx("a", "0.30.0", "0.30.0"), "b": ctx("b", "0.29.0", "0.30.0"),
+                "c": ctx("c", None, False)}   # c does not ask: not compared
+    out = P.skew_task(contexts, {})
+    assert (out["a"].status, out["c"].status) == ("ok", "ok")
+    assert out["b"].status == "failed"
+    assert out["b"].message.startswith("mlx-lm 0.29.0, mlxops_mlx_lm 0.30.0, mlx-lm 0.29.0, "
+                                       "others 0.30.0: set mlxops_mlx_lm")

@@ -8,12 +8,16 @@ import pytest
 from node_answers import preflight_answer
 
 from mlxops.errors import UserError
+from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory.model import Host
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight, rdma_devices
 from mlxops.jobs.spec import JobSpec
 from mlxops.node.protocol import Leftover
 from mlxops.trainer.config import TrainerConfig
+
+# A job's parsed finetune: section; pre-flight asks only whether there is one.
+FINETUNE = FinetuneConfig()
 
 
 def spec(backend: str = "ring") -> JobSpec:
@@ -78,3 +82,28 @@ def test_jaccl_needs_an_rdma_device_for_every_pair_before_any_host_is_touched():
     hosts[1] = Host("b", {"mlxops_rdma": {"a": "rdma_en4"}})
     assert rdma_devices(spec("jaccl"), hosts) == [[None, "rdma_en3"], ["rdma_en4", None]]
     assert rdma_devices(spec("ring"), hosts) is None
+
+
+def test_a_job_that_runs_mlx_lm_is_refused_where_mlx_lm_is_missing_or_differs():
+    import dataclasses
+
+    finetune = dataclasses.replace(spec(), trainer=None, finetune=FINETUNE)
+    p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": None})
+    ranks = place_ranks([x.host for x in p.values()], 30000)
+    with pytest.raises(PreflightError, match="b: mlx-lm not installed for /py, needed here: "
+                       "set mlxops_mlx_lm .* run mlxops provision --tags mlx_lm"):
+        check_preflight(finetune, p, ranks, False)
+    p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": "0.31.0"})
+    with pytest.raises(PreflightError, match="b: mlx-lm 0.31.0, others 0.32.2"):
+        check_preflight(finetune, p, ranks, False)
+    # The bundled trainer does not need it.
+    assert check(a={"mlx_lm": None}, b={"mlx_lm": "0.31.0"}) is None
+
+
+def test_a_node_whose_copy_of_the_model_still_differs_is_refused():
+    p = preps(a={}, b={})
+    line = "b: /r/data/tiny-0123abcd differs from /m/tiny: model.safetensors: sha256 1a, want 2b"
+    p["b"].content_problems.append(line)
+    ranks = place_ranks([x.host for x in p.values()], 30000)
+    with pytest.raises(PreflightError, match=line):
+        check_preflight(spec(), p, ranks, False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,87 @@ def test_check_world_with_a_balance_needs_no_divisible_batch(tmp_path):
     check_world(spec, 2, ["a", "b"])  # 7 over unequal ranks: fine
     with pytest.raises(UserError, match="7 is not divisible by the world size 2"):
         check_world(load_job(write(tmp_path, with_(trainer=job["trainer"]))), 2, ["a", "b"])
+
+
+# --- finetune: ------------------------------------------------------------------------------
+
+def finetune_job(tmp_path, **section):
+    model, data = tmp_path / "models" / "tiny", tmp_path / "chat"
+    model.mkdir(parents=True)
+    data.mkdir()
+    (model / "config.json").write_text("{}")
+    (data / "train.jsonl").write_text("")
+    (data / "valid.jsonl").write_text("")
+    body = {"model": {"path": "models/tiny"}, "data": {"path": "chat"},
+            "train": {"steps": 20, "global_batch": 4}}
+    for key, value in section.items():
+        body[key] = {**body.get(key, {}), **value}
+    return write(tmp_path, with_(trainer=None, finetune=body)), model, data
+
+
+def test_a_finetune_job_is_parsed_into_its_config_with_its_paths_made_absolute(tmp_path):
+    from mlxops.finetune.config import FinetuneConfig
+
+    path, model, data = finetune_job(tmp_path, method={"type": "dora", "rank": 4})
+    spec = load_job(path)
+    assert isinstance(spec.finetune, FinetuneConfig) and spec.trainer is None
+    assert (spec.finetune.method.type, spec.finetune.method.rank) == ("dora", 4)
+    assert spec.finetune.model.path == str(model) and spec.finetune.data.path == str(data)
+    assert spec.needs_mlx_lm and spec.total_steps == 20
+
+
+@pytest.mark.parametrize("remove, key, message", [
+    ("models/tiny/config.json", "finetune.model.path",
+     "models/tiny has no config.json (a model in the Hugging Face / mlx-lm layout)"),
+    ("chat/train.jsonl", "finetune.data.path", "chat has no train.jsonl"),
+    ("chat/valid.jsonl", "finetune.data.path", "chat has no valid.jsonl"),
+])
+def test_the_model_and_data_directories_are_checked_at_load(tmp_path, remove, key, message):
+    path, _, _ = finetune_job(tmp_path)
+    (tmp_path / remove).unlink()
+    with pytest.raises(UserError) as err:
+        load_job(path)
+    assert str(err.value) == f"{path}: {key}: {message}" + (
+        " (mlx-lm's data directory)" if "jsonl" in remove else "")
+
+
+def test_without_validation_valid_jsonl_is_not_needed(tmp_path):
+    path, _, data = finetune_job(tmp_path, train={"eval_every": 0})
+    (data / "valid.jsonl").unlink()
+    assert load_job(path).finetune.train.eval_every == 0
+
+
+def test_check_world_applies_the_finetune_rule_and_the_jobs_balance(tmp_path):
+    path, _, _ = finetune_job(tmp_path)
+    spec = load_job(path)
+    check_world(spec, 2, ["a", "a"])
+    with pytest.raises(UserError, match=r"job.yml: finetune.train.global_batch: 4 is not "
+                                        r"divisible by the world size 3 .*; the hosts 'all' "
+                                        r"give 3 ranks"):
+        check_world(spec, 3, ["a", "a", "a"])
+    weighted = dataclasses.replace(spec, balance={"a": 1.0})
+    check_world(weighted, 3, ["a", "a", "a"])   # weights: any split of 4 over 3 ranks
+
+
+def test_a_finetune_rank_gets_the_nodes_copies_the_run_directory_and_the_split(tmp_path):
+    from mlxops.jobs.runfiles import finetune_config
+
+    path, model, data = finetune_job(tmp_path)
+    spec = dataclasses.replace(load_job(path), balance={"a": 3.0})
+    cfg = finetune_config(spec, "/home/u/.mlxops", "/home/u/.mlxops/runs/tiny", ["a", "a"])
+    assert cfg.model.path.startswith("/home/u/.mlxops/data/tiny-")
+    assert cfg.data.path.startswith("/home/u/.mlxops/data/chat-")
+    assert cfg.out == "/home/u/.mlxops/runs/tiny"
+    assert cfg.train.balance == [1.5, 1.5]
+    assert spec.finetune.model.path == str(model)   # the job's own config is unchanged
+
+
+def test_the_record_keeps_the_finetune_config_and_reads_it_back(tmp_path):
+    from mlxops.jobs.record import launched_job
+
+    path, _, _ = finetune_job(tmp_path, optimizer={"lr": 2e-4})
+    spec = load_job(path)
+    kept = launched_job(spec)
+    assert kept["finetune"]["optimizer"]["lr"] == 2e-4 and kept["trainer"] is None
+    from mlxops.finetune.config import from_dict
+    assert from_dict(kept["finetune"], "job.finetune") == spec.finetune

@@ -20,6 +20,7 @@ import pytest
 from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.node import memory, protocol
 from mlxops.node.ready import ready
+from mlxops.readiness import controller_mlx_lm_version
 from mlxops.tasks import facts as F
 from mlxops.trainer.plan import CPU_FRACTION, plan_memory
 from mlxops.yamlfile import read_yaml
@@ -100,8 +101,10 @@ def test_the_facts_probe_reports_it_and_the_plan_budgets_with_it(tmp_path, recor
     out = subprocess.run([sys.executable, "-c", F.PROBE], capture_output=True, text=True,
                          env={"PYTHONPATH": str(path)}, check=True).stdout
     probe = F.parse_probe(f"/py\n{out}")
+    # mlx-lm's version is its package metadata: this interpreter's own installed one.
     assert probe == Interpreter(path="/py", version=probe.version, mlx="0.32.4",
-                                working_set=recorded["working_set"])
+                                working_set=recorded["working_set"],
+                                mlx_lm=controller_mlx_lm_version())
     facts = replace(HostFacts.unknown(), python=probe, venv=None, memory_bytes=192 * GB)
     assert facts.ranks_working_set == recorded["working_set"]
     plan = plan_memory(JOB, facts.memory_bytes, 2, ranks_per_node=2,

@@ -65,7 +65,8 @@ def inventory(tmp_path: Path):
 def test_bundled_provision_playbook_is_valid() -> None:
     play = load_playbook(playbooks_dir() / "provision.yml")
     names = [t.spec.name for t in play.tasks]
-    assert names == ["facts", "env", "python", "skew", "blas", "hostfiles", "sync", "macos"]
+    assert names == ["facts", "env", "python", "mlx_lm", "skew", "blas", "hostfiles", "sync",
+                     "macos"]
     assert "always" in play.tasks[0].tags
 
 

@@ -50,3 +50,18 @@ def test_joined_is_one_line_per_host() -> None:
                      "macOS build 23E224, others 24F74")
     assert fix == R.AGREE_FIX
     assert agreed.odd == {"c": ["mlx", "python", "macos_build"]}
+
+
+MLX_LM_CASES = yaml.safe_load((Path(__file__).parent / "data" / "readiness" / "mlx_lm.yml")
+                              .read_text())
+
+
+@pytest.mark.parametrize("case", MLX_LM_CASES, ids=[c["name"] for c in MLX_LM_CASES])
+def test_mlx_lm_case(case: dict) -> None:
+    nodes = []
+    for host, spec in case["hosts"].items():
+        interpreter, mlx_lm = spec.split()
+        nodes.append(R.Versions(host, interpreter, "3.11.7", "0.32.4", "Linux",
+                                mlx_lm=None if mlx_lm == "-" else mlx_lm))
+    findings = R.mlx_lm_findings(nodes, case.get("pin"), case.get("source", "controller"))
+    assert [f.line for f in findings] == case["findings"]

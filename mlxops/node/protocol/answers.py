@@ -66,6 +66,7 @@ class PreflightAnswer(Record):
     mpi_libname: str | None = None       # ... and the libmpi MLX should dlopen
     openblas: str | None = None          # Linux: an OpenBLAS ranks preload; None: none, macOS
     cpus: int | None = None              # CPUs this node's processes may use (affinity, quota)
+    mlx_lm: str | None = None            # the mlx-lm installed (package metadata); None: none
 
 
 

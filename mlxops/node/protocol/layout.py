@@ -20,6 +20,7 @@ METRICS = "metrics.jsonl"       # rank 0's node: one JSON object per logged step
 #: they gave (docs/trainer.md); ``mlxops plan`` reads the job's last one.
 CALIBRATION = "calibration.json"
 TRAINER_CONFIG = "trainer.json"
+FINETUNE_CONFIG = "finetune.json"  # a finetune: job's config (mlxops.finetune's), per node
 RING_HOSTFILE = "hostfile.json"
 IBV_DEVICES = "ibv_devices.json"
 CKPT_DIR = "ckpt"
