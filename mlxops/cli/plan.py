@@ -16,7 +16,6 @@ from mlxops.errors import EXIT_FAILED
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from mlxops.finetune.plan import FinetunePlan
     from mlxops.planning import NodePlan
 
 GB = 1024**3
@@ -58,6 +57,8 @@ def _grouped(values: dict[str, str]) -> list[str]:
 
 def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
     """The lines under the plan table: chips, the per-rank breakdown, the global batch."""
+    from mlxops.finetune.plan import FinetunePlan
+
     if not plans:
         return []
     m = plans[0].plan
