@@ -133,6 +133,10 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             return status
         if status.state == STOPPED or load_record(record.name).state == STOPPED:
             return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
+        if probed and probes is not None and not probes.last.hung:
+            # A server that stopped answering has usually died: its rank's exit code, a
+            # moment behind, names the cause better than the refused probe does.
+            status = job_status(record, connector, hosts=hosts)
         problem = status.problem or _long_unreachable(status, unreachable_since,
                                                       record.restart.stall_timeout) or probed
         if problem:
