@@ -160,6 +160,10 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             if load_record(record.name).state == STOPPED:
                 # Stopped meanwhile: say how it ends, not what the channels said before.
                 return job_status(load_record(record.name), connector, hosts=hosts)
+            if probed and probes is not None and not probes.last.hung:
+                # A server that stopped answering has usually died: its rank's exit code, a
+                # moment behind, names the cause better than the refused probe does.
+                status = job_status(record, connector, hosts=hosts)
             problem = status.problem or _long_unreachable(status, unreachable_since,
                                                           record.restart.stall_timeout) or probed
             if problem:

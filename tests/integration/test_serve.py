@@ -206,7 +206,13 @@ def test_kill_9_restarts_the_server_and_stop_leaves_nothing(sandbox, tmp_path, s
             while not load_record("serve-kill").restarts and time.monotonic() < deadline:
                 time.sleep(0.5)
             restarts = load_record("serve-kill").restarts
-            assert [r.reason for r in restarts] == ["rank 0 on node1 exited with code 137"]
+            # The rank's exit code, or (when the probe found the port closed before the
+            # start script had written it, and it was not written by the second look) the
+            # probe's word for it.
+            assert len(restarts) == 1 and (
+                restarts[0].reason == "rank 0 on node1 exited with code 137"
+                or restarts[0].reason.startswith("the server on node1 stopped answering")
+            ), restarts
             wait_answering(client)
             assert complete(client) == before  # the client's next request succeeds
             status = job_status(load_record("serve-kill"), connector)
