@@ -29,8 +29,9 @@ from mlxops.filelock import exclusive
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, classify
 from mlxops.monitor import alerts, files
-from mlxops.monitor.data import MirrorReader, columns
+from mlxops.monitor.data import Mirror, MirrorReader, columns
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
+from mlxops.monitor.plateau import PlateauEvents
 from mlxops.node import protocol
 from mlxops.node.protocol import ENDED_STATES
 from mlxops.node.protocol.metrics import SERIES, step_of
@@ -191,6 +192,7 @@ class Feeder:
         self._last = 0.0
         self._hosts: dict[str, Any] | None = None
         self._alerts = AlertEvents(name)
+        self._plateau = PlateauEvents(name)
         self._thread: threading.Thread | None = None
         self._bug: BaseException | None = None
 
@@ -234,7 +236,8 @@ class Feeder:
         if self._hosts is None:
             self._hosts = inventory_hosts(record)
         if feed(record, self.connector, status=status, hosts=self._hosts) is not None:
-            self._alerts.look(record)
+            mirror = self._alerts.look(record)
+            self._plateau.look(mirror.metrics, record.job, record.attempt)
 
     def _feed_quietly(self, status: JobStatus) -> None:
         try:
@@ -253,7 +256,8 @@ class AlertEvents:
         self._mirror = MirrorReader(name)
         self._active: set[tuple[Any, ...]] = set()
 
-    def look(self, record: JobRecord) -> list[dict[str, Any]]:
+    def look(self, record: JobRecord) -> Mirror:
+        """Read the mirror, put its new alerts on the timeline; the mirror as read."""
         mirror = self._mirror.read()
         last = mirror.samples[-1] if mirror.samples else None
         cols = columns(mirror.metrics, SERIES)
@@ -265,4 +269,4 @@ class AlertEvents:
         for alert in new:
             events.record(record.name, events.ALERT, alert["message"], attempt=record.attempt,
                           alert=alert["kind"], host=alert.get("host"), rank=alert.get("rank"))
-        return new
+        return mirror

@@ -105,9 +105,13 @@ def test_an_alert_is_an_event_once_while_it_lasts(tmp_path, monkeypatch):
     monkeypatch.setenv("MLXOPS_HOME", str(home))
     record = load_record("tiny-lm")
     watcher = AlertEvents("tiny-lm")
-    [new] = watcher.look(record)                       # memory above the job's 2%
-    assert new["kind"] == "memory_share" and watcher.look(record) == []
-    [event] = events.read("tiny-lm")
+
+    def alerts_so_far():
+        return [e for e in events.read("tiny-lm") if e.kind == events.ALERT]
+
+    watcher.look(record)                               # memory above the job's 2%
+    watcher.look(record)                               # still: no second event
+    [event] = alerts_so_far()
     assert (event.kind, event.detail["alert"], event.detail["host"]) == (
         "alert", "memory_share", "localhost")
     assert event.message.startswith("localhost: memory 3% in use (alert at 2%)")
@@ -116,8 +120,40 @@ def test_an_alert_is_an_event_once_while_it_lasts(tmp_path, monkeypatch):
     calm = {**last, "nodes": {"localhost": {**last["nodes"]["localhost"], "memory_used": 1}}}
     with open(samples, "a") as handle:
         handle.write(json.dumps(calm) + "\n")
-    assert watcher.look(record) == []                  # it cleared
+    watcher.look(record)                               # it cleared
+    assert len(alerts_so_far()) == 1
     with open(samples, "a") as handle:
         handle.write(json.dumps(last) + "\n")
-    assert [a["kind"] for a in watcher.look(record)] == ["memory_share"]  # back: a new one
-    assert [e.kind for e in events.read("tiny-lm")] == ["alert", "alert"]
+    watcher.look(record)                               # back: a new one
+    assert [e.detail["alert"] for e in alerts_so_far()] == ["memory_share", "memory_share"]
+
+
+def line(step, val_loss=None):
+    from mlxops.node.protocol.metrics import MetricsLine
+
+    return MetricsLine(step=step, loss=1.0, tokens_per_sec=1.0, time=float(step),
+                       step_time=0.1, compute_time=0.1, comm_time=0.0, world_size=2,
+                       micro_batch=1, accumulation=1, lr=1e-3, active_memory=0,
+                       peak_memory=0, val_loss=val_loss)
+
+
+def test_a_plateau_is_one_event_per_best_that_validation_stopped_beating(home):
+    from mlxops.monitor.plateau import PlateauEvents, job_patience, plateau
+
+    job = {"trainer": {"train": {"patience": 2}}}
+    assert job_patience(job) == 2 and job_patience({"finetune": {"train": {}}}) == 3
+    run = [line(10, 2.0), line(20, 1.5), line(25), line(30, 1.6)]
+    assert plateau(run, 2) is None                     # one evaluation without a best
+    run.append(line(40, 1.5))                          # equal is no new best: two
+    assert plateau(run, 2) == (20, 1.5, 2)
+    watch = PlateauEvents("job")
+    first = watch.look(run, job, attempt=1)
+    assert first.kind == events.PLATEAU and first.detail["best_step"] == 20
+    assert first.message == ("validation loss has not improved for 2 evaluations (best "
+                             "1.5000 at step 20)")
+    assert watch.look(run, job, attempt=1) is None     # the same plateau: told once
+    run += [line(50, 1.2), line(60, 1.3)]              # a new best, then one without
+    assert watch.look(run, job, attempt=1) is None
+    run.append(line(70, 1.25))
+    assert watch.look(run, job, attempt=1).detail["best_step"] == 50
+    assert [e.kind for e in events.read("job")] == ["plateau", "plateau"]
