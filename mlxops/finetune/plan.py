@@ -43,8 +43,8 @@ trainer's, fitted to its measured peaks (:mod:`mlxops.trainer.plan`): a block of
 mlx-lm model is the same computation (norms, q/k/v, RoPE, attention, SwiGLU). How close
 this plan comes to what MLX measured in a fine-tuning step (``benchmarks/
 finetune_memory.py``; README): 1.00 to 1.17 times the peak of ``python -m
-mlxops.finetune`` on the 4 configs measured (LoRA, DoRA, full, 4-bit LoRA; 512 tokens). The budget is the trainer plan's
-(:func:`mlxops.trainer.plan.budget_bytes`).
+mlxops.finetune`` on the 4 configs measured (LoRA, DoRA, full, 4-bit LoRA; 512 tokens).
+The budget is the trainer plan's (:func:`mlxops.trainer.plan.budget_bytes`).
 """
 
 from __future__ import annotations
