@@ -18,49 +18,18 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
+from mlxops.devtools.webhook import Receiver
 from mlxops.sandbox.kernels import link_root_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "operated"
 STEPS = 60
 PROMETHEUS = shutil.which("prometheus")
-
-
-class HangingHook:
-    """A webhook that holds every request open until :attr:`release` is set, then 200."""
-
-    def __init__(self) -> None:
-        self.bodies: list[tuple[float, dict]] = []
-        self.release = threading.Event()
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                hook.bodies.append((time.time(), body))
-                hook.release.wait(120)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def free_port() -> int:
@@ -99,7 +68,7 @@ def run(tmp_path):
 
 def test_a_killed_rank_is_restarted_on_the_timeline_notified_once_and_scraped(run):
     tmp_path, inventory, env, node_root, mlxops = run
-    hook = HangingHook()
+    hook = Receiver(hang=True)
     heard = tmp_path / "heard.txt"
     command = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'a').write("
                "os.environ['MLXOPS_EVENT_KIND'] + '\\n')", str(heard)]
@@ -168,7 +137,7 @@ def test_a_killed_rank_is_restarted_on_the_timeline_notified_once_and_scraped(ru
     assert first_post < restarted["time"] < finished["time"] <= released[0]
     # Each event reached each target once (the webhook's after its release, as the
     # watchdog ended: its notifier delivers what is pending).
-    assert sorted(b["kind"] for _, b in hook.bodies) == ["finished", "restarted", "started"]
+    assert sorted(hook.kinds()) == ["finished", "restarted", "started"]
     assert heard.read_text().split() == ["started", "restarted", "finished"]
     sent = sorted((e["detail"]["event_kind"], e["detail"]["target"]) for e in timeline
                   if e["kind"] == "notified")

@@ -6,55 +6,18 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
 
 from mlxops import events
+from mlxops.devtools.webhook import Receiver
 from mlxops.errors import UserError
 from mlxops.jobs.notifying import job_notify
 from mlxops.notify import config as notify_config
 from mlxops.notify.config import NotifyConfig
 from mlxops.notify.deliver import GAVE_UP, SENDING, SENT, Ledger, Notifier
-
-
-class Receiver:
-    """A webhook on loopback: answers each POST with the next of ``codes`` (then 200), or
-    holds it open until released when ``hang`` is set."""
-
-    def __init__(self, codes=(), hang=False):
-        self.bodies: list[dict] = []
-        self.codes = list(codes)
-        self.hang = hang
-        self.release = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                receiver.bodies.append(body)
-                if receiver.hang:
-                    receiver.release.wait(30)
-                code = receiver.codes.pop(0) if receiver.codes else 200
-                self.send_response(code)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -107,8 +70,8 @@ def test_each_event_reaches_each_target_once(home, receiver, tmp_path):
     wait_for(lambda: len(kinds(kind=events.NOTIFIED)) == 4)
     notifier.close()
     # `started` is not among the default events; the others went to both targets once.
-    assert [b["kind"] for b in hook.bodies] == ["restarted", "finished"]
-    assert hook.bodies[0]["id"] == restarted.id and hook.bodies[0]["text"] == (
+    assert hook.kinds() == ["restarted", "finished"]
+    assert hook.bodies[0][1]["id"] == restarted.id and hook.bodies[0][1]["text"] == (
         "mlxops: job: restarted: rank 1 on n2 exited with code 137")
     lines = out.read_text().splitlines()
     assert [line.split(" ", 1)[0] for line in lines] == ["restarted", "finished"]
