@@ -3,10 +3,10 @@ in ``--help`` without importing the selftest (which imports every other part).""
 
 from __future__ import annotations
 
-from mlxops.selftest import summary as S
-
+#: The steps, in the order they run.
+TRUST, PROVISION, CHECK, BENCH, JOB, STOP = "trust", "provision", "check", "bench", "job", "stop"
 #: What ``--skip`` may leave out (trust cannot: every other step stands on it).
-SKIPPABLE = (S.PROVISION, S.CHECK, S.BENCH, S.JOB)
+SKIPPABLE = (PROVISION, CHECK, BENCH, JOB)
 DEFAULT_TIMEOUT = 300.0
 #: The selftest job's name (its record, run directories, logs).
 NAME = "mlxops-selftest"

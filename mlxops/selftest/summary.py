@@ -24,12 +24,12 @@ from mlxops import console
 from mlxops.bench.results import BUSBW_FROM, BenchResult, average_busbw
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.hostfacts import HostFacts
+from mlxops.selftest.choices import BENCH, CHECK, JOB, PROVISION, STOP, TRUST
 from mlxops.transport.results import FAILED, SKIPPED, UNREACHABLE
 from mlxops.transport.results import OK as OK  # a step's result too (S.OK)
 
 VERSION = 1
-#: The steps, in the order they run (docs/cli.md, "mlxops selftest").
-TRUST, PROVISION, CHECK, BENCH, JOB, STOP = "trust", "provision", "check", "bench", "job", "stop"
+#: The steps, in the order they run (docs/cli.md, "mlxops selftest"); named in .choices.
 STEPS = (TRUST, PROVISION, CHECK, BENCH, JOB, STOP)
 #: A step's result: a host result's words (mlxops.transport.results) and two of its own.
 #: ``not run``: an earlier step failed or Ctrl-C came first.
