@@ -32,7 +32,6 @@ from mlxops.node.protocol.rankenv import RankEnv
 
 SECOND_WARMUP_BELOW = 1.0   # seconds: a size whose first call took less gets a second one
 BEAT_EVERY = 5.0            # seconds between heartbeats during a size's timed calls
-ALWAYS_UP_TO = 1 << 20      # bytes: a budget never stops the sweep below this size
 
 
 def _write(path: Path, doc: dict) -> None:
@@ -65,10 +64,8 @@ def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_i
     warm-up and ``min_iters`` timed calls, each taking up to twice this size's (a size
     twice as large, where bandwidth decides). The timed calls of a size fill about
     ``target`` seconds, so small sizes take about that whatever the link; a slow link
-    stops the growth early. Sizes below :data:`ALWAYS_UP_TO` are always measured: they
-    show latency, cost little on any link, and ``--min-busbw`` averages from 1 MiB. Every
-    rank takes the same decision (the slowest rank's time per call, agreed with
-    ``all_max``)."""
+    stops the growth early. Every rank takes the same decision (the slowest rank's time
+    per call, agreed with ``all_max``)."""
     rank, n = group.rank(), group.size()
     expected = n * (n + 1) / 2
     share = budget / len(sizes) if budget > 0 and sizes else 0.0
@@ -97,8 +94,7 @@ def sweep(sizes: list[int], group: mx.distributed.Group, *, target: float, min_i
                      "wrong": wrong})
         del x, y
         beat(i + 1)
-        if share and size >= ALWAYS_UP_TO and \
-                (1 + min_iters) * 2 * _agree_max(elapsed / iters, group) > share:
+        if share and (1 + min_iters) * 2 * _agree_max(elapsed / iters, group) > share:
             break  # the largest size reached is the last row
     return rows
 
