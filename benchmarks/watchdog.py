@@ -23,13 +23,15 @@ modes alternating.
     sudo .venv/bin/python benchmarks/watchdog.py [--nodes 4] [--ranks 4,16] [--repeat 3]
                                                  [--modes push,poll]
 
-Every job is stopped and the sandbox taken down at the end, also on Ctrl-C.
+Every job is stopped and the sandbox taken down at the end, also on Ctrl-C; the work
+directory is removed unless a run failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -205,6 +207,10 @@ class Bench:
             kill(int(line), signal.SIGKILL)
         self.box.down()
 
+    def remove(self) -> None:
+        """The work directory (job files, records), once the run succeeded."""
+        shutil.rmtree(self.work, ignore_errors=True)
+
 
 def _exit_on_sigterm(signum, frame):
     raise KeyboardInterrupt
@@ -243,6 +249,7 @@ def main() -> None:
                           f"stopped {took[1]:.2f} s, resumed {took[2]:.2f} s", file=sys.stderr)
     finally:
         bench.cleanup()
+    bench.remove()  # kept when a run failed (it says where)
     print(f"\nkill -9 of one rank, {opts.nodes} sandbox nodes, median of {opts.repeat} "
           f"({time.monotonic() - started:.0f} s in all)\n")
     print("| ranks | watchdog | restart decided | every other rank stopped | resume spawned "

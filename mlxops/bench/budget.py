@@ -24,8 +24,9 @@ wins over the budget, and the bench says by how much it expects to run over).
 
 The all-reduce sweep gets what is left when it starts, less ``SWEEP_START`` for its ranks
 to start (MLX's import, the ring's connections) and ``SWEEP_END`` to stop them and clean
-up; its ranks stop growing the size once the next one's least work would not fit its
-share (``mlxops/node/allreduce.py``), and the largest size reached is reported. Those
+up (at least ``MIN_SWEEP``); its ranks stop growing the size once the next one's least
+work would not fit its share (``mlxops/node/allreduce.py``), and the largest size
+reached is reported. Those
 costs are fixed: on a busy machine they, not the links, decide whether 30 s holds.
 """
 
