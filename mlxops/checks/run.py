@@ -65,6 +65,9 @@ def testinfra_entry_point() -> str:
 def pytest_args(check_dirs: Sequence[str | Path], junitxml: str | None) -> list[str]:
     args = [
         "-p", "no:cacheprovider", "-p", "no:terminal", "-p", f"no:{ENTRY_POINT}",
+        # anyio's plugin (it comes with httpx, so with most Python environments) starts
+        # asyncio in every session; no check runs a coroutine.
+        "-p", "no:anyio",
         "-p", testinfra_entry_point(),
         "-c", os.devnull, "--rootdir", str(CHECKS_DIR), "--import-mode=importlib",
         "-o", "python_files=check_*.py test_*.py",

@@ -8,18 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from mlxops import console
 from mlxops.cli.options import json_option
-from mlxops.dataprep import prepare as prep
 from mlxops.errors import UserError
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
@@ -37,6 +28,15 @@ def parse_size(text: str) -> int:
 @contextmanager
 def _bar(enabled: bool) -> Iterator[Callable[[str, int, int], None]]:
     """Progress on stderr (a terminal only): one bar per stage, in input bytes."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     if not enabled or not console.err.is_terminal:
         yield lambda stage, done, total: None
         return
@@ -85,6 +85,8 @@ def prepare_command(inputs: tuple[str, ...], out: str, tokenizer: str,
                     shard_tokens: int, max_memory: str, as_json: bool) -> None:
     """Tokenize INPUT... (text, JSONL, Parquet, datasets.save_to_disk directories) into
     token shards: a re-run over unchanged input changes nothing."""
+    from mlxops.dataprep import prepare as prep
+
     options = prep.Options(inputs=inputs, out=Path(out), tokenizer=tokenizer,
                            train_bpe=train_bpe, field=field, split=split,
                            val_fraction=val_fraction, shard_tokens=shard_tokens,

@@ -7,12 +7,10 @@ import datetime
 import sys
 
 import click
-from rich.markup import escape
 
 from mlxops import console, events
 from mlxops.cli.options import json_option
 from mlxops.errors import EXIT_OK
-from mlxops.jobs.record import load_record
 
 STYLE = {events.FAILED: "red", events.STALLED: "yellow", events.RESTARTED: "yellow",
          events.ALERT: "yellow", events.PLATEAU: "yellow", events.NOTIFY_FAILED: "red",
@@ -31,6 +29,10 @@ def _when(t: float) -> str:
 def command(name, kinds, as_json):
     """The timeline of job NAME: launch, each restart and its reason, stops, resumes,
     alerts and the notifications sent, oldest first."""
+    from rich.markup import escape
+
+    from mlxops.jobs.record import load_record
+
     load_record(name)  # an unknown name: the one-line error with the known jobs
     found = [e for e in events.read(name) if not kinds or e.kind in kinds]
     if as_json:

@@ -97,7 +97,8 @@ def _dataset(directory: Path, split: str, given: str) -> list[Source]:
         try:
             splits = json.loads((directory / DATASET_DICT).read_text())["splits"]
         except (OSError, ValueError, KeyError, TypeError):
-            raise bad_input(directory / DATASET_DICT, "splits", "unreadable") from None
+            raise bad_input(directory / DATASET_DICT, "splits",
+                            "cannot be read (not a DatasetDict's save_to_disk)") from None
         if split not in splits:
             raise bad_input(given, "--split", f"no split {split!r} in this dataset (it has "
                                               f"{', '.join(map(str, splits))})")
@@ -108,7 +109,8 @@ def _dataset(directory: Path, split: str, given: str) -> list[Source]:
         state = json.loads((directory / STATE).read_text())
         files = [directory / f["filename"] for f in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError):
-        raise bad_input(directory / STATE, "_data_files", "unreadable") from None
+        raise bad_input(directory / STATE, "_data_files",
+                        "cannot be read (not a dataset's save_to_disk state)") from None
     if state.get("_indices") or (directory / "indices.arrow").exists():
         raise bad_input(given, None, "a dataset saved with an indices mapping: save it "
                                      "after .flatten_indices()")

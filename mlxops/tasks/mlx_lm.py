@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from mlxops.node.protocol.layout import VENV_DIR
 from mlxops.readiness import mlx_lm_pin, pinned_version
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.facts import parse_probe
@@ -48,7 +49,7 @@ def mlx_lm_task(ctx: TaskContext, args: Mapping[str, Any]) -> Outcome:
     if not mlx_pin or python.mlx != mlx_pin:
         return Outcome.failed(f"mlx-lm goes with the pinned mlx {mlx_pin}, which "
                               f"{python.path} does not have: run the python task first")
-    what = f"mlx-lm {python.mlx_lm or 'missing'} -> {pin} in {facts.root}/venv"
+    what = f"mlx-lm {python.mlx_lm or 'missing'} -> {pin} in {facts.root}/{VENV_DIR}"
     if ctx.check:
         return Outcome.changed(f"would install {what}")
     node_wheelhouse, problem = push_wheelhouse(ctx)

@@ -27,18 +27,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from mlxops.node.protocol.decode import ProtocolError, Record, decode
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 #: (magic, version) of each token dtype, as llm.c writes them.
 UINT16, UINT32 = "uint16", "uint32"
 HEADERS = {UINT16: (20240520, 1), UINT32: (20240801, 7)}
-DTYPES = {UINT16: np.dtype("<u2"), UINT32: np.dtype("<u4")}
+# numpy's names of them (numpy is imported where tokens are read or written: the controller
+# reads manifests through this module, and `mlxops --help` must not load numpy).
+DTYPES = {UINT16: "<u2", UINT32: "<u4"}
+ITEMSIZE = {UINT16: 2, UINT32: 4}
 #: The largest vocabulary whose ids all fit in uint16.
 UINT16_VOCAB = 1 << 16
 
@@ -67,6 +71,8 @@ def shard_name(split: str, index: int) -> str:
 
 def header(dtype: str, count: int) -> bytes:
     """The 1024-byte header of a shard of ``count`` tokens of ``dtype``."""
+    import numpy as np
+
     magic, version = HEADERS[dtype]
     values = np.zeros(HEADER_INTS, dtype="<i4")
     if not 0 <= count < 1 << 31:
@@ -77,6 +83,8 @@ def header(dtype: str, count: int) -> bytes:
 
 def read_header(data: bytes, where: str = "shard") -> tuple[str, int]:
     """(dtype, token count) of a header; ShardError naming ``where`` when it is none."""
+    import numpy as np
+
     if len(data) < HEADER_BYTES:
         raise ShardError(f"{where}: {len(data)} bytes, shorter than a shard's "
                          f"{HEADER_BYTES}-byte header")
@@ -92,11 +100,13 @@ def read_header(data: bytes, where: str = "shard") -> tuple[str, int]:
 
 def shard_bytes(dtype: str, count: int) -> int:
     """The size of a whole shard of ``count`` tokens."""
-    return HEADER_BYTES + count * DTYPES[dtype].itemsize
+    return HEADER_BYTES + count * ITEMSIZE[dtype]
 
 
 def open_shard(path: str | Path) -> np.ndarray:
     """The tokens of a shard, memory-mapped (read on demand, never loaded whole)."""
+    import numpy as np
+
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -115,8 +125,10 @@ def open_shard(path: str | Path) -> np.ndarray:
 def write_tokens(fh: BinaryIO, tokens: np.ndarray, dtype: str) -> memoryview:
     """``tokens`` as ``dtype`` (little-endian) written to ``fh``; the bytes written (a view,
     for a running hash). Refuses an id the dtype cannot hold instead of wrapping it."""
+    import numpy as np
+
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= 1 << (
-            8 * DTYPES[dtype].itemsize)):
+            8 * ITEMSIZE[dtype])):
         raise ShardError(f"token id {int(tokens.max())} does not fit in {dtype}")
     data = memoryview(np.ascontiguousarray(tokens, dtype=DTYPES[dtype])).cast("B")
     fh.write(data)
