@@ -63,12 +63,13 @@ def test_the_node_root_and_the_rank_environment_are_spelt_in_the_protocol_only()
 #: trainer's config (micro_batch, lr).
 SHARED_WITH_OTHER_RECORDS = {"step", "time", "loss", "tokens_per_sec", "compute_time",
                              "comm_time", "peak_memory", "world_size", "micro_batch",
-                             "accumulation", "consistency_repairs", "batch_split", "lr"}
+                             "accumulation", "consistency_repairs", "batch_split", "lr",
+                             "val_loss"}   # the heartbeat (Progress) carries the last one
 
 
 def test_the_metrics_line_fields_are_spelt_in_its_definition_only():
     own = set(METRICS_FIELDS) - SHARED_WITH_OTHER_RECORDS
-    assert own == {"step_time", "active_memory", "planned_memory"}
+    assert own == {"step_time", "active_memory", "planned_memory", "val_perplexity"}
     found = [(p, line, text) for p in modules(but=(PROTOCOL / "metrics.py",))
              for line, text in literals(p) if text in own]
     assert where(found) == []
