@@ -53,6 +53,8 @@ BYTES_PER_TEXT_BYTE = {encoders.BYTES: 20, encoders.TOKENIZER_JSON: 80, encoders
 #: 4 bytes a character) and cut into paragraphs (measured: ~8 MiB).
 READ_RESERVE = 12 << 20
 MIN_BATCH = 64 << 10
+#: Larger batches would only cost memory: the tokenizer's threads are busy with a few MiB.
+MAX_BATCH = 8 << 20
 TRAINED = "tokenizer.json"
 
 T = TypeVar("T")
@@ -207,7 +209,7 @@ def _batch_bytes(options: Options, encoder: encoders.Encoder | None) -> int:
     if batch < MIN_BATCH:
         raise UserError(f"--max-memory: {options.max_memory >> 20} MiB leaves no room: this "
                         f"process holds {peak_rss() >> 20} MiB before reading anything")
-    return int(min(batch, 256 << 20))
+    return int(min(batch, MAX_BATCH))
 
 
 def _texts(found: Sequence[inputs.Input], options: Options, batch_bytes: int, total: int,
