@@ -19,7 +19,6 @@ from rich.progress import (
 
 from mlxops import console
 from mlxops.cli.options import json_option
-from mlxops.dataprep import prepare as prep
 from mlxops.errors import UserError
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
@@ -85,6 +84,9 @@ def prepare_command(inputs: tuple[str, ...], out: str, tokenizer: str,
                     shard_tokens: int, max_memory: str, as_json: bool) -> None:
     """Tokenize INPUT... (text, JSONL, Parquet, datasets.save_to_disk directories) into
     token shards: a re-run over unchanged input changes nothing."""
+    # Here, not at the top: numpy and the tokenizer are this command's, not every command's.
+    from mlxops.dataprep import prepare as prep
+
     options = prep.Options(inputs=inputs, out=Path(out), tokenizer=tokenizer,
                            train_bpe=train_bpe, field=field, split=split,
                            val_fraction=val_fraction, shard_tokens=shard_tokens,

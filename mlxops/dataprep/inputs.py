@@ -12,7 +12,8 @@ An input is a file or a directory, its kind by what it is:
   ``--field`` (``text``) a string;
 * ``text`` — any other file: each paragraph (lines up to a blank line) a document. A
   paragraph longer than the document bound is cut at a line end, a line longer than it at
-  the bound (a character split there is kept whole by the incremental UTF-8 decoder).
+  the bound. Read a MiB at a time (a character split between two reads is kept whole by
+  the incremental UTF-8 decoder) and cut at blank lines with one regular expression.
 
 A directory that is no dataset is every file under it, sorted, hidden ones left out, each
 by its suffix. Documents come out in input order, each with the bytes of the input it
@@ -24,6 +25,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,11 @@ from mlxops.errors import UserError, bad_input
 TEXT, JSONL, PARQUET, DATASETS = "text", "jsonl", "parquet", "datasets"
 SUFFIXES = {".jsonl": JSONL, ".json": JSONL, ".parquet": PARQUET}
 STATE, DATASET_DICT = "state.json", "dataset_dict.json"
-#: A text document longer than this is cut (at a line end where it can be).
+#: A text document longer than this many characters is cut (at a line end where it can be).
 MAX_DOCUMENT = 4 << 20
+_READ = 1 << 20
+#: A blank line (or several): spaces and tabs only between two line ends.
+_BLANK_LINE = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")
 
 
 @dataclass(frozen=True)
@@ -113,30 +118,57 @@ def _dataset(directory: Path, split: str, given: str) -> list[Source]:
 # --- documents ------------------------------------------------------------------------------
 
 
-def documents(source: Source, field: str) -> Iterator[tuple[str, int]]:
-    """(document, input bytes read since the last one) of one file."""
+def documents(source: Source, field: str) -> Iterator[tuple[str | None, int]]:
+    """(document, input bytes read since the last one) of one file; a None document says
+    only how much was read (what follows the last document)."""
     readers = {TEXT: _text, JSONL: _jsonl, PARQUET: _parquet, DATASETS: _arrow}
     yield from readers[source.kind](source.path, field)
 
 
-def _text(path: Path, field: str) -> Iterator[tuple[str, int]]:
+def _text(path: Path, field: str) -> Iterator[tuple[str | None, int]]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    lines: list[str] = []
-    size, read = 0, 0
+    rest, pending = "", 0
     with open(path, "rb") as fh:
-        while raw := fh.readline(MAX_DOCUMENT):
-            read += len(raw)
-            line = decoder.decode(raw)
-            blank = not line.strip()
-            if lines and (blank or size + len(raw) > MAX_DOCUMENT):
-                yield "".join(lines).rstrip("\n"), read - len(raw)
-                lines, size, read = [], 0, len(raw)
-            if not blank:
-                lines.append(line)
-                size += len(raw)
-        tail = decoder.decode(b"", final=True)
-        if lines or tail.strip():
-            yield ("".join(lines) + tail).rstrip("\n"), read
+        while True:
+            raw = fh.read(_READ)
+            pending += len(raw)
+            rest += decoder.decode(raw, final=not raw)
+            pieces = _BLANK_LINE.split(rest)
+            # The last piece may go on in the next read, unless the file ended.
+            rest = pieces.pop() if raw else ""
+            for piece in pieces:
+                for doc in _cut(piece):
+                    yield doc, pending
+                    pending = 0
+            while len(rest) > MAX_DOCUMENT:         # no blank line for that long
+                doc, rest = _cut_one(rest)
+                if doc.strip():
+                    yield doc, pending
+                    pending = 0
+            if not raw:
+                break
+    if pending:
+        yield None, pending     # blank lines after the last document: progress only
+
+
+def _cut(piece: str) -> Iterator[str]:
+    """A paragraph as documents of at most :data:`MAX_DOCUMENT` characters."""
+    while len(piece) > MAX_DOCUMENT:
+        doc, piece = _cut_one(piece)
+        if doc.strip():
+            yield doc
+    piece = piece.rstrip("\n")
+    if piece.strip():
+        yield piece
+
+
+def _cut_one(text: str) -> tuple[str, str]:
+    """The first document of a text too long for one: up to the last line end within the
+    bound, else the bound itself."""
+    end = text.rfind("\n", 0, MAX_DOCUMENT)
+    if end < 0:
+        return text[:MAX_DOCUMENT], text[MAX_DOCUMENT:]
+    return text[:end], text[end + 1:]
 
 
 def _jsonl(path: Path, field: str) -> Iterator[tuple[str, int]]:
@@ -210,12 +242,14 @@ def batches(inputs: Sequence[Input], field: str, batch_bytes: int
     for item in inputs:
         for source in item.sources:
             for text, read in documents(source, field):
+                consumed += read
+                if text is None:
+                    continue
                 if batch and size + len(text) > batch_bytes:
-                    yield batch, consumed
-                    batch, size, consumed = [], 0, 0
+                    yield batch, consumed - read
+                    batch, size, consumed = [], 0, read
                 batch.append(text)
                 size += len(text)
-                consumed += read
     if batch or consumed:
         yield batch, consumed
 

@@ -14,9 +14,11 @@ The policy:
   temporary name, hashed, and replaces the old one only when it differs; shards no longer
   listed go; the manifest is written last, and only when it changed.
 * **Bounded memory.** Documents are tokenized in batches whose text is at most
-  ``(max_memory - what the process holds at the start) / factor`` bytes, ``factor`` being
+  ``(max_memory - what the process holds at the start - a reserve for reading) / factor``
+  bytes, ``factor`` being
   what a byte of text costs while its tokens are made (the tokenizer's objects, id lists,
-  arrays: :data:`BYTES_PER_TEXT_BYTE`); tokens go to the shard files as they come. So a
+  arrays, and the next batch a reader thread prepares meanwhile: :data:`BYTES_PER_TEXT_BYTE`);
+  tokens go to the shard files as they come. So a
   corpus larger than the memory works, and ``--max-memory`` bounds the process's peak RSS
   (the test holds it to that on a corpus larger than the bound). Training a BPE keeps the
   tokenizers library's counts of distinct words, which grow with the vocabulary of the
@@ -26,18 +28,20 @@ The policy:
 from __future__ import annotations
 
 import hashlib
-import os
+import queue
 import resource
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TypeVar
 
 import numpy as np
 
 from mlxops.dataprep import encoders, inputs
+from mlxops.dataprep.writer import TMP_PREFIX, ShardWriter, file_sha256
 from mlxops.errors import UserError
 from mlxops.trainer import shardformat as sf
 
@@ -45,10 +49,15 @@ from mlxops.trainer import shardformat as sf
 #: (tests/unit/test_dataprep.py holds the bound): a tokenizer.json's encodings keep token
 #: strings and offsets per token; tiktoken and bytes keep the ids only.
 BYTES_PER_TEXT_BYTE = {encoders.BYTES: 20, encoders.TOKENIZER_JSON: 80, encoders.TIKTOKEN: 24}
+#: What reading takes besides the batches, whatever their size: a MiB read, decoded (up to
+#: 4 bytes a character) and cut into paragraphs (measured: ~8 MiB).
+READ_RESERVE = 12 << 20
 MIN_BATCH = 64 << 10
+#: Larger batches would only cost memory: the tokenizer's threads are busy with a few MiB.
+MAX_BATCH = 8 << 20
 TRAINED = "tokenizer.json"
-TMP_PREFIX = ".tmp-"
 
+T = TypeVar("T")
 Progress = Callable[[str, int, int], None]   # (stage, bytes done in it, its total)
 
 
@@ -186,7 +195,7 @@ def _up_to_date(old: sf.Manifest, options: Options, sources: list[sf.SourceInfo]
         return False
     if encoder is not None and old.tokenizer != encoder.info:
         return False
-    if encoder is None and not (trained.is_file() and _file_sha256(trained)
+    if encoder is None and not (trained.is_file() and file_sha256(trained)
                                 == old.tokenizer.sha256):
         return False
     return all((options.out / s.name).is_file()
@@ -195,12 +204,12 @@ def _up_to_date(old: sf.Manifest, options: Options, sources: list[sf.SourceInfo]
 
 def _batch_bytes(options: Options, encoder: encoders.Encoder | None) -> int:
     kind = encoder.info.kind if encoder is not None else encoders.TOKENIZER_JSON
-    room = options.max_memory - peak_rss()
+    room = options.max_memory - peak_rss() - READ_RESERVE
     batch = room // BYTES_PER_TEXT_BYTE[kind]
     if batch < MIN_BATCH:
         raise UserError(f"--max-memory: {options.max_memory >> 20} MiB leaves no room: this "
                         f"process holds {peak_rss() >> 20} MiB before reading anything")
-    return int(min(batch, 256 << 20))
+    return int(min(batch, MAX_BATCH))
 
 
 def _texts(found: Sequence[inputs.Input], options: Options, batch_bytes: int, total: int,
@@ -223,11 +232,11 @@ def _write(found: Sequence[inputs.Input], options: Options, encoder: encoders.En
     previous = {s.name: s for s in old.shards()} if old else {}
     writers = {split: ShardWriter(options.out, split, dtype, options.shard_tokens, previous)
                for split in sf.SPLITS}
-    # uint32: what every id fits in; concatenated with a byte tokenizer's uint8 ids, no wider.
-    separator = np.asarray(encoder.separator, dtype=np.uint32)
+    # The shards' dtype: a byte tokenizer's uint8 ids join it as they are, no wider.
+    separator = np.asarray(encoder.separator, dtype=sf.DTYPES[dtype])
     index = done = 0
     try:
-        for texts, read in inputs.batches(found, options.field, batch_bytes):
+        for texts, read in _prefetched(inputs.batches(found, options.field, batch_bytes)):
             parts: dict[str, list[np.ndarray]] = {sf.TRAIN: [], sf.VAL: []}
             for ids in encoder.encode(texts):
                 split = sf.VAL if _is_val(index, options.val_fraction) else sf.TRAIN
@@ -268,84 +277,45 @@ def _write(found: Sequence[inputs.Input], options: Options, encoder: encoders.En
     return report
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _prefetched(items: Iterator[T]) -> Iterator[T]:
+    """``items``, the next one read by a thread while the caller works on this one.
 
+    The tokenizers run their own threads without the GIL, so reading and cutting the next
+    batch overlaps tokenizing this one; at most one batch waits (the memory bound counts
+    it). An exception in the reader is raised here; leaving early stops the reader."""
+    slot: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
 
-class ShardWriter:
-    """One split's shards: tokens appended as they come, a new shard every ``limit``.
+    def read() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        slot.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slot.put((False, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            slot.put((False, exc))
 
-    A shard is opened with the header of a full one (``limit`` tokens) and hashed as it is
-    written, so a full shard is never read back; only the last, shorter one of a split gets
-    its real header and is hashed again from the file."""
-
-    def __init__(self, out: Path, split: str, dtype: str, limit: int,
-                 previous: dict[str, sf.ShardInfo]):
-        self.out, self.split, self.dtype, self.limit = out, split, dtype, limit
-        self.previous = previous
-        self.shards: list[sf.ShardInfo] = []
-        self.written: list[str] = []
-        self.kept: list[str] = []
-        self._fh: BinaryIO | None = None
-        self._count = 0
-        self._hash = hashlib.sha256()
-
-    def _tmp(self) -> Path:
-        return self.out / f"{TMP_PREFIX}{sf.shard_name(self.split, len(self.shards))}"
-
-    def _open(self) -> None:
-        self._fh = open(self._tmp(), "wb")
-        head = sf.header(self.dtype, self.limit)
-        self._fh.write(head)
-        self._hash = hashlib.sha256(head)
-        self._count = 0
-
-    def add(self, tokens: np.ndarray) -> None:
-        at = 0
-        while at < len(tokens):
-            if self._fh is None:
-                self._open()
-            assert self._fh is not None
-            take = min(len(tokens) - at, self.limit - self._count)
-            self._hash.update(sf.write_tokens(self._fh, tokens[at:at + take], self.dtype))
-            self._count += take
-            at += take
-            if self._count == self.limit:
-                self._finish()
-
-    def _finish(self) -> None:
-        assert self._fh is not None
-        tmp = self._tmp()
-        name = sf.shard_name(self.split, len(self.shards))
-        if self._count != self.limit:
-            self._fh.seek(0)
-            self._fh.write(sf.header(self.dtype, self._count))
-        self._fh.close()
-        self._fh = None
-        sha = self._hash.hexdigest() if self._count == self.limit else _file_sha256(tmp)
-        info = sf.ShardInfo(name, sha, tmp.stat().st_size, self._count)
-        final = self.out / name
-        old = self.previous.get(name)
-        if old == info and final.is_file() and final.stat().st_size == info.bytes:
-            tmp.unlink()        # the same shard: the file (and its mtime) stays
-            self.kept.append(name)
-        else:
-            os.replace(tmp, final)
-            self.written.append(name)
-        self.shards.append(info)
-
-    def close(self) -> list[sf.ShardInfo]:
-        if self._fh is not None and self._count:
-            self._finish()
-        return self.shards
-
-    def abandon(self) -> None:
-        """After an error (or a close): no temporary file left behind."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-            self._tmp().unlink(missing_ok=True)
+    reader = threading.Thread(target=read, name="prepare-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            more, item = slot.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        while reader.is_alive():    # let a reader blocked on a full slot see the stop
+            try:
+                slot.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        reader.join()

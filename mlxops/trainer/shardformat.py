@@ -12,7 +12,8 @@ format of small-LM trainers (llm.c's ``dev/data/data_common.py``, modded-nanogpt
 
 The file is exactly ``1024 + count * itemsize`` bytes; a reader refuses anything else with a
 one-line :class:`ShardError` naming the file (a shard cut short by a full disk, a file that
-is not a shard).
+is not a shard). Only the two functions that move tokens import numpy: the controller's
+commands that read a manifest (launch, plan, status) start without it.
 
 The manifest (``manifest.json`` beside the shards) is one :class:`Manifest` record: the
 tokenizer (its kind, name and the sha256 of what defines it), the vocabulary size the model
@@ -25,20 +26,24 @@ nothing. The shards' hashes are what launch and pre-flight compare a node's copy
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from mlxops.node.protocol.decode import ProtocolError, Record, decode
+
+if TYPE_CHECKING:
+    import numpy as np
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 #: (magic, version) of each token dtype, as llm.c writes them.
 UINT16, UINT32 = "uint16", "uint32"
 HEADERS = {UINT16: (20240520, 1), UINT32: (20240801, 7)}
-DTYPES = {UINT16: np.dtype("<u2"), UINT32: np.dtype("<u4")}
+#: numpy's names of the token dtypes (little-endian), and their sizes.
+DTYPES = {UINT16: "<u2", UINT32: "<u4"}
+ITEMSIZE = {UINT16: 2, UINT32: 4}
 #: The largest vocabulary whose ids all fit in uint16.
 UINT16_VOCAB = 1 << 16
 
@@ -68,11 +73,9 @@ def shard_name(split: str, index: int) -> str:
 def header(dtype: str, count: int) -> bytes:
     """The 1024-byte header of a shard of ``count`` tokens of ``dtype``."""
     magic, version = HEADERS[dtype]
-    values = np.zeros(HEADER_INTS, dtype="<i4")
     if not 0 <= count < 1 << 31:
         raise ShardError(f"a shard holds at most 2**31-1 tokens, not {count}")
-    values[:3] = (magic, version, count)
-    return values.tobytes()
+    return struct.pack(f"<{HEADER_INTS}i", magic, version, count, *[0] * (HEADER_INTS - 3))
 
 
 def read_header(data: bytes, where: str = "shard") -> tuple[str, int]:
@@ -80,7 +83,7 @@ def read_header(data: bytes, where: str = "shard") -> tuple[str, int]:
     if len(data) < HEADER_BYTES:
         raise ShardError(f"{where}: {len(data)} bytes, shorter than a shard's "
                          f"{HEADER_BYTES}-byte header")
-    magic, version, count = (int(x) for x in np.frombuffer(data[:12], dtype="<i4"))
+    magic, version, count = struct.unpack_from("<3i", data)
     for dtype, known in HEADERS.items():
         if (magic, version) == known:
             if count < 0:
@@ -92,11 +95,13 @@ def read_header(data: bytes, where: str = "shard") -> tuple[str, int]:
 
 def shard_bytes(dtype: str, count: int) -> int:
     """The size of a whole shard of ``count`` tokens."""
-    return HEADER_BYTES + count * DTYPES[dtype].itemsize
+    return HEADER_BYTES + count * ITEMSIZE[dtype]
 
 
 def open_shard(path: str | Path) -> np.ndarray:
     """The tokens of a shard, memory-mapped (read on demand, never loaded whole)."""
+    import numpy as np
+
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -115,8 +120,10 @@ def open_shard(path: str | Path) -> np.ndarray:
 def write_tokens(fh: BinaryIO, tokens: np.ndarray, dtype: str) -> memoryview:
     """``tokens`` as ``dtype`` (little-endian) written to ``fh``; the bytes written (a view,
     for a running hash). Refuses an id the dtype cannot hold instead of wrapping it."""
+    import numpy as np
+
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= 1 << (
-            8 * DTYPES[dtype].itemsize)):
+            8 * ITEMSIZE[dtype])):
         raise ShardError(f"token id {int(tokens.max())} does not fit in {dtype}")
     data = memoryview(np.ascontiguousarray(tokens, dtype=DTYPES[dtype])).cast("B")
     fh.write(data)

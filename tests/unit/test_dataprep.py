@@ -305,3 +305,30 @@ def test_a_corpus_larger_than_the_memory_bound(tmp_path):
     manifest = sf.read_manifest(tmp_path / "out")
     # Paragraphs: each written after a blank line, its own blank line not kept.
     assert manifest.tokens("train") + manifest.tokens("val") == size
+
+
+def test_the_reader_thread_hands_on_errors_and_stops_when_left():
+    def items():
+        yield 1
+        yield 2
+        raise ValueError("unreadable")
+
+    got = []
+    with pytest.raises(ValueError, match="unreadable"):
+        for item in prep._prefetched(items()):
+            got.append(item)
+    assert got == [1, 2]
+
+    read = []
+
+    def endless():
+        for i in range(10**9):
+            read.append(i)
+            yield i
+
+    stream = prep._prefetched(endless())
+    assert next(stream) == 0
+    stream.close()                  # the reader sees the stop and ends: no thread left
+    count = len(read)
+    time.sleep(0.3)
+    assert len(read) == count and count <= 4
