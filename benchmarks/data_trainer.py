@@ -14,6 +14,13 @@ none of them):
 - ``shards-inline``: the same shards read in the step (``data.prefetch: 0``), to show what
   read-ahead hides.
 
+Beside the runs, what a step's data costs the training loop on its own (``--loop-steps``
+steps in this process, no model): the CPU time of the loop's thread to get one rank's
+rows of a step, median, for the synthetic source, the shards read in the loop, and the
+shards from the read-ahead thread while the loop sleeps ``--loop-compute-ms`` a step as
+if computing. On a shared machine the runs' tokens/s move with the load; this figure
+barely does.
+
 Each is timed as benchmarks/trainer.py times its runs: global tokens over the wall time
 from the end of step ``--from`` to the end of the last step, from rank 0's metrics lines;
 figures are medians. Ranks run on this machine (mlxops/devtools/local_ranks.py).
@@ -32,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +112,30 @@ def run_one(args: argparse.Namespace, tmp: Path, corpus: Path, ranks: int, sourc
     return tokens * (args.steps - args.start) / (at[args.steps] - at[args.start])
 
 
+def loop_costs(args: argparse.Namespace, corpus: Path, per_rank: int) -> dict[str, float]:
+    """Microseconds of the loop thread's CPU to get a step's rows, median (see above)."""
+    from mlxops.trainer.data import Batches
+    from mlxops.trainer.prefetch import Prefetcher
+    from mlxops.trainer.shards import ShardSource
+
+    shards = ShardSource(str(corpus), 0, args.vocab, args.seq_len)
+    synthetic = SyntheticSource(0, args.vocab, args.seq_len)
+    out = {}
+    for name, source, depth in (("synthetic", synthetic, 0), ("shards-inline", shards, 0),
+                                ("shards", shards, 2)):
+        batches = Batches(source, args.global_batch, 0, args.global_batch // per_rank)
+        ahead = Prefetcher(source.samples, batches.plan, depth)
+        costs = []
+        for step in range(1, args.loop_steps + 1):
+            t0 = time.thread_time()
+            ahead.rows(step)
+            costs.append(time.thread_time() - t0)
+            time.sleep(args.loop_compute_ms / 1e3)
+        ahead.close()
+        out[name] = statistics.median(costs[5:]) * 1e6
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="1,2", help="world sizes, comma-separated")
@@ -120,6 +152,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3, help="runs of each source (ABBA order)")
     p.add_argument("--shard-tokens", type=int, default=1 << 20, help="tokens per shard")
     p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--loop-steps", type=int, default=200)
+    p.add_argument("--loop-compute-ms", type=float, default=20.0)
+    p.add_argument("--no-runs", action="store_true", help="only the loop's data costs")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     if args.start % args.log_every or args.steps % args.log_every:
@@ -130,7 +165,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mlxops-bench-data-") as d:
         tmp = Path(d)
         corpus = write_corpus(tmp / "corpus", args.vocab, tokens, args.shard_tokens)
-        for ranks in (int(r) for r in args.ranks.split(",")):
+        loop = {ranks: loop_costs(args, corpus, args.global_batch // ranks)
+                for ranks in (int(r) for r in args.ranks.split(","))}
+        for ranks in (int(r) for r in args.ranks.split(",")) if not args.no_runs else ():
             got: dict[str, list[float]] = {s: [] for s in SOURCES}
             for i in range(args.repeat):
                 order = SOURCES if i % 2 == 0 else tuple(reversed(SOURCES))
@@ -141,7 +178,13 @@ def main() -> None:
                             "shards_vs_synthetic": med["shards"] / med["synthetic"],
                             "inline_vs_synthetic": med["shards-inline"] / med["synthetic"]})
     if args.json:
-        print(json.dumps({"config": vars(args), "results": results}, indent=1))
+        print(json.dumps({"config": vars(args), "results": results, "loop_us": loop},
+                         indent=1))
+        return
+    print("the loop's CPU to get one rank's rows of a step (us, median): " + "; ".join(
+        f"ranks={r}: " + ", ".join(f"{k} {v:.0f}" for k, v in costs.items())
+        for r, costs in loop.items()))
+    if not results:
         return
     print(f"dims {args.dims} x {args.layers} layers, seq {args.seq_len}, global batch "
           f"{args.global_batch}, vocab {args.vocab}; steps {args.start + 1}..{args.steps}, "

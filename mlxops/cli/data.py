@@ -85,6 +85,7 @@ def prepare_command(inputs: tuple[str, ...], out: str, tokenizer: str,
                     shard_tokens: int, max_memory: str, as_json: bool) -> None:
     """Tokenize INPUT... (text, JSONL, Parquet, datasets.save_to_disk directories) into
     token shards: a re-run over unchanged input changes nothing."""
+    # Here, not at the top: numpy and the tokenizer are this command's, not every command's.
     from mlxops.dataprep import prepare as prep
 
     options = prep.Options(inputs=inputs, out=Path(out), tokenizer=tokenizer,

@@ -7,5 +7,6 @@ docs/formats.md).
 * :mod:`.encoders`: the tokenizers (byte-level, a ``tokenizer.json``, a tiktoken encoding
   from a local file, or a BPE trained on the inputs) behind one interface;
 * :mod:`.optional`: the optional dependencies (the ``data`` extra), one error naming it;
+* :mod:`.writer`: a split's shards, written as tokens come, kept when equal;
 * :mod:`.prepare`: the run: hashes, split, shards, manifest, nothing rewritten that is equal.
 """

@@ -28,7 +28,6 @@ The policy:
 from __future__ import annotations
 
 import hashlib
-import os
 import queue
 import resource
 import sys
@@ -37,11 +36,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
 from mlxops.dataprep import encoders, inputs
+from mlxops.dataprep.writer import TMP_PREFIX, ShardWriter, file_sha256
 from mlxops.errors import UserError
 from mlxops.trainer import shardformat as sf
 
@@ -53,8 +53,9 @@ BYTES_PER_TEXT_BYTE = {encoders.BYTES: 20, encoders.TOKENIZER_JSON: 80, encoders
 #: 4 bytes a character) and cut into paragraphs (measured: ~8 MiB).
 READ_RESERVE = 12 << 20
 MIN_BATCH = 64 << 10
+#: Larger batches would only cost memory: the tokenizer's threads are busy with a few MiB.
+MAX_BATCH = 8 << 20
 TRAINED = "tokenizer.json"
-TMP_PREFIX = ".tmp-"
 
 T = TypeVar("T")
 Progress = Callable[[str, int, int], None]   # (stage, bytes done in it, its total)
@@ -194,7 +195,7 @@ def _up_to_date(old: sf.Manifest, options: Options, sources: list[sf.SourceInfo]
         return False
     if encoder is not None and old.tokenizer != encoder.info:
         return False
-    if encoder is None and not (trained.is_file() and _file_sha256(trained)
+    if encoder is None and not (trained.is_file() and file_sha256(trained)
                                 == old.tokenizer.sha256):
         return False
     return all((options.out / s.name).is_file()
@@ -208,7 +209,7 @@ def _batch_bytes(options: Options, encoder: encoders.Encoder | None) -> int:
     if batch < MIN_BATCH:
         raise UserError(f"--max-memory: {options.max_memory >> 20} MiB leaves no room: this "
                         f"process holds {peak_rss() >> 20} MiB before reading anything")
-    return int(min(batch, 256 << 20))
+    return int(min(batch, MAX_BATCH))
 
 
 def _texts(found: Sequence[inputs.Input], options: Options, batch_bytes: int, total: int,
@@ -318,86 +319,3 @@ def _prefetched(items: Iterator[T]) -> Iterator[T]:
             except queue.Empty:
                 pass
         reader.join()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-class ShardWriter:
-    """One split's shards: tokens appended as they come, a new shard every ``limit``.
-
-    A shard is opened with the header of a full one (``limit`` tokens) and hashed as it is
-    written, so a full shard is never read back; only the last, shorter one of a split gets
-    its real header and is hashed again from the file."""
-
-    def __init__(self, out: Path, split: str, dtype: str, limit: int,
-                 previous: dict[str, sf.ShardInfo]):
-        self.out, self.split, self.dtype, self.limit = out, split, dtype, limit
-        self.previous = previous
-        self.shards: list[sf.ShardInfo] = []
-        self.written: list[str] = []
-        self.kept: list[str] = []
-        self._fh: BinaryIO | None = None
-        self._count = 0
-        self._hash = hashlib.sha256()
-
-    def _tmp(self) -> Path:
-        return self.out / f"{TMP_PREFIX}{sf.shard_name(self.split, len(self.shards))}"
-
-    def _open(self) -> None:
-        self._fh = open(self._tmp(), "wb")
-        head = sf.header(self.dtype, self.limit)
-        self._fh.write(head)
-        self._hash = hashlib.sha256(head)
-        self._count = 0
-
-    def add(self, tokens: np.ndarray) -> None:
-        at = 0
-        while at < len(tokens):
-            if self._fh is None:
-                self._open()
-            assert self._fh is not None
-            take = min(len(tokens) - at, self.limit - self._count)
-            self._hash.update(sf.write_tokens(self._fh, tokens[at:at + take], self.dtype))
-            self._count += take
-            at += take
-            if self._count == self.limit:
-                self._finish()
-
-    def _finish(self) -> None:
-        assert self._fh is not None
-        tmp = self._tmp()
-        name = sf.shard_name(self.split, len(self.shards))
-        if self._count != self.limit:
-            self._fh.seek(0)
-            self._fh.write(sf.header(self.dtype, self._count))
-        self._fh.close()
-        self._fh = None
-        sha = self._hash.hexdigest() if self._count == self.limit else _file_sha256(tmp)
-        info = sf.ShardInfo(name, sha, tmp.stat().st_size, self._count)
-        final = self.out / name
-        old = self.previous.get(name)
-        if old == info and final.is_file() and final.stat().st_size == info.bytes:
-            tmp.unlink()        # the same shard: the file (and its mtime) stays
-            self.kept.append(name)
-        else:
-            os.replace(tmp, final)
-            self.written.append(name)
-        self.shards.append(info)
-
-    def close(self) -> list[sf.ShardInfo]:
-        if self._fh is not None and self._count:
-            self._finish()
-        return self.shards
-
-    def abandon(self) -> None:
-        """After an error (or a close): no temporary file left behind."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
-            self._tmp().unlink(missing_ok=True)

@@ -12,7 +12,8 @@ format of small-LM trainers (llm.c's ``dev/data/data_common.py``, modded-nanogpt
 
 The file is exactly ``1024 + count * itemsize`` bytes; a reader refuses anything else with a
 one-line :class:`ShardError` naming the file (a shard cut short by a full disk, a file that
-is not a shard).
+is not a shard). Only the two functions that move tokens import numpy: the controller's
+commands that read a manifest (launch, plan, status) start without it.
 
 The manifest (``manifest.json`` beside the shards) is one :class:`Manifest` record: the
 tokenizer (its kind, name and the sha256 of what defines it), the vocabulary size the model
@@ -25,6 +26,7 @@ nothing. The shards' hashes are what launch and pre-flight compare a node's copy
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -39,8 +41,7 @@ HEADER_BYTES = HEADER_INTS * 4
 #: (magic, version) of each token dtype, as llm.c writes them.
 UINT16, UINT32 = "uint16", "uint32"
 HEADERS = {UINT16: (20240520, 1), UINT32: (20240801, 7)}
-# numpy's names of them (numpy is imported where tokens are read or written: the controller
-# reads manifests through this module, and `mlxops --help` must not load numpy).
+#: numpy's names of the token dtypes (little-endian), and their sizes.
 DTYPES = {UINT16: "<u2", UINT32: "<u4"}
 ITEMSIZE = {UINT16: 2, UINT32: 4}
 #: The largest vocabulary whose ids all fit in uint16.
@@ -71,24 +72,18 @@ def shard_name(split: str, index: int) -> str:
 
 def header(dtype: str, count: int) -> bytes:
     """The 1024-byte header of a shard of ``count`` tokens of ``dtype``."""
-    import numpy as np
-
     magic, version = HEADERS[dtype]
-    values = np.zeros(HEADER_INTS, dtype="<i4")
     if not 0 <= count < 1 << 31:
         raise ShardError(f"a shard holds at most 2**31-1 tokens, not {count}")
-    values[:3] = (magic, version, count)
-    return values.tobytes()
+    return struct.pack(f"<{HEADER_INTS}i", magic, version, count, *[0] * (HEADER_INTS - 3))
 
 
 def read_header(data: bytes, where: str = "shard") -> tuple[str, int]:
     """(dtype, token count) of a header; ShardError naming ``where`` when it is none."""
-    import numpy as np
-
     if len(data) < HEADER_BYTES:
         raise ShardError(f"{where}: {len(data)} bytes, shorter than a shard's "
                          f"{HEADER_BYTES}-byte header")
-    magic, version, count = (int(x) for x in np.frombuffer(data[:12], dtype="<i4"))
+    magic, version, count = struct.unpack_from("<3i", data)
     for dtype, known in HEADERS.items():
         if (magic, version) == known:
             if count < 0:

@@ -89,6 +89,7 @@ class ShardSource:
         self.val = ShardSplit(directory, self.manifest.shards(VAL), seq_len, where)
         self.order = EpochOrder(self.train.windows, seed)
         self.seq_len, self.windows = seq_len, self.train.windows
+        self.path, self.where = path, where
 
     def samples(self, start: int, count: int) -> np.ndarray:
         picked = np.fromiter((self.order.window(i) for i in range(start, start + count)),
@@ -102,6 +103,7 @@ class ShardSource:
         """Validation samples ``[start, start + count)``: the split's windows in file order
         (from the first again past its end)."""
         if self.val.windows < 1:
-            raise ConfigError("data.path: the corpus has no validation split (prepare it "
-                              "with a validation share) but train.eval_every is set")
+            raise ConfigError(f"{self.where}: data.path: {self.path} has no validation split "
+                              "(prepare it with a validation share), but train.eval_every "
+                              "is set")
         return self.val.rows(np.arange(start, start + count, dtype=np.int64) % self.val.windows)

@@ -82,6 +82,8 @@ class Trainer:
         self.prefetch = Prefetcher(self.source.samples, lambda s: self.batches.plan(s),
                                    cfg.data.prefetch)
         self.validation = Validation(t.patience)
+        if t.eval_every:
+            self.source.validation(0, 1)  # a corpus without a validation split: refused now
         self.micro_cap = t.micro_batch  # halved by an out-of-memory back-off
         self.steps: Steps | None = None
         # balance: auto measures each rank's speed in its first steps (trainer/balance.py);

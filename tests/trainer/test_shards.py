@@ -54,6 +54,13 @@ def test_validation_reads_the_val_split_in_order_and_wraps(counting):
     assert [int(r[0]) for r in src.validation(0, 3)] == [9000, 9100, 9000]
 
 
+def test_no_validation_split_is_named_when_asked_for(tmp_path):
+    corpus = write_corpus(tmp_path / "c", {"train": [np.arange(500)]}, vocab=600)
+    src = ShardSource(str(corpus), seed=0, vocab=600, seq_len=10)
+    with pytest.raises(ConfigError, match="data.path: .* has no validation split"):
+        src.validation(0, 1)
+
+
 def test_the_vocabulary_is_the_manifests(counting):
     with pytest.raises(ConfigError, match="model.vocab_size: 256, but the corpus .* "
                                           "vocabulary of 70000 .* set model.vocab_size: 70000"):

@@ -67,7 +67,7 @@ def test_the_node_root_and_the_rank_environment_are_spelt_in_the_protocol_only()
 SHARED_WITH_OTHER_RECORDS = {"step", "time", "loss", "tokens_per_sec", "compute_time",
                              "comm_time", "peak_memory", "world_size", "micro_batch",
                              "accumulation", "consistency_repairs", "batch_split", "lr",
-                             "val_loss"}
+                             "val_loss"}   # the heartbeat (Progress) carries the last one
 
 
 def test_the_metrics_line_fields_are_spelt_in_its_definition_only():
