@@ -62,7 +62,7 @@ def heavy_imported(modules: Iterable[str]) -> set[str]:
 
 def run_until_connecting(argv: list[str]) -> None:
     """``mlxops argv...``, ended (exit :data:`CONNECTING`) where it would first connect."""
-    from mlxops.transport.connection import Connector
+    from mlxops.transport.connector import Connector
 
     def connect(self: Connector, host: object) -> None:
         sys.stdout.flush()

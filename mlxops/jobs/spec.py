@@ -29,6 +29,15 @@ from mlxops.errors import bad_input
 from mlxops.finetune.config import FinetuneConfig
 from mlxops.jobs import finetune as finetune_section
 from mlxops.jobs.data import DataSpec, apply_manifest, parse_data
+from mlxops.jobs.policy import (  # noqa: F401 - RestartPolicy and the keys: their old home
+    ALERT_DEFAULTS,
+    RESTART_KEYS,
+    RestartPolicy,
+    flag,
+    number,
+    parse_alerts,
+    parse_restart,
+)
 from mlxops.jobs.servespec import ServeSpec, parse_serve
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.notify import config as notify_config
@@ -43,46 +52,9 @@ TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "work
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
-RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable",
-                "start_timeout"}
-#: ``alerts:``: the thresholds ``mlxops monitor``, the dashboard and the report flag
-#: (docs/job-file.md); 0 turns one off. Upper bound of each, and whether it is included.
-ALERT_DEFAULTS = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30.0,
-                  "val_loss_rise": 0.02}
-_ALERT_LIMITS = {"memory_share": (1.0, True, "a share of the node's memory from 0 to 1"),
-                 "tokens_per_sec_drop": (1.0, False, "a fraction from 0 to below 1"),
-                 "heartbeat_age": (float("inf"), False, "a number of seconds"),
-                 "val_loss_rise": (float("inf"), False, "a fraction of the best "
-                                   "validation loss")}
 #: ``balance:``: how the trainer splits the global batch over unequal nodes (docs/job-file.md):
 #: the trainer's own modes (``train.balance``), or a mapping of host: weight.
 BALANCE_EQUAL, BALANCE_AUTO = trainer_config.BALANCE_EQUAL, trainer_config.BALANCE_AUTO
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """The job file's ``restart:`` section: what the watchdog does (kept in the job record)."""
-
-    max_restarts: int = 3
-    stall_timeout: float = 60.0   # seconds without progress from any rank = stalled
-    poll_interval: float = 0.0    # how often the watchdog looks; 0 = see `interval`
-    exclude_unreachable: bool = False  # a restart may go on without hosts that are down
-    #: Seconds a rank may take to its first heartbeat (cold MLX kernel compiles took 40-67 s
-    #: on 2 cores here, and would trip a 60 s stall_timeout); never less than stall_timeout.
-    start_timeout: float = 300.0
-
-    @property
-    def start_limit(self) -> float:
-        """How long a rank without a heartbeat yet may go before it counts as stalled."""
-        return max(self.start_timeout, self.stall_timeout)
-
-    @property
-    def interval(self) -> float:
-        """Seconds between the watchdog's looks: ``poll_interval``, else often enough to
-        notice a stall well within its timeout, at most twice a second."""
-        if self.poll_interval:
-            return self.poll_interval
-        return max(0.5, min(2.0, self.stall_timeout / 10))
 
 
 @dataclass(frozen=True)
@@ -128,16 +100,6 @@ class JobSpec:
     def base_port(self) -> int:
         # A per-name default keeps two jobs on one cluster off each other's ports.
         return self.port or 20000 + (zlib.crc32(self.name.encode()) % 2000) * 10
-
-
-def _number(path: Path, key: str, value: Any, *, integer: bool = False,
-            minimum: float = 0.0, allow_zero: bool = False) -> Any:
-    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
-    if not ok or value < minimum or (value == 0 and not allow_zero):
-        kind = "integer" if integer else "number"
-        qual = "non-negative" if allow_zero else "positive"
-        raise bad_input(path, key, f"must be a {qual} {kind}, got {value!r}")
-    return value
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -216,11 +178,11 @@ def load_job(path: str | Path) -> JobSpec:
     return JobSpec(
         path=path.resolve(), name=name, inventory=inventory_path, hosts=hosts, backend=backend,
         trainer=trainer, command=command, workdir=workdir, env=env,
-        restart=_restart(path, data.get("restart")),
+        restart=parse_restart(path, data.get("restart")),
         port=_port(path, data.get("port", 0)),
-        stop_grace=float(_number(path, "stop_grace", data.get("stop_grace", 5.0))),
+        stop_grace=float(number(path, "stop_grace", data.get("stop_grace", 5.0))),
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
-        alerts=_alerts(path, data.get("alerts")),
+        alerts=parse_alerts(path, data.get("alerts")),
         balance=_balance(path, data.get("balance", BALANCE_EQUAL),
                          trainer is not None or finetune is not None),
         notify=_notify(path, data.get("notify")),
@@ -297,63 +259,12 @@ def rank_config(spec: JobSpec, rank_hosts: Sequence[str]) -> TrainerConfig:
     return config
 
 
-def _alerts(path: Path, data: Any) -> dict[str, float]:
-    if data is None:
-        return dict(ALERT_DEFAULTS)
-    if not isinstance(data, dict):
-        raise bad_input(path, "alerts", "must be a mapping (memory_share, "
-                                        "tokens_per_sec_drop, heartbeat_age, "
-                                        "val_loss_rise)")
-    out = dict(ALERT_DEFAULTS)
-    for key, value in data.items():
-        if key not in ALERT_DEFAULTS:
-            raise bad_input(path, f"alerts.{key}", "unknown key (known: "
-                                                   f"{', '.join(sorted(ALERT_DEFAULTS))})")
-        top, inclusive, what = _ALERT_LIMITS[key]
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not value >= 0 or value > top or (value == top and not inclusive):
-            raise bad_input(path, f"alerts.{key}", f"must be {what} (0: off), got {value!r}")
-        out[key] = float(value)
-    return out
-
-
 def _blas(path: Path, value: Any) -> str:
     # YAML reads a bare `off` as false: take it as the word the user wrote.
     if value is False:
         return BLAS_OFF
     if value not in BLAS_MODES:
         raise bad_input(path, "blas", f"must be {' or '.join(BLAS_MODES)}, got {value!r}")
-    return value
-
-
-def _restart(path: Path, data: Any) -> RestartPolicy:
-    if data is None:
-        return RestartPolicy()
-    if not isinstance(data, dict):
-        raise bad_input(path, "restart", "must be a mapping (max_restarts, stall_timeout)")
-    for key in data:
-        if key not in RESTART_KEYS:
-            raise bad_input(path, f"restart.{key}", "unknown key (known: "
-                                                    f"{', '.join(sorted(RESTART_KEYS))})")
-    d = RestartPolicy()
-    return RestartPolicy(
-        max_restarts=_number(path, "restart.max_restarts", data.get("max_restarts",
-                             d.max_restarts), integer=True, allow_zero=True),
-        stall_timeout=float(_number(path, "restart.stall_timeout",
-                                    data.get("stall_timeout", d.stall_timeout))),
-        poll_interval=float(_number(path, "restart.poll_interval",
-                                    data.get("poll_interval", d.poll_interval),
-                                    allow_zero=True)),
-        exclude_unreachable=_flag(path, "restart.exclude_unreachable",
-                                  data.get("exclude_unreachable", d.exclude_unreachable)),
-        start_timeout=float(_number(path, "restart.start_timeout",
-                                    data.get("start_timeout", d.start_timeout))),
-    )
-
-
-def _flag(path: Path, key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise bad_input(path, key, f"must be true or false, got {value!r}")
     return value
 
 

@@ -4,10 +4,10 @@ from mlxops.transport.connection import (
     CommandResult,
     Connection,
     ConnectOptions,
-    Connector,
     LocalConnection,
     SSHConnection,
 )
+from mlxops.transport.connector import Connector
 from mlxops.transport.executor import default_forks, run_parallel
 from mlxops.transport.hostkeys import ChangedHostKey, HostUnreachable, UnknownHostKey
 from mlxops.transport.results import GroupError, HostResult, Results

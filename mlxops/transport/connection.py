@@ -28,7 +28,6 @@ from mlxops.transport.hostkeys import (
     ConnectOptions,
     HostUnreachable,
     KnownHosts,
-    KnownHostsCache,
     lookup_name,
     open_verified,
 )
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
     import fabric
     import paramiko
 
-    from mlxops.transport.jumps import JumpHost, Jumps
+    from mlxops.transport.jumps import JumpHost
 
 Stdin = bytes | IO[bytes] | None
 
@@ -382,68 +381,3 @@ def _drain(channel: paramiko.Channel, timeout: float | None) -> tuple[bytes, byt
                 return bytes(out), bytes(err), True
             wait = min(wait, 0.5)
         select.select([channel], [], [], wait)
-
-
-class Connector:
-    """Connections to hosts: one per host, opened on first use and kept for the run.
-
-    Parsed known_hosts files are shared across hosts. ``close()`` ends every connection.
-    """
-
-    def __init__(self, options: ConnectOptions | None = None):
-        self.options = options or ConnectOptions()
-        self._known_hosts = KnownHostsCache()
-        self._lock = threading.Lock()
-        self._connections: dict[str, Connection] = {}
-        self._fabric_config: fabric.Config | None = None  # made by the first SSH host
-        self._jumps: Jumps | None = None
-
-    def connect(self, host) -> Connection:
-        """The connection to ``host`` (an :class:`mlxops.inventory.Host`), made once."""
-        with self._lock:
-            conn = self._connections.get(host.name)
-            if conn is None:
-                conn = self._connections[host.name] = self._make(host)
-            return conn
-
-    def close(self) -> None:
-        with self._lock:
-            connections, self._connections = list(self._connections.values()), {}
-        for conn in connections:
-            conn.close()
-        if self._jumps is not None:
-            self._jumps.close()  # after the hosts whose channels run through them
-
-    def __enter__(self) -> Connector:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _ssh(self) -> tuple[fabric.Config, Jumps]:
-        """The run's one Fabric config and its jump hosts, made with the first SSH host
-        (under ``self._lock``): ~/.ssh/config is read once, not per host, and a run that
-        never connects (``--help``, bad input, ``status`` with no jobs) never imports
-        Fabric."""
-        if self._jumps is None:
-            import fabric
-
-            from mlxops.transport.jumps import Jumps
-
-            self._fabric_config = fabric.Config()
-            self._jumps = Jumps(self._fabric_config, self.options)
-        return self._fabric_config, self._jumps
-
-    def _make(self, host) -> Connection:
-        if host.connection == "local":
-            return LocalConnection(host.name)
-        from mlxops.transport.jumps import fabric_connection
-
-        config, jumps = self._ssh()
-        conn = fabric_connection(
-            config, host.address, user=host.user,
-            port=host.ssh_port,  # None unless the inventory names one: ~/.ssh/config may
-            key_file=host.key_file, timeout=self.options.connect_timeout)
-        known = self._known_hosts.get(host.known_hosts)
-        return SSHConnection(host.name, conn, known, self.options,
-                             jumps.gateway(conn, known, host.ssh_proxy))

@@ -205,7 +205,7 @@ def expand_tokens(command: str, conn: fabric.Connection) -> str:
 
 
 class Jumps:
-    """The jump hosts of one run (a :class:`~mlxops.transport.connection.Connector`'s):
+    """The jump hosts of one run (a :class:`~mlxops.transport.connector.Connector`'s):
     each hop made once, for every host behind it."""
 
     def __init__(self, config: fabric.Config, options: ConnectOptions):
