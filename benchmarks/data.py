@@ -105,8 +105,7 @@ def main() -> None:
         tokens = report.manifest.tokens("train") + report.manifest.tokens("val")
         mib = size / 2**20
         print(f"corpus: {mib:.1f} MiB of text, {tokens:,} tokens (BPE {args.vocab}, "
-              f"{size / tokens:.2f} bytes a token); peak memory of prepare "
-              f"{report.peak_memory / 2**20:.0f} MiB (--max-memory {args.max_memory})")
+              f"{size / tokens:.2f} bytes a token); prepare --max-memory {args.max_memory}")
         rates = {}
         for side, seconds in times.items():
             rates[side] = mib / statistics.median(seconds)
