@@ -13,8 +13,10 @@ machine:
 
 Ranks are started as mlx.launch starts them but without its launcher
 (mlxops/devtools/local_ranks.py), for both: mlx.launch's I/O loop spins a core, a third of
-this 2-core machine. Neither validates (``eval_every 0``; mlx-lm's ``val_batches 0``
-excludes its validation time from its figure anyway).
+this 2-core machine. On Linux both get this machine's OpenBLAS preloaded as mlxops
+preloads it into ranks (``LD_PRELOAD``, ``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks;
+README, "Speed on Linux"), where there is one. Neither validates (``eval_every 0``;
+mlx-lm's ``val_batches 0`` excludes its validation time from its figure anyway).
 
 Tokens are those the loss counts (the unmasked targets: mlx-lm's ``ntoks``, summed over
 ranks), per second of training, each loop's own figure per report window of
@@ -24,7 +26,7 @@ median of its windows, a configuration's the median of its runs. ``--max-seq-len
 ``1 + 32k``, capped at the maximum): our length-sorted batches would otherwise pad less
 than mlx-lm's, whose sort is by ``len()`` of the raw item, and win for that alone.
 
-    python benchmarks/finetune.py                      # ranks 1,2; llama 256 wide, 4 blocks
+    python benchmarks/finetune.py                      # ranks 1,2; llama 128 wide, 2 blocks
     python benchmarks/finetune.py --ranks 1 --steps 60 --hidden 512
 """
 
@@ -45,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
 from mlxops.devtools.tinymodels import build_model, write_dataset  # noqa: E402
+from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402
 
 
 def anchor(config_file: str) -> int:
@@ -74,6 +77,10 @@ def anchor(config_file: str) -> int:
 
 def run(cmd: list[str], ranks: int, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    library = find_openblas() if sys.platform.startswith("linux") else None
+    if library:
+        env.update(LD_PRELOAD=library,
+                   OPENBLAS_NUM_THREADS=str(max(1, usable_cpus() // ranks)))
     if ranks > 1:
         proc = run_ranks(cmd, ranks, env=env, cwd=ROOT, timeout=timeout)
     else:
@@ -129,8 +136,8 @@ def main() -> int:
     p.add_argument("--report", type=int, default=5, help="steps per report window")
     p.add_argument("--batch", type=int, default=8, help="global batch (examples)")
     p.add_argument("--max-seq-len", type=int, default=33)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1,
                    help="ABBA groups (ours, theirs, theirs, ours) per world size")
     p.add_argument("--timeout", type=float, default=900)
@@ -142,12 +149,14 @@ def main() -> int:
         tmp = Path(d)
         model = build_model(tmp / "model", "llama", sizes={
             "hidden_size": a.hidden, "num_hidden_layers": a.layers,
-            "intermediate_size": 4 * a.hidden, "num_attention_heads": max(1, a.hidden // 64),
+            "intermediate_size": 4 * a.hidden, "num_attention_heads": max(1, a.hidden // 32),
             "num_key_value_heads": max(1, a.hidden // 64)})
         data = write_dataset(tmp / "data", "chat")
         print(f"llama {a.hidden} wide, {a.layers} blocks; LoRA rank 8 on every linear layer; "
               f"chat data; global batch {a.batch}, max_seq_len {a.max_seq_len}, {a.steps} "
               f"steps, windows of {a.report} (first left out); ABBA x {a.repeat}")
+        blas = find_openblas() if sys.platform.startswith("linux") else None
+        print(f"BLAS: {blas or 'the one in the mlx wheel'}")
         print(f"{'ranks':>5} {'ours tok/s':>11} {'mlx_lm.lora tok/s':>18} {'ratio':>6}  runs")
         for ranks in [int(r) for r in a.ranks.split(",")]:
             mine, anchors = [], []
