@@ -20,8 +20,12 @@ mlx-lm's ``val_batches 0`` excludes its validation time from its figure anyway).
 
 Tokens are those the loss counts (the unmasked targets: mlx-lm's ``ntoks``, summed over
 ranks), per second of training, each loop's own figure per report window of
-``--report`` steps; the first window (compilation) is left out; a run's figure is the
-median of its windows, a configuration's the median of its runs. ``--max-seq-len 33``
+``--report`` steps; the first window (compilation) is left out. A run's figure is its
+fastest window: on a shared machine (this one runs other people's tests at a load of
+20-35 on 2 cores) other processes only ever add time to a window, so the fastest is the
+nearest to the loop's own cost (the trainer's ``balance: auto`` takes its fastest step
+for the same reason); the median window is printed beside it. A configuration's figure
+is the median of its runs. ``--max-seq-len 33``
 (the default) makes every batch 33 tokens wide in both loops (mlx-lm pads to
 ``1 + 32k``, capped at the maximum): our length-sorted batches would otherwise pad less
 than mlx-lm's, whose sort is by ``len()`` of the raw item, and win for that alone.
@@ -157,17 +161,22 @@ def main() -> int:
               f"steps, windows of {a.report} (first left out); ABBA x {a.repeat}")
         blas = find_openblas() if sys.platform.startswith("linux") else None
         print(f"BLAS: {blas or 'the one in the mlx wheel'}")
-        print(f"{'ranks':>5} {'ours tok/s':>11} {'mlx_lm.lora tok/s':>18} {'ratio':>6}  runs")
+        print(f"{'ranks':>5} {'ours tok/s':>11} {'mlx_lm.lora tok/s':>18} {'ratio':>6} "
+              f"{'median-window ratio':>20}  runs (fastest windows)")
         for ranks in [int(r) for r in a.ranks.split(",")]:
-            mine, anchors = [], []
+            runs: dict[object, list[list[float]]] = {ours: [], theirs: []}
             for n in range(a.repeat):
                 first, second = (ours, theirs) if n % 2 == 0 else (theirs, ours)
                 for fn in (first, second, second, first):
-                    fig = statistics.median(fn(tmp, model, data, a, ranks, len(mine + anchors)))
-                    (mine if fn is ours else anchors).append(fig)
+                    done = len(runs[ours]) + len(runs[theirs])
+                    runs[fn].append(fn(tmp, model, data, a, ranks, done))
+            mine = [max(r) for r in runs[ours]]
+            anchors = [max(r) for r in runs[theirs]]
             ratio = statistics.median(mine) / statistics.median(anchors)
+            typical = (statistics.median(statistics.median(r) for r in runs[ours])
+                       / statistics.median(statistics.median(r) for r in runs[theirs]))
             print(f"{ranks:>5} {statistics.median(mine):>11.0f} "
-                  f"{statistics.median(anchors):>18.0f} {ratio:>6.2f}  ours "
+                  f"{statistics.median(anchors):>18.0f} {ratio:>6.2f} {typical:>20.2f}  ours "
                   f"{[round(x) for x in mine]}, theirs {[round(x) for x in anchors]}",
                   flush=True)
     return 0
