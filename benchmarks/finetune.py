@@ -18,17 +18,20 @@ preloads it into ranks (``LD_PRELOAD``, ``OPENBLAS_NUM_THREADS`` = usable CPUs /
 README, "Speed on Linux"), where there is one. Neither validates (``eval_every 0``;
 mlx-lm's ``val_batches 0`` excludes its validation time from its figure anyway).
 
-Tokens are those the loss counts (the unmasked targets: mlx-lm's ``ntoks``, summed over
-ranks), per second of training, each loop's own figure per report window of
-``--report`` steps; the first window (compilation) is left out. A run's figure is its
-fastest window: on a shared machine (this one runs other people's tests at a load of
-20-35 on 2 cores) other processes only ever add time to a window, so the fastest is the
-nearest to the loop's own cost (the trainer's ``balance: auto`` takes its fastest step
-for the same reason); the median window is printed beside it. A configuration's figure
-is the median of its runs. ``--max-seq-len 33``
-(the default) makes every batch 33 tokens wide in both loops (mlx-lm pads to
-``1 + 32k``, capped at the maximum): our length-sorted batches would otherwise pad less
-than mlx-lm's, whose sort is by ``len()`` of the raw item, and win for that alone.
+Every batch is ``--max-seq-len`` tokens wide in both loops (mlx-lm pads a batch to
+``1 + 32k`` tokens, capped at the maximum: with the default 33, every batch is 33 wide), so
+every step does the same work, and a step's tokens are ``batch x max_seq_len``, padding
+included. (The tokens the loss counts would mislead: our batches are sorted by length,
+mlx-lm's are not, whose sort is by ``len()`` of the raw item, so a window of our short
+examples counts fewer tokens for the same work, and one of our long ones more.) Each loop
+reports its own steps per second over windows of ``--report`` steps (ours:
+``metrics.jsonl``'s ``step_time``; mlx-lm's: ``iterations_per_second``, its training time
+without its data loading); the first window (compilation) is left out. A run's figure is
+its fastest window: on a shared machine (this one runs other people's tests at a load of
+15-35 on 2 cores) other processes only ever add time to a window, so the fastest is the
+nearest to the loop's own cost (the trainer's ``balance: auto`` takes its fastest step for
+the same reason); the median window is printed beside it. A configuration's figure is the
+median of its runs.
 
     python benchmarks/finetune.py                      # ranks 1,2; llama 128 wide, 2 blocks
     python benchmarks/finetune.py --ranks 1 --steps 60 --hidden 512
@@ -111,7 +114,7 @@ def ours(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, 
     path.write_text(json.dumps(config))
     run([sys.executable, "-m", "mlxops.finetune", "--config", str(path)], ranks, a.timeout)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [x["tokens_per_sec"] for x in lines[1:]]
+    return [a.batch * a.max_seq_len / x["step_time"] for x in lines[1:]]
 
 
 def theirs(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, n: int
@@ -130,7 +133,7 @@ def theirs(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int
     run([sys.executable, str(Path(__file__).resolve()), "--anchor", str(path)], ranks,
         a.timeout)
     lines = [json.loads(x) for x in reports.read_text().splitlines()]
-    return [x["tokens_per_second"] for x in lines[1:]]
+    return [a.batch * a.max_seq_len * x["iterations_per_second"] for x in lines[1:]]
 
 
 def main() -> int:
@@ -139,7 +142,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--report", type=int, default=5, help="steps per report window")
     p.add_argument("--batch", type=int, default=8, help="global batch (examples)")
-    p.add_argument("--max-seq-len", type=int, default=33)
+    p.add_argument("--max-seq-len", type=int, default=33,
+                   help="at most 33: every batch is then this wide in both loops")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1,
@@ -149,6 +153,8 @@ def main() -> int:
     a = p.parse_args()
     if a.anchor:
         return anchor(a.anchor)
+    if a.max_seq_len > 33:
+        p.error("--max-seq-len: at most 33 (every batch that wide in both loops)")
     with tempfile.TemporaryDirectory(prefix="mlxops-ft-bench-") as d:
         tmp = Path(d)
         model = build_model(tmp / "model", "llama", sizes={
