@@ -13,18 +13,27 @@ machine:
 
 Ranks are started as mlx.launch starts them but without its launcher
 (mlxops/devtools/local_ranks.py), for both: mlx.launch's I/O loop spins a core, a third of
-this 2-core machine. Neither validates (``eval_every 0``; mlx-lm's ``val_batches 0``
-excludes its validation time from its figure anyway).
+this 2-core machine. On Linux both get this machine's OpenBLAS preloaded as mlxops
+preloads it into ranks (``LD_PRELOAD``, ``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks;
+README, "Speed on Linux"), where there is one. Neither validates (``eval_every 0``;
+mlx-lm's ``val_batches 0`` excludes its validation time from its figure anyway).
 
-Tokens are those the loss counts (the unmasked targets: mlx-lm's ``ntoks``, summed over
-ranks), per second of training, each loop's own figure per report window of
-``--report`` steps; the first window (compilation) is left out; a run's figure is the
-median of its windows, a configuration's the median of its runs. ``--max-seq-len 33``
-(the default) makes every batch 33 tokens wide in both loops (mlx-lm pads to
-``1 + 32k``, capped at the maximum): our length-sorted batches would otherwise pad less
-than mlx-lm's, whose sort is by ``len()`` of the raw item, and win for that alone.
+Every batch is ``--max-seq-len`` tokens wide in both loops (mlx-lm pads a batch to
+``1 + 32k`` tokens, capped at the maximum: with the default 33, every batch is 33 wide), so
+every step does the same work, and a step's tokens are ``batch x max_seq_len``, padding
+included. (The tokens the loss counts would mislead: our batches are sorted by length,
+mlx-lm's are not, whose sort is by ``len()`` of the raw item, so a window of our short
+examples counts fewer tokens for the same work, and one of our long ones more.) Each loop
+reports its own steps per second over windows of ``--report`` steps (ours:
+``metrics.jsonl``'s ``step_time``; mlx-lm's: ``iterations_per_second``, its training time
+without its data loading); the first window (compilation) is left out. A run's figure is
+its fastest window: on a shared machine (this one runs other people's tests at a load of
+15-35 on 2 cores) other processes only ever add time to a window, so the fastest is the
+nearest to the loop's own cost (the trainer's ``balance: auto`` takes its fastest step for
+the same reason); the median window is printed beside it. A configuration's figure is the
+median of its runs.
 
-    python benchmarks/finetune.py                      # ranks 1,2; llama 256 wide, 4 blocks
+    python benchmarks/finetune.py                      # ranks 1,2; llama 128 wide, 2 blocks
     python benchmarks/finetune.py --ranks 1 --steps 60 --hidden 512
 """
 
@@ -45,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
 from mlxops.devtools.tinymodels import build_model, write_dataset  # noqa: E402
+from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402
 
 
 def anchor(config_file: str) -> int:
@@ -74,6 +84,10 @@ def anchor(config_file: str) -> int:
 
 def run(cmd: list[str], ranks: int, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    library = find_openblas() if sys.platform.startswith("linux") else None
+    if library:
+        env.update(LD_PRELOAD=library,
+                   OPENBLAS_NUM_THREADS=str(max(1, usable_cpus() // ranks)))
     if ranks > 1:
         proc = run_ranks(cmd, ranks, env=env, cwd=ROOT, timeout=timeout)
     else:
@@ -100,7 +114,7 @@ def ours(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, 
     path.write_text(json.dumps(config))
     run([sys.executable, "-m", "mlxops.finetune", "--config", str(path)], ranks, a.timeout)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [x["tokens_per_sec"] for x in lines[1:]]
+    return [a.batch * a.max_seq_len / x["step_time"] for x in lines[1:]]
 
 
 def theirs(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, n: int
@@ -119,7 +133,7 @@ def theirs(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int
     run([sys.executable, str(Path(__file__).resolve()), "--anchor", str(path)], ranks,
         a.timeout)
     lines = [json.loads(x) for x in reports.read_text().splitlines()]
-    return [x["tokens_per_second"] for x in lines[1:]]
+    return [a.batch * a.max_seq_len * x["iterations_per_second"] for x in lines[1:]]
 
 
 def main() -> int:
@@ -128,9 +142,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--report", type=int, default=5, help="steps per report window")
     p.add_argument("--batch", type=int, default=8, help="global batch (examples)")
-    p.add_argument("--max-seq-len", type=int, default=33)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--max-seq-len", type=int, default=33,
+                   help="at most 33: every batch is then this wide in both loops")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1,
                    help="ABBA groups (ours, theirs, theirs, ours) per world size")
     p.add_argument("--timeout", type=float, default=900)
@@ -138,27 +153,36 @@ def main() -> int:
     a = p.parse_args()
     if a.anchor:
         return anchor(a.anchor)
+    if a.max_seq_len > 33:
+        p.error("--max-seq-len: at most 33 (every batch that wide in both loops)")
     with tempfile.TemporaryDirectory(prefix="mlxops-ft-bench-") as d:
         tmp = Path(d)
         model = build_model(tmp / "model", "llama", sizes={
             "hidden_size": a.hidden, "num_hidden_layers": a.layers,
-            "intermediate_size": 4 * a.hidden, "num_attention_heads": max(1, a.hidden // 64),
+            "intermediate_size": 4 * a.hidden, "num_attention_heads": max(1, a.hidden // 32),
             "num_key_value_heads": max(1, a.hidden // 64)})
         data = write_dataset(tmp / "data", "chat")
         print(f"llama {a.hidden} wide, {a.layers} blocks; LoRA rank 8 on every linear layer; "
               f"chat data; global batch {a.batch}, max_seq_len {a.max_seq_len}, {a.steps} "
               f"steps, windows of {a.report} (first left out); ABBA x {a.repeat}")
-        print(f"{'ranks':>5} {'ours tok/s':>11} {'mlx_lm.lora tok/s':>18} {'ratio':>6}  runs")
+        blas = find_openblas() if sys.platform.startswith("linux") else None
+        print(f"BLAS: {blas or 'the one in the mlx wheel'}")
+        print(f"{'ranks':>5} {'ours tok/s':>11} {'mlx_lm.lora tok/s':>18} {'ratio':>6} "
+              f"{'median-window ratio':>20}  runs (fastest windows)")
         for ranks in [int(r) for r in a.ranks.split(",")]:
-            mine, anchors = [], []
+            runs: dict[object, list[list[float]]] = {ours: [], theirs: []}
             for n in range(a.repeat):
                 first, second = (ours, theirs) if n % 2 == 0 else (theirs, ours)
                 for fn in (first, second, second, first):
-                    fig = statistics.median(fn(tmp, model, data, a, ranks, len(mine + anchors)))
-                    (mine if fn is ours else anchors).append(fig)
+                    done = len(runs[ours]) + len(runs[theirs])
+                    runs[fn].append(fn(tmp, model, data, a, ranks, done))
+            mine = [max(r) for r in runs[ours]]
+            anchors = [max(r) for r in runs[theirs]]
             ratio = statistics.median(mine) / statistics.median(anchors)
+            typical = (statistics.median(statistics.median(r) for r in runs[ours])
+                       / statistics.median(statistics.median(r) for r in runs[theirs]))
             print(f"{ranks:>5} {statistics.median(mine):>11.0f} "
-                  f"{statistics.median(anchors):>18.0f} {ratio:>6.2f}  ours "
+                  f"{statistics.median(anchors):>18.0f} {ratio:>6.2f} {typical:>20.2f}  ours "
                   f"{[round(x) for x in mine]}, theirs {[round(x) for x in anchors]}",
                   flush=True)
     return 0

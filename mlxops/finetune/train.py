@@ -170,7 +170,9 @@ class FineTuner:
         """This rank's micro-batches of ``rows``: tokens, lengths and the RNG seed."""
         sizes = [len(p) for p in np.array_split(rows, min(self.pieces, len(rows)))]
         starts = np.cumsum([0] + sizes[:-1]) + first
-        return [(mx.array(x), mx.array(lengths), seed_of(self.cfg.train.seed, step, int(s)))
+        seed = self.cfg.train.seed
+        random = self.cfg.method.dropout > 0  # the seeds are only drawn from with dropout
+        return [(mx.array(x), mx.array(lengths), seed_of(seed, step, int(s)) if random else 0)
                 for (x, lengths), s in zip(
                     micro_batches(examples, rows, self.pieces, self.cfg.train.max_seq_len),
                     starts, strict=True)]
