@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -103,13 +104,19 @@ def test_hosts_behind_one_jump_host_share_one_connection_to_it(sandbox_mut, tmp_
     for node in behind:
         sandbox.isolate_node(node)
     home = ssh_home(tmp_path, sandbox, {n: proxy_jump("node1") for n in behind})
-    # On node1, every 0.2 s: its SSH connections from the controller; the most seen.
+    # On node1, every 0.2 s until the run ended (at most 60 s): its SSH connections from
+    # the controller; the most seen.
     count = (f"ss -Htn state established '( sport = :22 )' | grep -c '{sandbox.controller_ip}:'")
+    ended = tmp_path / "run-ended"
     watcher = sandbox.popen_in(
-        "node1", ["sh", "-c", f"for i in $(seq 50); do {count}; sleep 0.2; done | sort -n | "
-                              "tail -1"], user=None, stdout=subprocess.PIPE, text=True)
-    proc = mlxops(home, "run", str(sandbox.inventory_path), "--json", "--limit",
-                  ",".join(behind), "--", "sleep", "3")
+        "node1", ["sh", "-c", f"for i in $(seq 300); do [ -e {shlex.quote(str(ended))} ] && "
+                              f"break; {count}; sleep 0.2; done | sort -n | tail -1"],
+        user=None, stdout=subprocess.PIPE, text=True)
+    try:
+        proc = mlxops(home, "run", str(sandbox.inventory_path), "--json", "--limit",
+                      ",".join(behind), "--", "sleep", "3")
+    finally:
+        ended.touch()
     out, _ = watcher.communicate(timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert out.strip() == "1", out

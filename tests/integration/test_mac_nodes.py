@@ -197,7 +197,9 @@ def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int,
     }
     job = {"name": name, "inventory": str(inventory), "hosts": "node1,node2",
            "backend": backend, "trainer": trainer,
-           "restart": {"max_restarts": 2, "stall_timeout": 120}}
+           # the watchdog looks twice a second (the selftest's pace), not every 2 s as a
+           # 120 s stall timeout would have it: the tests wait on what it sees
+           "restart": {"max_restarts": 2, "stall_timeout": 120, "poll_interval": 0.5}}
     if slow:
         job["env"] = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.05"}
     path = tmp_path / f"{name}.yml"

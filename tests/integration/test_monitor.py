@@ -224,6 +224,28 @@ def three_node_job(tmp_path: Path, sandbox, name: str, steps: int):
     return replace(spec, hosts=HOSTS)
 
 
+def mirrored_step(name: str) -> int:
+    """The last step in the job's metrics mirror (what the dashboard draws); 0 before any."""
+    try:
+        lines = files.path(name, files.METRICS).read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:   # a line being appended as we read
+            pass
+    return max(steps)
+
+
+def wait_for_mirrored_step(name: str, step: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while mirrored_step(name) < step:
+        assert time.monotonic() < deadline, f"the mirror of {name} never reached step {step}"
+        time.sleep(0.2)
+
+
 def look(dashboard: Dashboard, *flags: str) -> str:
     return chromium(dashboard.url + "#job=t-dash", "--virtual-time-budget=5000", *flags,
                     "--dump-dom")
@@ -240,6 +262,9 @@ def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp
     dashboard = Dashboard("--offline")
     try:
         wait_for_step(record, connector, 8)
+        # Each look is a Chromium start (seconds on a busy 2-core machine): look once the
+        # mirror, which the page draws, has what the look wants to see.
+        wait_for_mirrored_step("t-dash", 1)
         first = second = 0
         deadline = time.monotonic() + 60
         while first == 0:
@@ -247,7 +272,7 @@ def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp
             assert time.monotonic() < deadline, "the loss curve never showed"
         deadline = time.monotonic() + 60
         while second <= first:
-            time.sleep(2)
+            wait_for_mirrored_step("t-dash", mirrored_step("t-dash") + 3)
             second = charts(look(dashboard)).get("loss", 0)
             assert time.monotonic() < deadline, f"the curve stayed at {first} points"
 
@@ -256,8 +281,9 @@ def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp
         deadline = time.monotonic() + 120
         while load_record("t-dash").attempt < 2:
             assert time.monotonic() < deadline, watchdog.events
-            time.sleep(0.5)
+            time.sleep(0.2)
         wait_for_step(load_record("t-dash"), connector, killed_at + 3)
+        wait_for_mirrored_step("t-dash", killed_at + 3)
         deadline = time.monotonic() + 60
         while True:
             dom = look(dashboard)
