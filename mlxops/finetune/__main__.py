@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from mlxops.node.protocol.rankenv import VARIABLES as _VAR
+from mlxops.trainer.entry import run
 
 from .config import ConfigError, describe_options, load_config
 
@@ -28,53 +28,18 @@ other failure.
 """
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m mlxops.finetune",
-        description="Fine-tune a Hugging Face / mlx-lm model (LoRA, DoRA or full), "
-                    "data-parallel over MLX distributed.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, metavar="FILE",
-                   help="fine-tuning config (JSON, or YAML when PyYAML is importable)")
-    p.add_argument("--set", dest="overrides", action="append", default=[],
-                   metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.steps=40 (value parsed as "
-                        "JSON when it parses; repeatable)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint in out (step 0 if "
-                        "there is none); without it an out holding checkpoints is refused")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config as JSON and exit")
-    return p.parse_args(argv)
+def _finetune(cfg, resume: bool) -> None:
+    from .train import finetune
+
+    finetune(cfg, resume=resume)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        import json
-
-        print(json.dumps(cfg.to_dict(), indent=2))
-        return 0
-    # Imported late: --help and config errors never pay for (or need) mlx and mlx-lm.
-    from mlxops.trainer.distributed import DistributedError
-    from mlxops.trainer.train import TrainerError
-
-    from .train import finetune
-
-    try:
-        finetune(cfg, resume=args.resume)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (DistributedError, TrainerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run(argv, prog="python -m mlxops.finetune",
+               description="Fine-tune a Hugging Face / mlx-lm model (LoRA, DoRA or full), "
+                           "data-parallel over MLX distributed.",
+               epilog=EPILOG, what="fine-tuning", set_example="--set train.steps=40",
+               load_config=load_config, config_error=ConfigError, start=_finetune)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 
@@ -10,6 +9,7 @@ from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
 from mlxops.node.protocol.rankenv import VARIABLES as _VAR
 
 from .config import ConfigError, describe_options, load_config
+from .entry import run
 
 _METRICS_FIELDS = textwrap.fill(", ".join(METRICS_FIELDS), width=90,
                                 initial_indent=" " * 27, subsequent_indent=" " * 27)
@@ -45,52 +45,19 @@ exit codes: 0 all steps done; 2 bad config or arguments; 1 any other failure.
 """
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m mlxops.trainer",
-        description="Train a decoder-only transformer LM, data-parallel over MLX distributed.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--config", required=True, metavar="FILE",
-                   help="trainer config (JSON, or YAML when PyYAML is importable)")
-    p.add_argument("--set", dest="overrides", action="append", default=[],
-                   metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.steps=40 --set out=runs/x "
-                        "(value parsed as JSON when it parses; repeatable)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint in out (starts at step "
-                        "0 if there is none); without it an out holding checkpoints is refused")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config as JSON and exit")
-    return p.parse_args(argv)
+def _train(cfg, resume: bool) -> None:
+    from .train import train
+
+    train(cfg, resume=resume)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        import json
-
-        print(json.dumps(cfg.to_dict(), indent=2))
-        return 0
-    # Imported late so that --help and config errors never pay for (or need) mlx.
-    from .distributed import DistributedError
-    from .train import TrainerError, train
-
-    try:
-        train(cfg, resume=args.resume)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (DistributedError, TrainerError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run(argv, prog="python -m mlxops.trainer",
+               description="Train a decoder-only transformer LM, data-parallel over MLX "
+                           "distributed.",
+               epilog=EPILOG, what="trainer",
+               set_example="--set train.steps=40 --set out=runs/x",
+               load_config=load_config, config_error=ConfigError, start=_train)
 
 
 if __name__ == "__main__":
