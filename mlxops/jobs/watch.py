@@ -34,13 +34,17 @@ from mlxops.jobs.record import (
 )
 from mlxops.jobs.serveprobe import ProbeWatch
 from mlxops.jobs.spec import JobSpec
-from mlxops.jobs.status import JobStatus, classify, job_status
+from mlxops.jobs.status import PEER_LOST, JobStatus, classify, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
 from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED
 from mlxops.transport import Connector, GroupError, HostUnreachable
 
 OnStatus = Callable[[JobStatus], None]
-STRAY_RETRY = 30.0  # seconds between attempts to reach a host the job left behind
+STRAY_RETRY = 30.0
+#: Seconds the watchdog waits to hear the rank that died first when it has heard only of
+#: ranks that lost their peer (they exit as fast as it does; another host's channel may be
+#: a moment behind).
+PEER_GRACE = 1.0  # seconds between attempts to reach a host the job left behind
 OnEvent = Callable[[str], None]
 
 
@@ -127,6 +131,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     reaper = _Reaper(connector, on_event)
     channels = _listen(record, connector, hosts)
     quiet: set[str] = set()  # hosts whose channel was lost and has not spoken since
+    lost_peer: list[float] = []  # when a peer-lost failure alone was first seen
     serve = record.serve
     probes = ProbeWatch(serve, record.ranks[0].host) if serve else None
     next_probe, figures = 0.0, None
@@ -134,6 +139,11 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
         while True:
             reaper.poke(record)
             status = classify(record, channels.answers(), dict(channels.unreachable))
+            if _awaiting_cause(status, lost_peer):
+                # Only ranks that lost a peer have failed so far: the peer that died first is
+                # still to be heard (its host's channel a moment behind). Name it, not them.
+                channels.wait(PEER_GRACE / 5)
+                continue
             probed = None
             if probes is not None and status.state == RUNNING and not status.problem:
                 # A serve job's probe, every restart.interval (the channels wake the loop
@@ -141,9 +151,12 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 if time.monotonic() >= next_probe:
                     next_probe = time.monotonic() + record.restart.interval
                     own = probes.answered  # the node counted the requests before this look's
+                    # The watch channel does not read the server's log: one status asks it
+                    # (the requests it answered), every probe interval, serve jobs only.
+                    polled = job_status(record, connector, hosts=hosts)
+                    served = polled.ranks[0].requests if polled.ranks else None
                     probed = _probe(probes, connector, hosts)
-                    figures = probes.figures(status.ranks[0].requests if status.ranks else None,
-                                             own)
+                    figures = probes.figures(served, own)
                 status.serve = figures
             stopping = status.problem is not None and status.state not in (FINISHED, STOPPED)
             if stopping:  # the ranks stop now, by the helpers on the nodes; the rest follows
@@ -260,6 +273,20 @@ def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:
         return probes.look(connector.connect(hosts[probes.host]))
     except HostUnreachable:
         return None
+
+
+def _awaiting_cause(status: JobStatus, since: list[float]) -> bool:
+    """True for up to :data:`PEER_GRACE` seconds while every failed rank failed because it
+    lost a peer (``PEER_LOST``) and no other rank has failed yet."""
+    failed = [r for r in status.ranks if r.state == FAILED]
+    secondary = bool(failed) and all(
+        r.failure and any(said in r.failure for said in PEER_LOST) for r in failed)
+    if not secondary:
+        since.clear()
+        return False
+    if not since:
+        since.append(time.monotonic())
+    return time.monotonic() - since[0] < PEER_GRACE
 
 
 def _long_unreachable(status: JobStatus, since: dict[str, float], timeout: float) -> str | None:

@@ -395,3 +395,25 @@ def test_a_death_is_acted_on_from_its_message_stop_first_without_waiting_for_a_p
     assert sorted(log[i][0] for i in stops) == ["a", "b"] and max(stops) < failed
     assert log[failed + 1] == ("restart", "rank 0 on a exited with code 137")
     assert log[-1] == ("status", "finished")
+
+
+def test_a_peer_lost_failure_alone_waits_a_moment_for_the_rank_that_died_first(monkeypatch):
+    from mlxops.jobs import watch
+    from mlxops.jobs.status import JobStatus, RankStatus
+
+    lost = "RuntimeError: [ring] connection to a peer was lost"
+    secondary = JobStatus("j", "failed", [RankStatus(0, "n1", "failed", exit=1, failure=lost),
+                                          RankStatus(1, "n2", "running")])
+    cause = JobStatus("j", "failed", [RankStatus(0, "n1", "failed", exit=1, failure=lost),
+                                      RankStatus(1, "n2", "failed", exit=137)])
+    clock = [100.0]
+    monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
+    since: list[float] = []
+    assert watch._awaiting_cause(secondary, since)          # heard: only the peer's loss
+    clock[0] += watch.PEER_GRACE / 2
+    assert watch._awaiting_cause(secondary, since)
+    assert not watch._awaiting_cause(cause, since)          # the killed rank: decide now
+    assert since == []
+    assert watch._awaiting_cause(secondary, since)
+    clock[0] += watch.PEER_GRACE
+    assert not watch._awaiting_cause(secondary, since)      # never heard: decide anyway
