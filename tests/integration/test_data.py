@@ -160,6 +160,9 @@ def test_the_corpus_trains_on_two_nodes_and_a_killed_rank_recovers_bitwise(
                          "checkpoint_every": 10, "keep": 3, "log_every": 1}}
     job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
            "trainer": trainer, "data": str(directory), "blas": "off",
+           # rank 1 a tenth of a second slower a sequence (a sleep: the numbers are the
+           # same): on a quiet machine the run would end before the kill lands
+           "env": {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.1"},
            "restart": {"max_restarts": 2, "stall_timeout": 60}}
     (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(job))
     record = launch(load_job(tmp_path / f"{name}.yml"), connector)
