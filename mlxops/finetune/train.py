@@ -31,6 +31,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxops.node import protocol
+from mlxops.node.protocol.calibration import Calibration
 from mlxops.node.protocol.metrics import MetricsLine, step_of
 from mlxops.trainer import balance, checkpoint, consistency, hooks
 from mlxops.trainer.checkpoint import write_atomic
@@ -307,7 +308,7 @@ class FineTuner:
         self._log(f"balance: auto: examples/s per rank {[round(s, 1) for s in speeds]}: "
                   f"split {before} -> {self.counts}")
         if self.writer:
-            write_atomic(self.out / protocol.CALIBRATION, balance.Calibration(
+            write_atomic(self.out / protocol.CALIBRATION, Calibration(
                 step=self.step, world_size=self.world, hosts=self.speed_hosts,
                 samples_per_sec=speeds, batch_split=self.counts, time=time.time()).to_json())
 
