@@ -24,20 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-INVENTORY = """\
-all:
-  hosts:
-    mac1: {ansible_host: 192.0.2.1}
-    mac2: {ansible_host: 192.0.2.2}
-"""
-JOB = """\
-name: startup
-inventory: inventory.yml
-hosts: all
-trainer:
-  model: {dims: 32, layers: 1, heads: 2, vocab_size: 256, seq_len: 32}
-  train: {steps: 10, global_batch: 4}
-"""
+from mlxops.cli.startup import write_sample_files
+
 TARGET_SECONDS, TARGET_RATIO = 0.2, 2.0
 
 FLOOR = {"python -c pass": ["-c", "pass"], "python -c 'import click'": ["-c", "import click"]}
@@ -75,8 +63,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mlxops-startup-") as tmp:
         d = Path(tmp)
-        (d / "inventory.yml").write_text(INVENTORY)
-        (d / "job.yml").write_text(JOB)
+        write_sample_files(d)
         env = {**os.environ, "MLXOPS_HOME": str(d / "home")}
         env.pop("MLXOPS_DEBUG", None)
         runs = {**{k: [sys.executable, *v] for k, v in FLOOR.items()},

@@ -18,6 +18,30 @@ import os
 import re
 import sys
 from collections.abc import Iterable
+from pathlib import Path
+
+#: The files the start-up test and benchmark start commands on: an inventory of two hosts
+#: no one answers for (TEST-NET-1) and a job on them.
+SAMPLE_FILES = {"inventory.yml": """\
+all:
+  hosts:
+    mac1: {ansible_host: 192.0.2.1}
+    mac2: {ansible_host: 192.0.2.2}
+""", "job.yml": """\
+name: startup
+inventory: inventory.yml
+hosts: all
+trainer:
+  model: {dims: 32, layers: 1, heads: 2, vocab_size: 256, seq_len: 32}
+  train: {steps: 10, global_batch: 4}
+"""}
+
+
+def write_sample_files(directory: Path) -> None:
+    """:data:`SAMPLE_FILES` into ``directory``."""
+    for name, text in SAMPLE_FILES.items():
+        (directory / name).write_text(text)
+
 
 #: The exit code of a start-up stopped at its first connection.
 CONNECTING = 97

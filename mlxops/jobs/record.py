@@ -143,22 +143,18 @@ class JobRecord:
         for key in _SPEC_PATHS:
             if rest.get(key) is not None:
                 rest[key] = Path(rest[key])
-        if rest.get("data") is not None:
-            rest["data"] = DataSpec.from_dict(rest["data"])
-        if rest.get("trainer") is not None:
-            try:
-                rest["trainer"] = trainer_config.from_dict(rest["trainer"], "job.trainer")
-            except trainer_config.ConfigError as exc:
-                raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
-                                  f"{exc}") from None
-        if rest.get("serve") is not None:
-            rest["serve"] = ServeSpec.from_dict(rest["serve"])
-        if rest.get("finetune") is not None:
-            try:
-                rest["finetune"] = finetune_config.from_dict(rest["finetune"], "job.finetune")
-            except finetune_config.ConfigError as exc:
-                raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
-                                  f"{exc}") from None
+        # Each section back into the type the job file was parsed into (mlxops.jobs.spec).
+        readers: dict[str, Callable[[Any], Any]] = {
+            "data": DataSpec.from_dict, "serve": ServeSpec.from_dict,
+            "trainer": lambda d: trainer_config.from_dict(d, "job.trainer"),
+            "finetune": lambda d: finetune_config.from_dict(d, "job.finetune")}
+        for key, read in readers.items():
+            if rest.get(key) is not None:
+                try:
+                    rest[key] = read(rest[key])
+                except trainer_config.ConfigError as exc:  # finetune's is the same class
+                    raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
+                                      f"{exc}") from None
         return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
                        backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
                        **rest)

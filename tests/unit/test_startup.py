@@ -17,30 +17,20 @@ from pathlib import Path
 import pytest
 
 from mlxops.cli import COMMANDS
-from mlxops.cli.startup import CONNECTING, heavy_imported, imported_modules
+from mlxops.cli.startup import (
+    CONNECTING,
+    heavy_imported,
+    imported_modules,
+    write_sample_files,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-INVENTORY = """\
-all:
-  hosts:
-    mac1: {ansible_host: 192.0.2.1}
-    mac2: {ansible_host: 192.0.2.2}
-"""
-JOB = """\
-name: startup
-inventory: inventory.yml
-hosts: all
-trainer:
-  model: {dims: 32, layers: 1, heads: 2, vocab_size: 256, seq_len: 32}
-  train: {steps: 10, global_batch: 4}
-"""
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("startup")
-    (d / "inventory.yml").write_text(INVENTORY)
-    (d / "job.yml").write_text(JOB)
+    write_sample_files(d)
     (d / "home").mkdir()
     return d
 
