@@ -10,6 +10,7 @@ the unified hierarchy has the cpu controller, else v1's cpu controller
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from mlxops.errors import MlxopsError
@@ -33,8 +34,14 @@ def _hierarchy() -> tuple[str, Path]:
 
 def usable() -> str | None:
     """None if CPU quotas can be set here, else why not."""
+    return unusable_because(_hierarchy)
+
+
+def unusable_because(hierarchy: Callable[[], tuple[str, Path]]) -> str | None:
+    """None if ``hierarchy()`` finds a cgroup root this process may write, else why not
+    (the freezer's and the CPU quota's question, each with its own hierarchy)."""
     try:
-        _, root = _hierarchy()
+        _, root = hierarchy()
     except MlxopsError as exc:
         return str(exc)
     if not os.access(root, os.W_OK):
@@ -60,7 +67,7 @@ def set_quota(name: str, pids: list[int], fraction: float) -> None:
         (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
         (group / "cpu.cfs_quota_us").write_text(str(quota))
     for pid in pids:
-        _move(group, pid)
+        move_process(group, pid)
 
 
 def clear(name: str) -> None:
@@ -73,11 +80,12 @@ def clear(name: str) -> None:
     if not group.exists():
         return
     for line in (group / "cgroup.procs").read_text().split():
-        _move(root, int(line))
+        move_process(root, int(line))
     group.rmdir()
 
 
-def _move(group: Path, pid: int) -> None:
+def move_process(group: Path, pid: int) -> None:
+    """``pid`` into cgroup ``group``; a process that ended meanwhile is no error."""
     try:
         (group / "cgroup.procs").write_text(str(pid))
     except ProcessLookupError:

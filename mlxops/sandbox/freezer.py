@@ -15,12 +15,12 @@ pass; a process moved into a frozen group freezes. Needs root.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from mlxops.errors import MlxopsError
+from mlxops.sandbox.cgroups import move_process, unusable_because
 
 ROOT = Path("/sys/fs/cgroup")
 V1 = ROOT / "freezer"
@@ -40,13 +40,7 @@ def _hierarchy() -> tuple[str, Path]:
 
 def usable() -> str | None:
     """None if nodes can be frozen here, else why not."""
-    try:
-        _, root = _hierarchy()
-    except MlxopsError as exc:
-        return str(exc)
-    if not os.access(root, os.W_OK):
-        return f"{root}: not writable (root needed)"
-    return None
+    return unusable_because(_hierarchy)
 
 
 def freeze(name: str, pids: list[int], more: Callable[[], list[int]] | None = None) -> None:
@@ -59,9 +53,9 @@ def freeze(name: str, pids: list[int], more: Callable[[], list[int]] | None = No
     group = root / name
     group.mkdir(exist_ok=True)
     for pid in pids:
-        _move(group, pid)
+        move_process(group, pid)
     for pid in (more() if more else []):
-        _move(group, pid)
+        move_process(group, pid)
     if version == "v1":
         (group / "freezer.state").write_text("FROZEN")
         done = lambda: (group / "freezer.state").read_text().strip() == "FROZEN"  # noqa: E731
@@ -74,7 +68,7 @@ def freeze(name: str, pids: list[int], more: Callable[[], list[int]] | None = No
             raise MlxopsError(f"cgroup {group}: not frozen after {FREEZE_TIMEOUT:.0f}s")
         time.sleep(0.01)
     for pid in (more() if more else []):
-        _move(group, pid)  # forked while freezing: frozen on arrival
+        move_process(group, pid)  # forked while freezing: frozen on arrival
 
 
 def is_frozen(name: str) -> bool:
@@ -104,18 +98,8 @@ def thaw(name: str) -> None:
     else:
         (group / "cgroup.freeze").write_text("0")
     for line in (group / "cgroup.procs").read_text().split():
-        _move(root, int(line))
+        move_process(root, int(line))
     try:
         group.rmdir()
     except OSError:
         pass  # a process still on its way out; an empty group left behind is harmless
-
-
-def _move(group: Path, pid: int) -> None:
-    try:
-        (group / "cgroup.procs").write_text(str(pid))
-    except ProcessLookupError:
-        pass  # it ended meanwhile
-    except OSError as exc:
-        if exc.errno != 3:  # ESRCH: it ended meanwhile
-            raise
