@@ -30,7 +30,7 @@ from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.data import MirrorReader, document
-from mlxops.node.protocol import FINISHED, STOPPED
+from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 from mlxops.sandbox.python import add_package
 from mlxops.transport import Connector
 
@@ -272,3 +272,53 @@ def test_two_node_pipeline_answers_like_one_node(sandbox, tmp_path, served_model
     assert text == reference(exported, PROMPT)
     layers = (run_dir(sandbox, "node2", "serve-pipe") / "model" / "config.json").read_text()
     assert '"model_type": "qwen2"' in layers
+
+
+def test_a_node_asleep_under_the_server_is_noticed_and_restarted_when_it_wakes(
+        sandbox_mut, tmp_path, served_model):
+    """A Mac falling asleep under a serve job (`sandbox sleep`: node2's sshd and server
+    frozen, their connections open and silent): the probe gets no answer within
+    probe_timeout, which the watchdog takes for a server down; its restart reaches node2
+    once it wakes, and the client's next request is answered."""
+    sandbox = sandbox_mut
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-sleep", hosts="node2", port=8185,
+                              probe_timeout=2))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        watchdog = BackgroundWatchdog(record, connector)
+        forward = Forward("serve-sleep")
+        try:
+            client = forward.client()
+            wait_answering(client)
+            before = complete(client)
+            sandbox.sleep_node("node2")
+            slept = time.monotonic()
+            try:
+                deadline = time.monotonic() + 30
+                while not any(e.startswith("restarting (") for e in watchdog.events):
+                    assert time.monotonic() < deadline, watchdog.events
+                    time.sleep(0.1)
+                time.sleep(1)  # still asleep as the restart begins: it goes on once awake
+            finally:
+                sandbox.wake_node("node2")
+            noticed = next(t for t, e in zip(watchdog.times, watchdog.events, strict=True)
+                           if e.startswith("restarting (")) - slept
+            deadline = time.monotonic() + 120
+            while load_record("serve-sleep").attempt < 2:
+                assert time.monotonic() < deadline, watchdog.events
+                time.sleep(0.5)
+            wait_answering(client)
+            assert complete(client) == before
+            assert job_status(load_record("serve-sleep"), connector).state == RUNNING
+        finally:
+            forward.close()
+            stop_job(load_record("serve-sleep"), connector)
+        watchdog.result(timeout=30)
+    [restart] = load_record("serve-sleep").restarts
+    print(f"node2 asleep -> the watchdog restarting: {noticed:.1f} s (probe_timeout 2 s): "
+          f"{restart.reason}")
+    # The probe's channel not opened in time, or (asleep mid-answer) its answer not come.
+    assert restart.reason.startswith((
+        "the server on node2 could not be probed: node2 not answering",
+        "the server on node2 did not answer a one-token completion in 2s")), restart
+    assert noticed <= 2 + 2, (noticed, watchdog.events)
