@@ -291,7 +291,7 @@ class _Counts:
     one is under way."""
 
     LATE, BUSY = object(), object()
-    COUNT_WAIT = 1.0
+    COUNT_WAIT = 2.0  # seconds: so a node asleep is found within probe_timeout + 2 s
 
     def __init__(self, connector: Connector, hosts: dict) -> None:
         self.connector, self.hosts = connector, hosts

@@ -175,7 +175,7 @@ def test_a_host_that_does_not_answer_the_probe_is_the_servers_problem():
     assert watch.last.unreached and not watch.last.ok
 
 
-def test_the_requests_count_waits_a_second_at_most_for_its_status(monkeypatch):
+def test_the_requests_count_waits_for_its_status_count_wait_at_most(monkeypatch):
     """A status that hangs (its host asleep) is LATE after COUNT_WAIT, BUSY while it still
     hangs; once it is answered the next ask counts again."""
     from types import SimpleNamespace
