@@ -60,11 +60,11 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     unknown = [h for h in exclude if h not in inventory.hosts]
     if unknown:
         raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")
+    if spec.serve is not None:  # the job's hosts: a server may go on alone without some
+        check_hosts(spec.path, spec.serve, hosts)
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
-    if spec.serve is not None:
-        check_hosts(spec.path, spec.serve, hosts)
     # launch, plan, resume: before connecting
     check_world(spec, sum(h.slots for h in hosts), [h.name for h in render.rank_hosts(hosts)])
     return hosts

@@ -90,7 +90,7 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
                                mpi_env=mpi_environment(launcher) if mpi else None,
                                openblas=openblas, cpus=prep.answer.cpus)
         if spec.serve is not None:
-            argv = server_argv(spec.serve, prep.python, paths, rank)
+            argv = server_argv(spec.serve, prep.python, paths, rank, len(ranks))
         files[protocol.process_file(rank.rank, protocol.SCRIPT)] = rank_script(
             env=env, argv=argv, paths=paths, cwd=cwd, rank=rank.rank, mpi=mpi,
             prepare=prepare).encode()

@@ -5,7 +5,10 @@ loopback), answered within ``serve.probe_timeout`` or the server counts as hung.
 A process that died is the rank machinery's to see (its exit code); the probe sees what
 only a request shows: a server that runs but does not answer (hung), or stopped answering
 (its listener gone), or never started to within ``serve.start_timeout`` (a model that
-does not load in time).
+does not load in time), or whose host no longer answers at all (a Mac asleep: the
+probe's channel is not opened within ``serve.probe_timeout``). A server writes no
+heartbeat, so the probe is what notices a node that fell asleep under a serve job, within
+``probe_timeout`` of the probe sent after it did.
 
 The figures ``mlxops status``, ``monitor`` and the dashboard show for a serve job
 (:class:`ServeFigures`): latency, the last probe's round trip; tokens/s, a greedy
@@ -41,6 +44,7 @@ class ProbeResult:
     seconds: float | None = None        # the round trip of an answer
     refused: bool = False               # nothing listens (yet, or any more)
     hung: bool = False                  # connected, no whole answer in time
+    unreached: bool = False             # its host did not answer (asleep, off the network)
     error: str = ""
     tokens_per_sec: float | None = None  # tokens of the answer over its round trip
 
@@ -116,6 +120,17 @@ class ProbeWatch:
             tokens_per_sec=self.canary.tokens_per_sec if self.canary else None,
             requests=None if requests is None else
             max(0, requests - (self.answered if own is None else own)))
+
+    def unreachable(self, reason: str) -> str:
+        """The problem when the probe could not get through to the server's host: a Mac
+        asleep keeps its TCP connection and answers nothing (the probe's channel is not
+        opened within ``probe_timeout``), one off the network refuses. To the server's
+        clients that is a server down, so it is restarted as a hung one is: the restart
+        reaches the host again once it wakes (or goes on without it, per the job's
+        ``restart.exclude_unreachable``)."""
+        self.last = ProbeResult(False, unreached=True, error=reason)
+        return f"the server on {self.host} could not be probed: {self.host} not answering " \
+               f"({reason})"
 
     def problem(self, result: ProbeResult, now: float | None = None) -> str | None:
         self.last = result

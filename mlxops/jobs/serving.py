@@ -49,8 +49,12 @@ def prepare_lines(serve: ServeSpec, python: str, paths: NodePaths) -> list[str]:
     return lines
 
 
-def server_argv(serve: ServeSpec, python: str, paths: NodePaths, rank: Rank) -> list[str]:
-    """``python -m mlx_lm server --model ... --host BIND --port PORT [options]``."""
+def server_argv(serve: ServeSpec, python: str, paths: NodePaths, rank: Rank,
+                world_size: int) -> list[str]:
+    """``python -m mlx_lm server --model ... --host BIND --port PORT [options]``. Alone
+    (a restart that went on without the other hosts, ``restart.exclude_unreachable``)
+    the server holds the whole model: no ``--pipeline`` then."""
     flags = [("model", model_dir(serve, paths)), ("host", serve.bind), ("port", serve.port),
-             ("pipeline", serve.parallel == PIPELINE), *sorted(serve.options.items())]
+             ("pipeline", serve.parallel == PIPELINE and world_size > 1),
+             *sorted(serve.options.items())]
     return [python, *SERVER_ARGV, *server_options(flags)]

@@ -134,6 +134,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     lost_peer: list[float] = []  # when a peer-lost failure alone was first seen
     serve = record.serve
     probes = ProbeWatch(serve, record.ranks[0].host) if serve else None
+    counts = _Counts(connector, hosts)
     next_probe, figures = 0.0, None
     try:
         while True:
@@ -150,13 +151,13 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 # far more often): its figures stand until the next one.
                 if time.monotonic() >= next_probe:
                     next_probe = time.monotonic() + record.restart.interval
-                    own = probes.answered  # the node counted the requests before this look's
-                    # The watch channel does not read the server's log: one status asks it
-                    # (the requests it answered), every probe interval, serve jobs only.
-                    polled = job_status(record, connector, hosts=hosts)
-                    served = polled.ranks[0].requests if polled.ranks else None
                     probed = _probe(probes, connector, hosts)
-                    figures = probes.figures(served, own)
+                    if probed is None:
+                        served = counts.read(record)
+                        if served is _Counts.LATE:  # its host may be asleep: probe at once
+                            next_probe = 0.0
+                        elif served is not _Counts.BUSY:
+                            figures = probes.figures(served)
                 status.serve = figures
             stopping = status.problem is not None and status.state not in (FINISHED, STOPPED)
             if stopping:  # the ranks stop now, by the helpers on the nodes; the rest follows
@@ -173,7 +174,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
             if load_record(record.name).state == STOPPED:
                 # Stopped meanwhile: say how it ends, not what the channels said before.
                 return job_status(load_record(record.name), connector, hosts=hosts)
-            if probed and probes is not None and not probes.last.hung:
+            if probed and probes is not None and not (probes.last.hung
+                                                      or probes.last.unreached):
                 # A server that stopped answering has usually died: its rank's exit code, a
                 # moment behind, names the cause better than the refused probe does.
                 status = job_status(record, connector, hosts=hosts)
@@ -267,12 +269,58 @@ def _listen(record: JobRecord, connector: Connector, hosts: dict) -> Channels:
 
 
 def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:
-    """A serve job's probe (:mod:`mlxops.jobs.serveprobe`); a host that cannot be reached
-    is the unreachable rule's to judge, not the probe's."""
+    """A serve job's probe (:mod:`mlxops.jobs.serveprobe`): its problem, or None. A host
+    that cannot be reached is one: the server's clients cannot reach it either, and a
+    server writes no heartbeat whose age would tell the watchdog (a sleeping Mac's
+    channel is asked again, for up to ASK_TIMEOUT, before the unreachable rule's
+    stall_timeout even starts)."""
     try:
         return probes.look(connector.connect(hosts[probes.host]))
-    except HostUnreachable:
-        return None
+    except HostUnreachable as exc:
+        return probes.unreachable(exc.reason)
+
+
+class _Counts:
+    """A serve job's requests count, for its figures: the watch channel does not read the
+    server's log, so a status asks it (:func:`job_status`, the node counts), after each
+    probe that was answered. Asked in a thread of its own and waited for at most
+    :data:`COUNT_WAIT` seconds: a host that falls asleep while it is asked holds the
+    watchdog no longer than that (the status would wait out its SSH timeouts, 30 s and
+    more), and the next probe, sent at once, finds it. A late answer is dropped (the
+    probes sent meanwhile would be counted as the clients'), and no new ask is made while
+    one is under way."""
+
+    LATE, BUSY = object(), object()
+    COUNT_WAIT = 2.0  # seconds: so a node asleep is found within probe_timeout + 2 s
+
+    def __init__(self, connector: Connector, hosts: dict) -> None:
+        self.connector, self.hosts = connector, hosts
+        self._thread: threading.Thread | None = None
+        self._answer: dict[str, object] = {}
+
+    def read(self, record: JobRecord) -> object:
+        """Requests rank 0's node counted (None: not known); :attr:`LATE` when this ask
+        was not answered in time, :attr:`BUSY` while a late one is still under way."""
+        if self._thread is not None and self._thread.is_alive():
+            return self.BUSY
+        answer: dict[str, object] = {}
+        self._answer = answer
+        self._thread = threading.Thread(target=self._ask, args=(record, answer), daemon=True,
+                                        name="mlxops-serve-count")
+        self._thread.start()
+        self._thread.join(self.COUNT_WAIT)
+        if self._thread.is_alive():
+            return self.LATE
+        if "bug" in answer:
+            raise answer["bug"]  # type: ignore[misc]
+        return answer["requests"]
+
+    def _ask(self, record: JobRecord, answer: dict[str, object]) -> None:
+        try:
+            polled = job_status(record, self.connector, hosts=self.hosts)
+            answer["requests"] = polled.ranks[0].requests if polled.ranks else None
+        except BaseException as exc:  # noqa: BLE001 - raised in the watchdog's thread
+            answer["bug"] = exc
 
 
 def _awaiting_cause(status: JobStatus, since: list[float]) -> bool:

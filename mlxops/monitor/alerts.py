@@ -26,9 +26,14 @@ RECENT, BASELINE = 3, 50   # metrics lines: the "now" and the "usual" of tokens/
 
 
 def thresholds(job: Mapping[str, Any] | None) -> dict[str, float]:
-    """The job's thresholds (as launched), defaults for what it does not set."""
+    """The job's thresholds (as launched), defaults for what it does not set. A serve
+    job's ``heartbeat_age`` is off: a server writes no heartbeat (the watchdog's probe is
+    its liveness, jobs/serveprobe.py), so the age only says how long it has run."""
     given = (job or {}).get("alerts") or {}
-    return {key: float(given.get(key, default)) for key, default in ALERT_DEFAULTS.items()}
+    found = {key: float(given.get(key, default)) for key, default in ALERT_DEFAULTS.items()}
+    if (job or {}).get("serve"):
+        found["heartbeat_age"] = 0.0
+    return found
 
 
 def tokens_drop(tokens_per_sec: Sequence[float | None], drop: float

@@ -198,22 +198,40 @@ def job_info(record: JobRecord) -> dict[str, Any]:
             "message": record.message, "job_file": record.job_file,
             "inventory": record.inventory, "excluded": record.excluded,
             "trainer": job.get("trainer"), "command": job.get("command"),
+            "serve": job.get("serve"),
             "restart": {"max_restarts": record.restart.max_restarts,
                         "stall_timeout": record.restart.stall_timeout},
             "alerts": alerts.thresholds(job)}
 
 
-def serving(samples: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+def serving(samples: Sequence[dict[str, Any]], points: int | None = None
+            ) -> dict[str, Any] | None:
     """A serve job's figures (jobs/serveprobe.py: requests from the server's log, latency
-    from the watchdog's probe, tokens/s from its canary): the last, and their history."""
+    from the watchdog's probe, tokens/s from its canary): the last, and their history.
+
+    The server's log counts the requests of one attempt (a restarted server starts at 0):
+    ``requests_total`` adds up the attempts, each attempt's last count before the next
+    began plus the current one's, so the dashboard's counter and curve never fall back
+    at a restart."""
     rows = [s for s in samples if s.get("serve")]
     if not rows:
         return None
-    names = ("requests", "tokens_per_sec", "latency")
-    history: dict[str, list[Any]] = {"time": [s["time"] for s in rows]}
-    for name in names:
+    history: dict[str, list[Any]] = {"time": [s["time"] for s in rows],
+                                     "attempt": [s.get("attempt") for s in rows]}
+    for name in ("requests", "tokens_per_sec", "latency"):
         history[name] = [s["serve"].get(name) for s in rows]
-    return {"last": rows[-1]["serve"], "history": history}
+    ended: dict[Any, int] = {}   # attempt -> its last count seen
+    totals: list[int | None] = []
+    for attempt, count in zip(history["attempt"], history["requests"], strict=True):
+        if count is None:
+            totals.append(None)
+            continue
+        ended[attempt] = count
+        totals.append(sum(ended.values()))
+    history["requests_total"] = totals
+    total = next((t for t in reversed(totals) if t is not None), None)
+    return {"last": rows[-1]["serve"], "requests_total": total,
+            "history": decimate(history, points)}
 
 
 def document(mirror: Mirror, *, points: int | None = None, now: float | None = None,
@@ -244,6 +262,6 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
         "ranks": ranks,
         "nodes": nodes,
         "alerts": alerts.evaluate(limits, last, cols["tokens_per_sec"], cols),
-        "serve": serving(samples),
+        "serve": serving(samples, points),
         **(extras or {}),
     }

@@ -9,7 +9,8 @@ Grafana panel shows is what ``mlxops report`` says. Names and labels (docs/forma
   kube-state-metrics names its jobs): step, total steps, loss, validation loss, tokens/s, attempt,
   restarts, alerts now, peak memory, world size, and its state as one series per state
   (1 for the current one) so a rule can say ``mlxops_job_state{state="stalled"} == 1``;
-  events on its timeline by kind (a counter);
+  events on its timeline by kind (a counter); a serve job's requests answered (a counter),
+  tokens/s and latency;
 * per rank (``job_name``, ``rank``, ``host``): step, heartbeat age, tokens/s, state;
 * per node of a job (``job_name``, ``host``): memory used and total, load, CPUs, GPU use;
 * per link of the last bench (``src``, ``dst``): bandwidth and median latency.
@@ -90,6 +91,15 @@ def _job(g: _Gauges, doc: dict[str, Any]) -> None:
     for kind, count in counts.items():
         g.add("job_events", "Events on the job's timeline, by kind.", {**job, "kind": kind},
               count, counter=True)
+    serve = doc.get("serve")
+    if serve:  # a serve job's server, as the watchdog last probed it (jobs/serveprobe.py)
+        g.add("serve_requests", "Requests the server answered since launch, every attempt "
+              "added up (the watchdog's own not counted).", job, serve.get("requests_total"),
+              counter=True)
+        g.add("serve_tokens_per_second", "Tokens per second of the watchdog's last canary "
+              "completion.", job, serve["last"].get("tokens_per_sec"))
+        g.add("serve_latency_seconds", "Round trip of the watchdog's last one-token probe.",
+              job, serve["last"].get("latency"))
     for r in doc.get("ranks") or []:
         labels = {**job, "rank": str(r["rank"]), "host": str(r["host"])}
         g.add("rank_step", "Last step the rank reported.", labels, r.get("step"))

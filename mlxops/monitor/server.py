@@ -3,7 +3,8 @@
 Standard library only (``http.server``). It serves a fixed set of files shipped in the
 wheel (``static/``) and two JSON endpoints the page polls:
 
-* ``GET /api/jobs``: ``{"now", "jobs": [one line per job], "bench": the last bench}``;
+* ``GET /api/jobs``: ``{"now", "jobs": [one line per job], "bench": the last bench}``
+  (a serve job's line: ``serve``, its ``requests`` and its canary's ``tokens_per_sec``);
 * ``GET /api/job/NAME?points=N``: the job document (docs/formats.md, "mlxops report
   --json"), each series thinned to about N rows;
 
@@ -108,11 +109,16 @@ class Jobs:
             except MlxopsError:
                 continue  # a record being rewritten, or unreadable: next poll
             s = doc["summary"]
-            lines.append({"name": name, "state": doc["state"], "step": s["step"],
-                          "steps": s["steps"], "loss": s["loss_last"],
-                          "tokens_per_sec": s["tokens_per_sec"],
-                          "attempt": doc["job"]["attempt"], "restarts": s["restarts"],
-                          "alerts": len(doc["alerts"]), "updated": doc["updated"]})
+            line = {"name": name, "state": doc["state"], "step": s["step"],
+                    "steps": s["steps"], "loss": s["loss_last"],
+                    "tokens_per_sec": s["tokens_per_sec"],
+                    "attempt": doc["job"]["attempt"], "restarts": s["restarts"],
+                    "alerts": len(doc["alerts"]), "updated": doc["updated"]}
+            if doc["job"]["serve"] is not None:  # no steps nor loss: its server's figures
+                figures = doc["serve"] or {"last": {}, "requests_total": None}
+                line.update(serve=True, requests=figures["requests_total"],
+                            tokens_per_sec=figures["last"].get("tokens_per_sec"))
+            lines.append(line)
         return {"now": time.time(), "jobs": lines, "bench": bench.latest()}
 
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from job_helpers import BackgroundWatchdog, run_dir
 
+from mlxops.jobs import watch
 from mlxops.jobs.export import export_run
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
@@ -30,9 +31,9 @@ from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.data import MirrorReader, document
-from mlxops.node.protocol import FINISHED, STOPPED
+from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 from mlxops.sandbox.python import add_package
-from mlxops.transport import Connector
+from mlxops.transport import ConnectOptions, Connector
 
 openai = pytest.importorskip("openai")
 mlx_lm = pytest.importorskip("mlx_lm")
@@ -77,9 +78,10 @@ def served_model(sandbox, tmp_path_factory):
 
 
 def serve_job(tmp_path: Path, sandbox, name: str, hosts: str = "node1", port: int = 8181,
-              **serve) -> Path:
+              restart: dict | None = None, **serve) -> Path:
     return write_job(tmp_path / f"{name}.yml", sandbox, name, hosts,
-                     restart={"max_restarts": 2, "stall_timeout": 30, "poll_interval": 0.5},
+                     restart={"max_restarts": 2, "stall_timeout": 30, "poll_interval": 0.5,
+                              **(restart or {})},
                      serve={"model": {"job": TRAIN}, "port": port, "max_tokens": 16, **serve})
 
 
@@ -253,22 +255,103 @@ def test_a_hung_server_is_restarted(sandbox, tmp_path, served_model):
         watchdog.result(timeout=30)
 
 
-def test_two_node_pipeline_answers_like_one_node(sandbox, tmp_path, served_model):
+def test_two_node_pipeline_answers_like_one_node_and_goes_on_alone_when_one_sleeps(
+        sandbox_mut, tmp_path, served_model, monkeypatch):
     """node1 and node2 in one MLX ring, mlx-lm's --pipeline (the export as qwen2): the same
-    greedy text as the one-node server (mlx_lm.generate on one process)."""
+    greedy text as the one-node server (mlx_lm.generate on one process). Then node2 falls
+    asleep (`sandbox sleep`): every forward waits for its layers, the probe's answer never
+    comes (hung), and with `restart.exclude_unreachable` the restart goes on without node2,
+    node1 serving the whole model alone, the same text; node2 wakes, and the server it
+    still ran is stopped."""
+    sandbox = sandbox_mut
+    monkeypatch.setattr(watch, "STRAY_RETRY", 2.0)  # look for node2's return every 2 s
     _, exported = served_model
     spec = load_job(serve_job(tmp_path, sandbox, "serve-pipe", hosts="node1,node2", port=8184,
-                              parallel="pipeline"))
-    with Connector() as connector:
+                              parallel="pipeline", probe_timeout=3,
+                              restart={"exclude_unreachable": True}))
+    with Connector(ConnectOptions(connect_timeout=2)) as connector:
         record = launch(spec, connector)
+        watchdog = BackgroundWatchdog(record, connector)
         forward = Forward("serve-pipe")
         try:
             client = forward.client()
             wait_answering(client, timeout=180)
             text = complete(client)
+            layers = (run_dir(sandbox, "node2", "serve-pipe") / "model" / "config.json")
+            assert '"model_type": "qwen2"' in layers.read_text()
+            sandbox.sleep_node("node2")
+            try:
+                deadline = time.monotonic() + 90
+                while [h.name for h in load_record("serve-pipe").stray] != ["node2"]:
+                    assert time.monotonic() < deadline, watchdog.events
+                    time.sleep(0.3)
+                wait_answering(client)
+                alone = complete(client)
+            finally:
+                sandbox.wake_node("node2")
+            deadline = time.monotonic() + 60
+            while not any("node2 is back" in e for e in watchdog.events):
+                assert time.monotonic() < deadline, watchdog.events
+                time.sleep(0.3)
         finally:
             forward.close()
-            stop_job(record, connector)
-    assert text == reference(exported, PROMPT)
-    layers = (run_dir(sandbox, "node2", "serve-pipe") / "model" / "config.json").read_text()
-    assert '"model_type": "qwen2"' in layers
+            stop_job(load_record("serve-pipe"), connector)
+        watchdog.result(timeout=30)
+    assert text == reference(exported, PROMPT) == alone
+    moved = load_record("serve-pipe")
+    assert moved.world_size == 1 and moved.excluded == ["node2"] and moved.stray == []
+    [restart] = moved.restarts
+    assert restart.reason == ("the server on node1 did not answer a one-token completion in "
+                              "3s (hung)"), restart
+    # node2's old server was stopped once it answered (a stop verifies nothing is left).
+    assert any(e.startswith("continuing without node2") for e in watchdog.events)
+
+
+def test_a_node_asleep_under_the_server_is_noticed_and_restarted_when_it_wakes(
+        sandbox_mut, tmp_path, served_model):
+    """A Mac falling asleep under a serve job (`sandbox sleep`: node2's sshd and server
+    frozen, their connections open and silent): the probe gets no answer within
+    probe_timeout, which the watchdog takes for a server down; its restart reaches node2
+    once it wakes, and the client's next request is answered."""
+    sandbox = sandbox_mut
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-sleep", hosts="node2", port=8185,
+                              probe_timeout=2))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        watchdog = BackgroundWatchdog(record, connector)
+        forward = Forward("serve-sleep")
+        try:
+            client = forward.client()
+            wait_answering(client)
+            before = complete(client)
+            sandbox.sleep_node("node2")
+            slept = time.monotonic()
+            try:
+                deadline = time.monotonic() + 30
+                while not any(e.startswith("restarting (") for e in watchdog.events):
+                    assert time.monotonic() < deadline, watchdog.events
+                    time.sleep(0.1)
+                time.sleep(1)  # still asleep as the restart begins: it goes on once awake
+            finally:
+                sandbox.wake_node("node2")
+            noticed = next(t for t, e in zip(watchdog.times, watchdog.events, strict=True)
+                           if e.startswith("restarting (")) - slept
+            deadline = time.monotonic() + 120
+            while load_record("serve-sleep").attempt < 2:
+                assert time.monotonic() < deadline, watchdog.events
+                time.sleep(0.5)
+            wait_answering(client)
+            assert complete(client) == before
+            assert job_status(load_record("serve-sleep"), connector).state == RUNNING
+        finally:
+            forward.close()
+            stop_job(load_record("serve-sleep"), connector)
+        watchdog.result(timeout=30)
+    [restart] = load_record("serve-sleep").restarts
+    print(f"node2 asleep -> the watchdog restarting: {noticed:.1f} s (probe_timeout 2 s): "
+          f"{restart.reason}")
+    # The probe's channel not opened in time, or (asleep mid-answer) its answer not come.
+    assert restart.reason.startswith((
+        "the server on node2 could not be probed: node2 not answering",
+        "the server on node2 did not answer a one-token completion in 2s")), restart
+    assert noticed <= 2 + 2, (noticed, watchdog.events)

@@ -14,7 +14,7 @@ import pytest
 
 from mlxops.jobs.serveprobe import ProbeResult, ProbeWatch, probe
 from mlxops.jobs.servespec import ServeSpec
-from mlxops.transport import LocalConnection
+from mlxops.transport import HostUnreachable, LocalConnection
 from mlxops.transport.forward import Forward, http_exchange
 
 
@@ -152,3 +152,49 @@ def test_the_monitor_shows_a_serve_jobs_figures_with_their_trend():
     assert str(serving_line(doc)) == ("serving: requests 5   tokens/s 100 (canary) █▁   "
                                       "latency 40 ms ▁█")
     assert serving([{"time": 1.0}]) is None
+
+
+class AsleepHost:
+    """A connector and connection to a host that does not answer: what the transport
+    raises when a channel is not opened in time (connection.py, ``open_tunnel``)."""
+
+    def connect(self, host):
+        return self
+
+    def open_tunnel(self, address, port, timeout):
+        raise HostUnreachable("node1", "connection lost: Timeout opening channel.")
+
+
+def test_a_host_that_does_not_answer_the_probe_is_the_servers_problem():
+    from mlxops.jobs.watch import _probe
+
+    watch = ProbeWatch(spec(8080), "node1", started=0.0)
+    problem = _probe(watch, AsleepHost(), {"node1": object()})
+    assert problem == ("the server on node1 could not be probed: node1 not answering "
+                       "(connection lost: Timeout opening channel.)")
+    assert watch.last.unreached and not watch.last.ok
+
+
+def test_the_requests_count_waits_for_its_status_count_wait_at_most(monkeypatch):
+    """A status that hangs (its host asleep) is LATE after COUNT_WAIT, BUSY while it still
+    hangs; once it is answered the next ask counts again."""
+    from types import SimpleNamespace
+
+    from mlxops.jobs import watch
+
+    release = threading.Event()
+
+    def status(record, connector, hosts):
+        if record == "asleep":
+            release.wait(10)
+        return SimpleNamespace(ranks=[SimpleNamespace(requests=7)])
+
+    monkeypatch.setattr(watch, "job_status", status)
+    monkeypatch.setattr(watch._Counts, "COUNT_WAIT", 0.2)
+    counts = watch._Counts(connector=None, hosts={})
+    assert counts.read("awake") == 7
+    assert counts.read("asleep") is watch._Counts.LATE
+    assert counts.read("awake") is watch._Counts.BUSY
+    release.set()
+    counts._thread.join(5)
+    assert counts.read("awake") == 7

@@ -94,11 +94,28 @@ def test_parallel_goes_with_several_hosts(tmp_path):
         check_hosts(tmp_path / "job.yml", piped, ["a"])
 
 
+def test_a_pipeline_job_may_go_on_with_one_of_its_hosts(tmp_path):
+    """``parallel`` is checked against the job's hosts, not those a restart with
+    ``exclude_unreachable`` (or ``resume --exclude``) goes on with."""
+    from mlxops.jobs.preflight import select_hosts
+
+    path = write(tmp_path, {"model": "/m", "parallel": "pipeline"}, hosts="a,b")
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump(
+        {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1"},
+                           "b": {"ansible_host": "10.0.0.2"}}}}))
+    spec = load_job(path)
+    assert [h.name for h in select_hosts(spec, exclude=["b"])] == ["a"]
+    alone = load_job(write(tmp_path, {"model": "/m", "parallel": "pipeline"}, hosts="a"))
+    with pytest.raises(UserError, match="serve.parallel: goes with several hosts"):
+        select_hosts(alone)
+
+
 def test_the_server_command_line_quotes_what_the_user_wrote(tmp_path):
     spec = load_job(write(tmp_path, {"model": "/models/my model; rm -rf ~", "max_tokens": 32,
                                      "chat_template": "{{ x }} $(id)"})).serve
     paths = NodePaths("/home/u/.mlxops", "chat")
-    argv = server_argv(spec, "/venv/bin/python", paths, Rank(0, "a", "10.0.0.1", 20000, 0))
+    argv = server_argv(spec, "/venv/bin/python", paths, Rank(0, "a", "10.0.0.1", 20000, 0),
+                       world_size=1)
     assert argv == ["/venv/bin/python", "-m", "mlx_lm", "server", "--model",
                     "/models/my model; rm -rf ~", "--host", "127.0.0.1", "--port", "8080",
                     "--chat-template", "{{ x }} $(id)", "--max-tokens", "32"]
@@ -116,8 +133,11 @@ def test_a_checkpoint_is_exported_on_the_node_before_the_server_starts(tmp_path)
     assert shlex.split(lines[1]) == ["/py", "-m", "mlxops.trainer.export", "--run-dir",
                                      "/r/runs/run1", "--arch", "qwen2", "--out",
                                      "/r/runs/chat/model"]
-    argv = server_argv(spec, "/py", paths, Rank(1, "b", "10.0.0.2", 20001, 0))
+    argv = server_argv(spec, "/py", paths, Rank(1, "b", "10.0.0.2", 20001, 0), world_size=2)
     assert argv[argv.index("--model") + 1] == "/r/runs/chat/model" and "--pipeline" in argv
+    # Alone after a restart without the other host, the server holds the whole model.
+    alone = server_argv(spec, "/py", paths, Rank(0, "a", "10.0.0.1", 20000, 0), world_size=1)
+    assert "--pipeline" not in alone and alone == [w for w in argv if w != "--pipeline"]
 
 
 def test_the_best_checkpoint_is_exported_with_best(tmp_path):

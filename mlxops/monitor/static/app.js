@@ -26,7 +26,9 @@
       const link = el("a", { href: `#job=${encodeURIComponent(j.name)}`, text: j.name });
       const tr = el("tr", { class: j.name === selected ? "selected" : "" },
         el("td", {}, link), el("td", {}, state(j.state)),
-        el("td", { text: `${j.step ?? "-"} / ${j.steps ?? "?"}` }),
+        // A serve job has no steps nor loss: its requests answered, its canary's tokens/s.
+        el("td", { text: j.serve ? `serving, ${fmt.num(j.requests)} requests`
+                                 : `${j.step ?? "-"} / ${j.steps ?? "?"}` }),
         el("td", { text: fmt.loss(j.loss) }), el("td", { text: fmt.num(j.tokens_per_sec) }),
         el("td", { text: String(j.attempt) }), el("td", { text: String(j.restarts) }),
         el("td", { class: j.alerts ? "bad" : "", text: String(j.alerts) }),

@@ -9,7 +9,8 @@ document.addEventListener("DOMContentLoaded", () => {
   const drawn = MlxopsView.job(root, doc);
 
   root.append(el("h3", { text: "Config (as launched)" }));
-  const config = doc.job.trainer ? { trainer: doc.job.trainer } : { command: doc.job.command };
+  const config = doc.job.trainer ? { trainer: doc.job.trainer }
+    : doc.job.serve ? { serve: doc.job.serve } : { command: doc.job.command };
   config.restart = doc.job.restart;
   config.alerts = doc.job.alerts;
   root.append(el("pre", { class: "config", text: JSON.stringify(config, null, 2) }));
@@ -25,7 +26,7 @@ document.addEventListener("DOMContentLoaded", () => {
         p.grad_checkpoint ? "on" : "off", p.fits ? "yes" : "NO"])));
   } else {
     root.append(el("p", { class: "quiet",
-      text: "no plan: no cached facts of the hosts (mlxops provision caches them), or a command: job" }));
+      text: "no plan: no cached facts of the hosts (mlxops provision caches them), or a command: or serve: job" }));
   }
 
   root.append(el("h3", { text: "Bench" }));
@@ -34,8 +35,10 @@ document.addEventListener("DOMContentLoaded", () => {
   MlxopsView.bench(bench, doc.bench);
 
   const shown = doc.metrics.step.length;
+  const rows = doc.job.serve ? `${((doc.serve || {}).history || { time: [] }).time.length} looks at the server`
+    : `${doc.metrics_lines} metrics lines (${shown} drawn)`;
   root.append(el("p", { class: "quiet", text: `Generated ${fmt.time(doc.generated)} by mlxops report; `
-    + `${doc.metrics_lines} metrics lines (${shown} drawn), ${doc.nodes.length} nodes.` }));
+    + `${rows}, ${doc.nodes.length} nodes.` }));
   // For whoever checks that the plots were drawn (a test, a headless browser).
   document.body.setAttribute("data-drawn",
     String(drawn.filter((c) => Number(c.getAttribute("data-points")) > 0).length));

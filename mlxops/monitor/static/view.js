@@ -1,5 +1,6 @@
 // A job document (mlxops report --json, docs/formats.md) drawn into the page: facts,
-// alerts, curves, ranks, nodes, restarts; and the last bench. Shared by the dashboard
+// alerts, curves, ranks, nodes, restarts; and the last bench. A serve job (doc.job.serve)
+// has its server's figures and curves instead of the training ones. Shared by the dashboard
 // (app.js) and the offline report (report.js). Builds DOM nodes only: no HTML strings, no
 // inline styles (the dashboard's Content-Security-Policy is default-src 'self').
 "use strict";
@@ -76,6 +77,30 @@ const MlxopsView = (() => {
       el("dd", {}, v)]));
   }
 
+  // A serve job's facts: its server's figures (jobs/serveprobe.py) instead of steps and loss.
+  function serveFacts(doc) {
+    const s = doc.summary, j = doc.job, spec = j.serve;
+    const f = doc.serve || { last: {}, requests_total: null };
+    const last = f.last || {};
+    const model = typeof spec.model === "string" ? spec.model
+      : `job ${spec.model_job} (${spec.model_best ? "best" : spec.model_step === null ? "newest" : `step ${spec.model_step}`})`;
+    const items = [
+      ["state", state(doc.state)],
+      ["requests answered", last.requests === null || last.requests === undefined
+        ? fmt.num(f.requests_total) : `${fmt.num(f.requests_total)} (${fmt.num(last.requests)} this attempt)`],
+      ["tokens/s (canary)", fmt.num(last.tokens_per_sec)],
+      ["latency (probe)", last.latency === null || last.latency === undefined ? "-"
+        : `${fmt.num(last.latency * 1e3)} ms`],
+      ["model", model],
+      ["server", `${spec.bind}:${spec.port} on ${j.hosts[0]}`
+        + (j.hosts.length > 1 ? ` (${spec.parallel} over ${j.hosts.length} hosts)` : "")],
+      ["attempt", `${j.attempt} (${s.restarts} restart${s.restarts === 1 ? "" : "s"})`],
+      ["running for", fmt.dur(s.elapsed)],
+    ];
+    return el("dl", { class: "facts" }, items.map(([k, v]) => [el("dt", { text: k }),
+      el("dd", {}, v)]));
+  }
+
   function alerts(doc) {
     if (!doc.alerts.length) return null;
     return el("ul", { class: "alerts" }, doc.alerts.map((a) =>
@@ -143,13 +168,50 @@ const MlxopsView = (() => {
         y: r.history.tokens_per_sec, index: r.rank })),
       markers: timeMarkers(doc), xLabel: "time since launch", xName: "t",
       xFormat: fmt.minutes, yZero: true });
+    drawn.push(memoryChart(grid, doc));
+    return drawn;
+  }
+
+  function memoryChart(grid, doc) {
     const nodes = doc.nodes.filter((n) => n.history && n.history.time && n.history.time.length);
-    add("memory in use per node (GB)", "memory", {
-      series: nodes.map((n, i) => ({ name: n.host, x: since(n.history.time),
+    const [fig, box] = figure("memory in use per node (GB)", "memory");
+    grid.append(fig);
+    return MlxopsChart.line(box, { key: "memory",
+      series: nodes.map((n, i) => ({ name: n.host, x: n.history.time.map((v) => v - doc.job.created),
         y: n.history.memory_used.map((v) => (v === null ? null : v / GB)), index: i })),
       markers: timeMarkers(doc), xLabel: "time since launch", xName: "t",
       xFormat: fmt.minutes, yZero: true });
+  }
+
+  // A serve job's curves over time: requests answered (every attempt's added up), the
+  // canary's tokens/s, the probe's latency; and memory per node. No training panel.
+  function serveCharts(root, doc) {
+    const grid = el("div", { class: "charts" });
+    root.append(grid);
+    const h = (doc.serve || {}).history || { time: [], requests_total: [], tokens_per_sec: [], latency: [] };
+    const t = h.time.map((v) => v - doc.job.created);
+    const drawn = [];
+    const add = (title, key, spec) => {
+      const [fig, box] = figure(title, key);
+      grid.append(fig);
+      drawn.push(MlxopsChart.line(box, { key, markers: timeMarkers(doc), xLabel: "time since launch",
+        xName: "t", xFormat: fmt.minutes, yZero: true, empty: "no answer to the probe yet", ...spec }));
+    };
+    add("requests answered (since launch)", "serve-requests", {
+      series: [{ name: "requests", x: t, y: h.requests_total, index: 0 }] });
+    add("tokens/s (the watchdog's 16-token canary)", "serve-tokens", {
+      series: [{ name: "tokens/s", x: t, y: h.tokens_per_sec, index: 1 }] });
+    add("latency (ms, one-token probe)", "serve-latency", {
+      series: [{ name: "latency ms", x: t, y: h.latency.map((v) => (v === null ? null : v * 1e3)), index: 3 }] });
+    drawn.push(memoryChart(grid, doc));
     return drawn;
+  }
+
+  function serveRanks(doc) {
+    const spec = doc.job.serve;
+    return table(["rank", "host", "state", "role"], doc.ranks.map((r) => [String(r.rank), r.host,
+      state(r.state), r.rank === 0 ? `HTTP on ${spec.bind}:${spec.port}`
+        : `its share of the model (${spec.parallel})`]));
   }
 
   function ranks(doc) {
@@ -196,12 +258,14 @@ const MlxopsView = (() => {
   // The whole job: returns the charts drawn.
   function job(root, doc) {
     root.textContent = "";
-    root.append(el("h2", { text: doc.name }), facts(doc));
+    const serving = Boolean(doc.job.serve);
+    root.append(el("h2", { text: serving ? `${doc.name} (serving)` : doc.name }),
+                serving ? serveFacts(doc) : facts(doc));
     if (doc.job.message) root.append(el("p", { class: "quiet", text: doc.job.message }));
     const a = alerts(doc);
     if (a) root.append(a);
-    const drawn = charts(root, doc);
-    root.append(el("h3", { text: "Ranks" }), ranks(doc),
+    const drawn = serving ? serveCharts(root, doc) : charts(root, doc);
+    root.append(el("h3", { text: "Ranks" }), serving ? serveRanks(doc) : ranks(doc),
                 el("h3", { text: "Nodes" }), nodes(doc),
                 el("h3", { text: "Restarts" }), restarts(doc),
                 el("h3", { text: "Events" }), timeline(doc));
