@@ -13,9 +13,11 @@ back-off (every rank undoes the step and doubles its accumulation), the consiste
 heartbeats, ``metrics.jsonl`` lines and atomic checkpoints.
 
 Exact resume: a checkpoint holds the trainable weights, the optimizer state, the step,
-the data cursor and the best validation loss; the RNG state of a step (LoRA's dropout) is
-a function of ``(train.seed, step, the micro-batch's first example)``, seeded before each
-micro-batch, so it needs no more than the step.
+the data cursor and the best validation loss; the adapters' dropout draws no RNG state: an
+example's mask is a function of ``(train.seed, step, its place in the global batch)``
+(:mod:`.dropout`), so it needs no more than the step, and a resume on another world size
+or split (``resume --exclude``) drops the same elements: only the order of summation
+changes, which the tests hold to float tolerance.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from mlxops.trainer.step import WIRE_DTYPES, Steps
 from mlxops.trainer.train import CALIBRATION_STEPS, GB, TrainerError, is_oom
 from mlxops.trainer.validation import Validation, ValidationState, perplexity
 
+from . import dropout as ftdropout
 from . import model as ftmodel
 from .config import ConfigError, FinetuneConfig, check_world, diff_resume_keys
 from .data import Cursor, Examples, length_batches, load_examples, micro_batches
@@ -65,6 +68,7 @@ class FineTuner:
         mx.random.seed(t.seed)  # the adapters' initialisation draws from it
         self.model, tokenizer = ftmodel.load_base(cfg)
         ftmodel.apply_method(self.model, cfg)
+        row_seeds = ftdropout.install(self.model, cfg.method.dropout)
         blocks = len(self.model.layers)
         self.num_layers = blocks if cfg.method.num_layers == -1 else cfg.method.num_layers
         self.trainable = ftmodel.count_trainable(self.model)
@@ -98,7 +102,7 @@ class FineTuner:
             self._calibration = []
         self.steps = Steps(self.model, self.optimizer, self.group, mx.float32,
                            cfg.optimizer.grad_clip, WIRE_DTYPES[t.grad_reduce_dtype],
-                           loss=token_loss, random=cfg.method.dropout > 0)
+                           loss=ftdropout.seeded(token_loss, row_seeds))
 
     # -- start / resume ------------------------------------------------------------------
 
@@ -167,22 +171,24 @@ class FineTuner:
     # -- one step ------------------------------------------------------------------------
 
     def _pieces(self, step: int, examples: Examples, rows: np.ndarray, first: int
-                ) -> list[tuple[mx.array, mx.array, int]]:
-        """This rank's micro-batches of ``rows``: tokens, lengths and the RNG seed."""
-        sizes = [len(p) for p in np.array_split(rows, min(self.pieces, len(rows)))]
-        starts = np.cumsum([0] + sizes[:-1]) + first
+                ) -> list[tuple[mx.array, mx.array, mx.array]]:
+        """This rank's micro-batches of ``rows`` (``first``: the place of ``rows[0]`` in
+        the global batch): tokens, lengths and each row's dropout seed."""
         seed = self.cfg.train.seed
-        random = self.cfg.method.dropout > 0  # the seeds are only drawn from with dropout
-        return [(mx.array(x), mx.array(lengths), seed_of(seed, step, int(s)) if random else 0)
-                for (x, lengths), s in zip(
+        places = range(first, first + len(rows))
+        # The seeds are only read with dropout; zeros spare the hashing otherwise.
+        seeds = np.array([seed_of(seed, step, i) for i in places] if self.cfg.method.dropout
+                         else [0] * len(rows), np.uint32)
+        parts = np.array_split(seeds, min(self.pieces, len(rows)))
+        return [(mx.array(x), mx.array(lengths), mx.array(part))
+                for (x, lengths), part in zip(
                     micro_batches(examples, rows, self.pieces, self.cfg.train.max_seq_len),
-                    starts, strict=True)]
+                    parts, strict=True)]
 
     def _run_step(self, step: int, timed: bool) -> tuple[mx.array, float | None]:
         """Compute, all-reduce and update: (stats, seconds at which compute ended or None)."""
         steps, t0 = self.steps, time.perf_counter()
         weight = mx.array(self.world / max(1, self.cursor.step_tokens(step)), mx.float32)
-        random = self.cfg.method.dropout > 0
         try:
             if hooks.fake_oom(self.rank, step):
                 raise MemoryError("[malloc] simulated allocation failure (test hook)")
@@ -192,23 +198,19 @@ class FineTuner:
             hooks.fake_slow(self.rank, self.counts[self.rank])
             compute = None
             if len(batches) == 1:
-                (x, lengths, seed), = batches
-                if random:
-                    mx.random.seed(seed)
-                stats, local = steps.fused(x, lengths, weight)
+                (x, lengths, seeds), = batches
+                stats, local = steps.fused(x, lengths, weight, seeds)
                 if timed:
                     mx.eval(local)
                     compute = time.perf_counter() - t0
                 del local
             else:
                 loss_sum, acc = None, None
-                for x, lengths, seed in batches:
-                    if random:
-                        mx.random.seed(seed)
+                for x, lengths, seeds in batches:
                     if acc is None:
-                        loss_sum, acc = steps.first(x, lengths, weight)
+                        loss_sum, acc = steps.first(x, lengths, weight, seeds)
                     else:
-                        loss_sum, acc = steps.next(x, lengths, weight, loss_sum, acc)
+                        loss_sum, acc = steps.next(x, lengths, weight, seeds, loss_sum, acc)
                     mx.eval(loss_sum, acc)
                 compute = time.perf_counter() - t0
                 # Each micro-batch's loss is already its share of the global mean.
@@ -368,8 +370,8 @@ class FineTuner:
         state: dict[str, Any] = {
             "step": self.step, "data_cursor": self.step,
             "data_position": self.cursor.position(self.step).to_dict(),
-            "rng": {"seed": self.cfg.train.seed, "rule": "seeded per micro-batch from "
-                    "(train.seed, step, first example)"},
+            "rng": {"seed": self.cfg.train.seed, "rule": "dropout per example from "
+                    "(train.seed, step, place in the global batch)"},
             "world_size": self.world, "accumulation": self.pieces,
             "consistency_repairs": self.repairs, "batch_split": self.counts,
             "balance_speeds": self.speeds, "balance_hosts": self.speed_hosts,
