@@ -30,11 +30,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from mlxops.node import protocol
 from mlxops.node.protocol.calibration import Calibration
-from mlxops.node.protocol.metrics import MetricsLine, step_of
+from mlxops.node.protocol.metrics import MetricsLine
 from mlxops.trainer import balance, checkpoint, consistency, hooks
 from mlxops.trainer.checkpoint import write_atomic
 from mlxops.trainer.cursor import DataCursor
@@ -45,13 +45,19 @@ from mlxops.trainer.distributed import (
     init_group,
     is_node_writer,
 )
+from mlxops.trainer.resume import (
+    agreed_checkpoint,
+    load_compatible,
+    restore_optimizer,
+    truncate_metrics,
+)
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 from mlxops.trainer.train import CALIBRATION_STEPS, GB, TrainerError, is_oom
 from mlxops.trainer.validation import Validation, ValidationState, perplexity
 
 from . import dropout as ftdropout
 from . import model as ftmodel
-from .config import ConfigError, FinetuneConfig, check_world, diff_resume_keys
+from .config import FinetuneConfig, check_world, diff_resume_keys
 from .data import Cursor, Examples, length_batches, load_examples, micro_batches
 from .evaluate import validation_loss
 from .objective import make_optimizer, seed_of, token_loss
@@ -107,14 +113,8 @@ class FineTuner:
     # -- start / resume ------------------------------------------------------------------
 
     def _start(self, resume: bool, n_train: int, n_valid: int) -> None:
-        latest = checkpoint.find_latest(self.out / protocol.CKPT_DIR)
-        local_step = checkpoint.load_step(latest) if latest else -1
-        steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), self.group).tolist()
+        latest = agreed_checkpoint(self.cfg.out, self.group, resume)
         if not resume:
-            if max(steps) >= 0:
-                raise ConfigError(f"{self.cfg.out}: out: already holds checkpoints (newest "
-                                  f"step {max(steps)}); pass --resume to continue, or "
-                                  "choose another out")
             total = ftmodel.count_all(self.model)
             self._log(f"start: {self.trainable:,} trainable of {total:,} parameters "
                       f"({self.cfg.method.type}), world {self.world}, split {self.counts} = "
@@ -122,24 +122,17 @@ class FineTuner:
                       f"valid examples, {self.cursor.per_epoch} steps per epoch, "
                       f"{self.total} steps")
             return
-        if len(set(steps)) != 1:
-            raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
-                               "copy the newest checkpoint to every node")
-        if local_step < 0:
+        if latest is None:
             self._log("resume: no checkpoint yet, starting at step 0")
             return
-        assert latest is not None
-        weights, opt, state = checkpoint.load(latest)
-        diff = diff_resume_keys(state["config"], self.cfg)
-        if diff:
-            raise ConfigError(f"{latest / protocol.CKPT_STATE}: {diff[0]} (incompatible config)")
+        weights, opt, state = load_compatible(
+            latest, lambda saved: diff_resume_keys(saved, self.cfg))
         unknown = set(weights) - set(ftmodel.trainable_weights(self.model))
         if unknown:
             raise TrainerError(f"{latest}: weights the model does not train: "
                                f"{sorted(unknown)[:3]}")
         self.model.load_weights(list(weights.items()), strict=False)
-        self.optimizer.state = tree_unflatten(list(opt.items()))
-        self.optimizer.init(self.model.trainable_parameters())
+        restore_optimizer(self.optimizer, opt, self.model.trainable_parameters())
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step, self.repairs = state["step"], state.get("consistency_repairs", 0)
         self.validation.state = ValidationState.from_dict(state["validation"])
@@ -156,17 +149,9 @@ class FineTuner:
                 self.counts = self.balance.split(self.cfg.train.global_batch, self.world,
                                                  speeds)
         if self.rank == 0:
-            self._truncate_metrics(self.step)
+            truncate_metrics(self.out, self.step)
         self._log(f"resume: step {self.step} from {latest} (saved with world "
                   f"{state.get('world_size')}; now world {self.world}, split {self.counts})")
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metrics logged after the checkpoint we resume from: they will be redone."""
-        path = self.out / protocol.METRICS
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and (step_of(json.loads(line)) or 0) <= step]
-            write_atomic(path, "".join(line + "\n" for line in kept))
 
     # -- one step ------------------------------------------------------------------------
 
