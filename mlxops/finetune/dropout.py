@@ -3,9 +3,10 @@
 mlx-lm's LoRA and DoRA layers hold an ``nn.Dropout``, whose mask is one draw of MLX's RNG
 over the whole micro-batch ``[b, L, d]``. That mask depends on which examples share the
 micro-batch and on its padded width ``L``: the same global batch on 2 ranks (two
-micro-batches of 2 rows) and on 1 rank (one of 4) drops different elements, so a
-``resume --exclude`` continued 1e-2 away from the uninterrupted run at the first step with
-dropout (0.1, the tiny llama, lr 1e-3), where float reordering alone stays at 3e-7.
+micro-batches of 2 rows) and on 1 rank (one of 4) drops different elements, so 1 rank
+and 2 ran 4e-3 apart in loss at step 2 (the first whose adapters are not zero) and 1e-1
+by step 11 (dropout 0.1, the tiny llama, lr 1e-3), where float reordering alone stays
+within 3e-7.
 
 :class:`ExampleDropout` replaces it. Row ``j`` of a micro-batch carries a seed ``s_j`` (a
 function of ``(train.seed, step, the example's place in the global batch)``:
