@@ -1,11 +1,18 @@
 """Each host has room for the job and nothing in its way: disk and memory for the job's
 plan (``--job``), its ring ports free, no rank of any job still running, a clock that
-agrees with the controller's."""
+agrees with the controller's.
+
+Disk and memory follow the job's own plan: the bundled trainer's
+(:mod:`mlxops.trainer.plan`) for a ``trainer:`` job, fine-tuning's
+(:mod:`mlxops.finetune.plan`, from the base model's files) for a ``finetune:`` job, whose
+disk also counts the base model and data pre-flight would still place on the node."""
 
 from __future__ import annotations
 
 from mlxops.checks import when
+from mlxops.finetune.plan import plan_disk, plan_finetune
 from mlxops.jobs.balance import largest_share
+from mlxops.jobs.content import missing_bytes
 from mlxops.node import protocol
 from mlxops.trainer.plan import count_params, plan_memory
 
@@ -20,33 +27,46 @@ MAX_CLOCK_SKEW = 1.0
 NODE_ANSWER = "the node's answer (mlxops.node ready)"
 
 
-def _trainer_job(cluster, node) -> bool:
+def _planned_job(cluster, node) -> bool:
+    """A job whose plan mlxops knows: the bundled trainer, or fine-tuning."""
     job = cluster.target.job
-    return job is not None and job.trainer is not None
+    return job is not None and (job.trainer is not None or job.finetune is not None)
 
 
-@when(_trainer_job)
+@when(_planned_job)
 def check_disk(node, cluster):
     """Free disk under ``mlxops_root`` for the checkpoints the job keeps (``train.keep``,
-    plus the one being written), and room for logs."""
+    plus the one being written; fine-tuning's ``best/`` too), room for logs and, for
+    fine-tuning, the bytes of the base model and the data the node does not hold yet."""
     job = cluster.target.job
-    config = job.trainer
     ready = node.need(node.ready, NODE_ANSWER)
-    checkpoint = count_params(config) * CHECKPOINT_BYTES_PER_PARAM
-    kept = config.train.keep + 1 if config.train.checkpoint_every else 0
-    need = MIN_FREE_BYTES + kept * checkpoint
+    placing = 0
+    if job.finetune is not None:
+        disk = plan_disk(cluster.target.finetune_model, job.finetune)
+        checkpoint, kept = disk.checkpoint_bytes, disk.checkpoints
+        for content in cluster.target.placed:
+            listing = node.need(node.placed.get(str(content.local), "not listed"),
+                                f"the node's copy of {content.local}")
+            placing += missing_bytes(content, listing)
+    else:
+        config = job.trainer
+        checkpoint = count_params(config) * CHECKPOINT_BYTES_PER_PARAM
+        kept = config.train.keep + 1 if config.train.checkpoint_every else 0
+    need = MIN_FREE_BYTES + kept * checkpoint + placing
     free = ready.disk_free
     if free is None:
         raise node.fail(f"free disk under {node.facts.root} unknown",
                         "check that the node's root is readable")
     if free < need:
+        model = (f", {placing / GB:.2f} GB of the base model and data to place"
+                 if job.finetune is not None else "")
         raise node.fail(f"{free / GB:.1f} GB free under {node.facts.root}, "
                         f"{job.path.name} needs {need / GB:.1f} GB ({kept} checkpoints of "
-                        f"{checkpoint / GB:.2f} GB, {MIN_FREE_BYTES / GB:.0f} GB for logs)",
-                        "free disk space there, or lower train.keep")
+                        f"{checkpoint / GB:.2f} GB{model}, {MIN_FREE_BYTES / GB:.0f} GB "
+                        "for logs)", "free disk space there, or lower train.keep")
 
 
-@when(_trainer_job)
+@when(_planned_job)
 def check_memory(node, cluster):
     """One rank of the job fits this host's memory (the plan of ``mlxops plan``: some
     micro-batch, with gradient checkpointing if need be), with the largest share of the
@@ -58,11 +78,17 @@ def check_memory(node, cluster):
         raise node.fail("memory size unknown (the facts did not say)", "check the node")
     ready = node.need(node.ready, NODE_ANSWER)
     share = largest_share(job, cluster.target.planned, node.name)
-    plan = plan_memory(job.trainer, memory, cluster.target.world,
-                       ranks_per_node=node.host.slots, per_rank=share,
-                       working_set=ready.working_set)
+    if job.finetune is not None:
+        plan = plan_finetune(job.finetune, cluster.target.finetune_model, memory,
+                             cluster.target.world, ranks_per_node=node.host.slots,
+                             per_rank=share, working_set=ready.working_set)
+    else:
+        plan = plan_memory(job.trainer, memory, cluster.target.world,
+                           ranks_per_node=node.host.slots, per_rank=share,
+                           working_set=ready.working_set)
     if not plan.fits:
-        taking = f", {share} sequences a step under balance" if share else ""
+        unit = "examples" if job.finetune is not None else "sequences"
+        taking = f", {share} {unit} a step under balance" if share else ""
         usable = ("of MLX's recommended working set" if plan.budget_from == "working set"
                   else f"of {memory / GB:.0f} GB")
         raise node.fail(f"one rank of {job.path.name} needs {plan.total_bytes / GB:.1f} GB "

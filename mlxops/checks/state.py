@@ -4,9 +4,10 @@
 on one kept connection, and changes nothing there: the ``facts`` task's script (system,
 interpreter and mlx, memory, macOS settings), ``env.sh`` and the hostfiles as the ``env``
 and ``hostfiles`` tasks read them, the manifest of ``<root>/code`` compared with the
-controller's bundle by the ``sync`` code in check mode, and the node's ``ready`` answer
-(docs/node-protocol.md). What a part could not read is kept as its reason (a string), so
-that only the checks that need it fail.
+controller's bundle by the ``sync`` code in check mode, the node's ``ready`` answer
+(docs/node-protocol.md) and, for a ``finetune:`` job, the node's listing of its copies of
+the base model and the data (sizes only, nothing hashed). What a part could not read is
+kept as its reason (a string), so that only the checks that need it fail.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from mlxops.checks.outcome import NotReady
 from mlxops.checks.target import Target
 from mlxops.hostfacts import HostFacts, Interpreter
 from mlxops.inventory import Host
+from mlxops.jobs.content import ask
 from mlxops.node import protocol
+from mlxops.node.protocol.content import ContentAnswer
 from mlxops.sync import SyncError, SyncReport, remote_manifest, sync_files
 from mlxops.tasks.env import env_path
 from mlxops.tasks.facts import ask_facts
@@ -51,6 +54,8 @@ class NodeState:
     ready: protocol.ReadyAnswer | str | None = None
     clock: tuple[float, float] | None = None    # (node clock - controller's, uncertainty) s
     reach: protocol.ReachAnswer | str | None = None
+    # A finetune: job's placed directories: the node's listing, by the controller's path.
+    placed: dict[str, ContentAnswer | str] = field(default_factory=dict)
     # A host not read: the facts the last provision cached for it, if any.
     cached: HostFacts | None = None
 
@@ -125,4 +130,9 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     state.ready = answer
     # The node read its clock somewhere between our two readings.
     state.clock = (answer.now - (start + end) / 2, (end - start) / 2)
+    for content in target.placed:
+        try:
+            state.placed[str(content.local)] = ask(conn, python, root, content, [])
+        except NodeCommandError as exc:
+            state.placed[str(content.local)] = str(exc)
     return state

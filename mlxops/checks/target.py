@@ -16,10 +16,13 @@ from typing import Any
 
 from mlxops import render
 from mlxops.errors import UserError, bad_input
+from mlxops.finetune.plan import ModelError, ModelShape, read_model
 from mlxops.ignore import Ignore
 from mlxops.inventory import Host, Inventory, load_inventory
 from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.code import code_bundle
+from mlxops.jobs.content import Content
+from mlxops.jobs.finetune import listed
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.node import protocol
@@ -46,6 +49,10 @@ class Target:
     world: int = 0                       # ranks of the job (or of the checked hosts)
     options: ConnectOptions = field(default_factory=ConnectOptions)
     forks: int | None = None
+    # A finetune: job's base model as its files say, and the directories pre-flight places
+    # on every node (the model, the data) by their files' sizes.
+    finetune_model: ModelShape | None = None
+    placed: tuple[Content, ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -108,6 +115,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
     """Read and validate everything ``mlxops check`` is given; UserError on bad input."""
     inventory = load_inventory(inventory_path)
     job = load_job(job_path) if job_path else None
+    finetune_model, placed = None, ()
     if job is not None:
         checked_inventory = Path(inventory.path).resolve()
         if job.inventory != checked_inventory:
@@ -123,6 +131,12 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
         else:
             hosts = planned
         backend, base_port = job.backend, job.base_port
+        if job.finetune is not None:
+            try:
+                finetune_model = read_model(job.finetune.model.path)
+            except ModelError as exc:
+                raise bad_input(job.path, "finetune.model.path", str(exc)) from None
+            placed = tuple(listed(job.finetune))
     else:
         planned = hosts = inventory.select(limit, source="--limit")
         backend, base_port = hosts_backend(hosts, inventory.path), render.DEFAULT_BASE_PORT
@@ -136,6 +150,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
                   backend=backend, base_port=base_port,
                   ports={n: tuple(p) for n, p in ports.items()},
                   world=sum(h.slots for h in planned),
-                  options=options or ConnectOptions(), forks=forks)
+                  options=options or ConnectOptions(), forks=forks,
+                  finetune_model=finetune_model, placed=placed)
 
 

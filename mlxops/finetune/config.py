@@ -26,10 +26,10 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
-from mlxops.trainer.config import BALANCE_EQUAL, ConfigError, coerce, read_file
+from mlxops.trainer import sections
+from mlxops.trainer.config import ConfigError, coerce
 
 __all__ = ["ConfigError", "FinetuneConfig", "load_config", "check_world", "describe_options",
            "diff_resume_keys", "METHODS", "OPTIMIZERS", "SCHEDULES"]
@@ -154,54 +154,17 @@ def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
     return coerce(where, key, typ, value)
 
 
-def _set(cfg: FinetuneConfig, where: str, key: str, value: Any, text: str | None = None
-         ) -> None:
-    """Set ``section.key`` (or ``out``); ``text``: the command line's spelling."""
-    if key == "out":
-        cfg.out = coerce(where, key, str, value if text is None else text)
-        return
-    section_name, _, sub = key.partition(".")
-    if section_name not in SECTIONS:
-        raise ConfigError(f"{where}: {key}: unknown key")
-    section = getattr(cfg, section_name)
-    hints = get_type_hints(type(section))
-    if sub not in hints:
-        raise ConfigError(f"{where}: {key}: unknown key")
-    if text is not None and hints[sub] in (str, str | None) and value is not None:
-        value = text  # keep "007" a string where a string is expected
-    setattr(section, sub, _coerce(where, key, hints[sub], value))
-
-
 def from_dict(data: dict[str, Any], where: str = "finetune") -> FinetuneConfig:
     """Build and validate a config from a nested mapping; unknown keys are an error."""
     cfg = FinetuneConfig()
-    for key, value in data.items():
-        if key == "out":
-            _set(cfg, where, key, value)
-            continue
-        if key not in SECTIONS:
-            raise ConfigError(f"{where}: {key}: unknown key")
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: {key}: must be a mapping")
-        for sub, v in value.items():
-            _set(cfg, where, f"{key}.{sub}", v)
+    sections.fill(cfg, SECTIONS, data, where, _coerce)
     validate(cfg, where)
     return cfg
 
 
 def apply_overrides(cfg: FinetuneConfig, overrides: list[str], where: str = "--set") -> None:
     """Apply ``section.key=value`` strings (the ``--set`` option) in place."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"{where}: {item}: expected section.key=value")
-        try:
-            value = json.loads(text)
-        except ValueError:
-            value = text
-        _set(cfg, where, key, value, text)
+    sections.override(cfg, SECTIONS, overrides, where, _coerce)
     validate(cfg, where)
 
 
@@ -258,18 +221,8 @@ def check_world(cfg: FinetuneConfig, world: int, where: str = "finetune") -> Non
     """The rules that need the number of ranks: every rank takes at least one example of
     each global batch, ``equal`` needs a global batch that divides, and a list of weights
     has one per rank (the trainer's rule, :func:`mlxops.trainer.config.check_world`)."""
-    if world < 1:
-        raise ConfigError(f"{where}: the world size must be at least 1, got {world}")
-    g, balance = cfg.train.global_batch, cfg.train.balance
-    if isinstance(balance, list) and len(balance) != world:
-        raise ConfigError(f"{where}: train.balance: {len(balance)} weights for {world} ranks "
-                          "(one weight per rank)")
-    if balance == BALANCE_EQUAL and g % world:
-        raise ConfigError(f"{where}: train.global_batch: {g} is not divisible by the world "
-                          f"size {world} (each rank takes global_batch / world examples)")
-    if g < world:
-        raise ConfigError(f"{where}: train.global_batch: {g} is smaller than the world size "
-                          f"{world} (every rank takes at least one example)")
+    sections.check_world_size(cfg.train.global_batch, cfg.train.balance, world, where,
+                              "example")
 
 
 def load_config(source: str | os.PathLike[str] | dict[str, Any],
@@ -277,11 +230,8 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any],
                 ) -> FinetuneConfig:
     """A config from a file path or a mapping (a job's ``finetune:`` section); ``where``
     names the origin in messages (default: the path, or ``finetune``)."""
-    if isinstance(source, dict):
-        cfg = from_dict(source, where or "finetune")
-    else:
-        path = Path(source)
-        cfg = from_dict(read_file(path), where or str(path))
+    data, where = sections.read_source(source, where, "finetune")
+    cfg = from_dict(data, where)
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
@@ -289,14 +239,8 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any],
 
 def diff_resume_keys(saved: dict[str, Any], current: FinetuneConfig) -> list[str]:
     """Keys of :data:`RESUME_KEYS` whose values differ: ``["method.rank: ..."]``."""
-    now = current.to_dict()
-    out = []
-    for key in RESUME_KEYS:
-        section, sub = key.split(".")
-        a, b = saved.get(section, {}).get(sub), now[section][sub]
-        if a != b:
-            out.append(f"{key}: checkpoint has {a!r}, config has {b!r}")
-    return out
+    return sections.diff_keys(RESUME_KEYS, saved, current.to_dict(),
+                              FinetuneConfig().to_dict())
 
 
 def options() -> list[tuple[str, Any, str]]:

@@ -1,5 +1,5 @@
 """What a fine-tuning step optimizes: the loss over tokens, the optimizer and its
-schedule, and the seed of a micro-batch's dropout.
+schedule, and the seed of an example's dropout.
 
 The loss of a micro-batch is mlx-lm's ``default_loss`` turned back into a sum over its
 tokens and weighted by ``world / T`` (``T``: the tokens of the whole global batch), so
@@ -49,7 +49,7 @@ def make_optimizer(cfg: FinetuneConfig, steps: int) -> optim.Optimizer:
     return optim.AdamW(learning_rate=lr, weight_decay=o.weight_decay)
 
 
-def seed_of(seed: int, step: int, first: int) -> int:
-    """The RNG seed of the micro-batch of ``step`` whose first example is ``first`` (its
-    place in the global batch): the same whatever the world size and the split."""
-    return int(np.random.SeedSequence([seed, step, first]).generate_state(1)[0])
+def seed_of(seed: int, step: int, place: int) -> int:
+    """The dropout seed of the example at ``place`` in the global batch of ``step``
+    (:mod:`.dropout`): the same whatever the world size and the split."""
+    return int(np.random.SeedSequence([seed, step, place]).generate_state(1)[0])

@@ -45,6 +45,14 @@ this plan comes to what MLX measured in a fine-tuning step (``benchmarks/
 finetune_memory.py``; README): 1.00 to 1.17 times the peak of ``python -m
 mlxops.finetune`` on the 4 configs measured (LoRA, DoRA, full, 4-bit LoRA; 512 tokens).
 The budget is the trainer plan's (:func:`mlxops.trainer.plan.budget_bytes`).
+
+**Disk** (:func:`plan_disk`, ``mlxops check --job``): a checkpoint holds the trainable
+weights (``weights.safetensors``), the optimizer state (as above) and the adapters
+(``adapters.safetensors``, a hard link to the weights where the file system allows one,
+counted as a copy); ``ckpt/`` holds ``train.keep`` of them and the next, written before
+the oldest is pruned; ``best/`` (when the run validates) one and the next. The base model
+and the data are placed beside them by pre-flight (``mlxops check`` counts the bytes a
+node still lacks).
 """
 
 from __future__ import annotations
@@ -259,6 +267,26 @@ def estimate(shape: ModelShape, cfg: FinetuneConfig, micro: int, world: int = 1,
         wire = P.R_BF16 if cfg.train.grad_reduce_dtype == "bfloat16" else P.R
         update += wire / 4 * trainable
     return int(alive), int(alive + compute), int(alive + update)
+
+
+@dataclass(frozen=True)
+class DiskPlan:
+    """What a fine-tuning run writes under its node root at the most, in bytes."""
+
+    checkpoint_bytes: int      # one checkpoint: weights, optimizer state, adapters
+    checkpoints: int           # how many exist at once at the most (ckpt/ and best/)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.checkpoint_bytes * self.checkpoints
+
+
+def plan_disk(shape: ModelShape, cfg: FinetuneConfig) -> DiskPlan:
+    """The checkpoints of a run of ``cfg`` on ``shape`` (see the module's **Disk**)."""
+    _, trainable = _trainable(shape, cfg)
+    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
+    kept = cfg.train.keep + 1 + (2 if cfg.train.eval_every else 0)
+    return DiskPlan(checkpoint_bytes=2 * trainable + state, checkpoints=kept)
 
 
 def plan_finetune(cfg: FinetuneConfig, shape: ModelShape, memory_bytes: int, world_size: int,

@@ -13,9 +13,11 @@ back-off (every rank undoes the step and doubles its accumulation), the consiste
 heartbeats, ``metrics.jsonl`` lines and atomic checkpoints.
 
 Exact resume: a checkpoint holds the trainable weights, the optimizer state, the step,
-the data cursor and the best validation loss; the RNG state of a step (LoRA's dropout) is
-a function of ``(train.seed, step, the micro-batch's first example)``, seeded before each
-micro-batch, so it needs no more than the step.
+the data cursor and the best validation loss; the adapters' dropout draws no RNG state: an
+example's mask is a function of ``(train.seed, step, its place in the global batch)``
+(:mod:`.dropout`), so it needs no more than the step, and a resume on another world size
+or split (``resume --exclude``) drops the same elements: only the order of summation
+changes, which the tests hold to float tolerance.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from mlxops.node import protocol
 from mlxops.node.protocol.calibration import Calibration
-from mlxops.node.protocol.metrics import MetricsLine, step_of
+from mlxops.node.protocol.metrics import MetricsLine
 from mlxops.trainer import balance, checkpoint, consistency, hooks
 from mlxops.trainer.checkpoint import write_atomic
 from mlxops.trainer.cursor import DataCursor
@@ -43,12 +45,19 @@ from mlxops.trainer.distributed import (
     init_group,
     is_node_writer,
 )
+from mlxops.trainer.resume import (
+    agreed_checkpoint,
+    load_compatible,
+    restore_optimizer,
+    truncate_metrics,
+)
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 from mlxops.trainer.train import CALIBRATION_STEPS, GB, TrainerError, is_oom
 from mlxops.trainer.validation import Validation, ValidationState, perplexity
 
+from . import dropout as ftdropout
 from . import model as ftmodel
-from .config import ConfigError, FinetuneConfig, check_world, diff_resume_keys
+from .config import FinetuneConfig, check_world, diff_resume_keys
 from .data import Cursor, Examples, length_batches, load_examples, micro_batches
 from .evaluate import validation_loss
 from .objective import make_optimizer, seed_of, token_loss
@@ -65,6 +74,7 @@ class FineTuner:
         mx.random.seed(t.seed)  # the adapters' initialisation draws from it
         self.model, tokenizer = ftmodel.load_base(cfg)
         ftmodel.apply_method(self.model, cfg)
+        row_seeds = ftdropout.install(self.model, cfg.method.dropout)
         blocks = len(self.model.layers)
         self.num_layers = blocks if cfg.method.num_layers == -1 else cfg.method.num_layers
         self.trainable = ftmodel.count_trainable(self.model)
@@ -98,19 +108,13 @@ class FineTuner:
             self._calibration = []
         self.steps = Steps(self.model, self.optimizer, self.group, mx.float32,
                            cfg.optimizer.grad_clip, WIRE_DTYPES[t.grad_reduce_dtype],
-                           loss=token_loss, random=cfg.method.dropout > 0)
+                           loss=ftdropout.seeded(token_loss, row_seeds))
 
     # -- start / resume ------------------------------------------------------------------
 
     def _start(self, resume: bool, n_train: int, n_valid: int) -> None:
-        latest = checkpoint.find_latest(self.out / protocol.CKPT_DIR)
-        local_step = checkpoint.load_step(latest) if latest else -1
-        steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), self.group).tolist()
+        latest = agreed_checkpoint(self.cfg.out, self.group, resume)
         if not resume:
-            if max(steps) >= 0:
-                raise ConfigError(f"{self.cfg.out}: out: already holds checkpoints (newest "
-                                  f"step {max(steps)}); pass --resume to continue, or "
-                                  "choose another out")
             total = ftmodel.count_all(self.model)
             self._log(f"start: {self.trainable:,} trainable of {total:,} parameters "
                       f"({self.cfg.method.type}), world {self.world}, split {self.counts} = "
@@ -118,24 +122,17 @@ class FineTuner:
                       f"valid examples, {self.cursor.per_epoch} steps per epoch, "
                       f"{self.total} steps")
             return
-        if len(set(steps)) != 1:
-            raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
-                               "copy the newest checkpoint to every node")
-        if local_step < 0:
+        if latest is None:
             self._log("resume: no checkpoint yet, starting at step 0")
             return
-        assert latest is not None
-        weights, opt, state = checkpoint.load(latest)
-        diff = diff_resume_keys(state["config"], self.cfg)
-        if diff:
-            raise ConfigError(f"{latest / protocol.CKPT_STATE}: {diff[0]} (incompatible config)")
+        weights, opt, state = load_compatible(
+            latest, lambda saved: diff_resume_keys(saved, self.cfg))
         unknown = set(weights) - set(ftmodel.trainable_weights(self.model))
         if unknown:
             raise TrainerError(f"{latest}: weights the model does not train: "
                                f"{sorted(unknown)[:3]}")
         self.model.load_weights(list(weights.items()), strict=False)
-        self.optimizer.state = tree_unflatten(list(opt.items()))
-        self.optimizer.init(self.model.trainable_parameters())
+        restore_optimizer(self.optimizer, opt, self.model.trainable_parameters())
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step, self.repairs = state["step"], state.get("consistency_repairs", 0)
         self.validation.state = ValidationState.from_dict(state["validation"])
@@ -152,37 +149,31 @@ class FineTuner:
                 self.counts = self.balance.split(self.cfg.train.global_batch, self.world,
                                                  speeds)
         if self.rank == 0:
-            self._truncate_metrics(self.step)
+            truncate_metrics(self.out, self.step)
         self._log(f"resume: step {self.step} from {latest} (saved with world "
                   f"{state.get('world_size')}; now world {self.world}, split {self.counts})")
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metrics logged after the checkpoint we resume from: they will be redone."""
-        path = self.out / protocol.METRICS
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and (step_of(json.loads(line)) or 0) <= step]
-            write_atomic(path, "".join(line + "\n" for line in kept))
 
     # -- one step ------------------------------------------------------------------------
 
     def _pieces(self, step: int, examples: Examples, rows: np.ndarray, first: int
-                ) -> list[tuple[mx.array, mx.array, int]]:
-        """This rank's micro-batches of ``rows``: tokens, lengths and the RNG seed."""
-        sizes = [len(p) for p in np.array_split(rows, min(self.pieces, len(rows)))]
-        starts = np.cumsum([0] + sizes[:-1]) + first
+                ) -> list[tuple[mx.array, mx.array, mx.array]]:
+        """This rank's micro-batches of ``rows`` (``first``: the place of ``rows[0]`` in
+        the global batch): tokens, lengths and each row's dropout seed."""
         seed = self.cfg.train.seed
-        random = self.cfg.method.dropout > 0  # the seeds are only drawn from with dropout
-        return [(mx.array(x), mx.array(lengths), seed_of(seed, step, int(s)) if random else 0)
-                for (x, lengths), s in zip(
+        places = range(first, first + len(rows))
+        # The seeds are only read with dropout; zeros spare the hashing otherwise.
+        seeds = np.array([seed_of(seed, step, i) for i in places] if self.cfg.method.dropout
+                         else [0] * len(rows), np.uint32)
+        parts = np.array_split(seeds, min(self.pieces, len(rows)))
+        return [(mx.array(x), mx.array(lengths), mx.array(part))
+                for (x, lengths), part in zip(
                     micro_batches(examples, rows, self.pieces, self.cfg.train.max_seq_len),
-                    starts, strict=True)]
+                    parts, strict=True)]
 
     def _run_step(self, step: int, timed: bool) -> tuple[mx.array, float | None]:
         """Compute, all-reduce and update: (stats, seconds at which compute ended or None)."""
         steps, t0 = self.steps, time.perf_counter()
         weight = mx.array(self.world / max(1, self.cursor.step_tokens(step)), mx.float32)
-        random = self.cfg.method.dropout > 0
         try:
             if hooks.fake_oom(self.rank, step):
                 raise MemoryError("[malloc] simulated allocation failure (test hook)")
@@ -192,23 +183,19 @@ class FineTuner:
             hooks.fake_slow(self.rank, self.counts[self.rank])
             compute = None
             if len(batches) == 1:
-                (x, lengths, seed), = batches
-                if random:
-                    mx.random.seed(seed)
-                stats, local = steps.fused(x, lengths, weight)
+                (x, lengths, seeds), = batches
+                stats, local = steps.fused(x, lengths, weight, seeds)
                 if timed:
                     mx.eval(local)
                     compute = time.perf_counter() - t0
                 del local
             else:
                 loss_sum, acc = None, None
-                for x, lengths, seed in batches:
-                    if random:
-                        mx.random.seed(seed)
+                for x, lengths, seeds in batches:
                     if acc is None:
-                        loss_sum, acc = steps.first(x, lengths, weight)
+                        loss_sum, acc = steps.first(x, lengths, weight, seeds)
                     else:
-                        loss_sum, acc = steps.next(x, lengths, weight, loss_sum, acc)
+                        loss_sum, acc = steps.next(x, lengths, weight, seeds, loss_sum, acc)
                     mx.eval(loss_sum, acc)
                 compute = time.perf_counter() - t0
                 # Each micro-batch's loss is already its share of the global mean.
@@ -368,8 +355,8 @@ class FineTuner:
         state: dict[str, Any] = {
             "step": self.step, "data_cursor": self.step,
             "data_position": self.cursor.position(self.step).to_dict(),
-            "rng": {"seed": self.cfg.train.seed, "rule": "seeded per micro-batch from "
-                    "(train.seed, step, first example)"},
+            "rng": {"seed": self.cfg.train.seed, "rule": "dropout per example from "
+                    "(train.seed, step, place in the global batch)"},
             "world_size": self.world, "accumulation": self.pieces,
             "consistency_repairs": self.repairs, "batch_split": self.counts,
             "balance_speeds": self.speeds, "balance_hosts": self.speed_hosts,

@@ -68,6 +68,14 @@ def _mode(spec: JobSpec) -> str:
     return spec.balance if isinstance(spec.balance, str) else WEIGHTS
 
 
+def global_batch(spec: JobSpec) -> int:
+    """The examples (sequences) of one step: the trainer's or fine-tuning's
+    ``train.global_batch`` (the trainer's default for a ``command:`` job)."""
+    if spec.finetune is not None:
+        return spec.finetune.train.global_batch
+    return (spec.trainer or trainer_config.default_config()).train.global_batch
+
+
 def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
            speeds: list[float] | None) -> list[int] | None:
     """What the trainer would take on these ranks, by its own rule
@@ -86,7 +94,7 @@ def plan_balance(spec: JobSpec, hosts: Sequence, calibration: Calibration | None
                  source: str = "") -> BalancePlan:
     """The split of ``hosts`` (inventory order, ``slots`` ranks each) and, with a
     ``calibration`` naming every host, predicted compute times and who does not pay."""
-    batch = (spec.trainer or trainer_config.default_config()).train.global_batch
+    batch = global_batch(spec)
     rank_hosts = [h.name for h in render.rank_hosts(hosts)]
     speeds = (rule.recorded_speeds(rank_hosts, calibration.hosts, calibration.samples_per_sec)
               if calibration is not None else None)
@@ -121,11 +129,10 @@ def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
     measurement (``mlxops check``): its own share of a ``{host: weight}`` split; under
     ``auto`` all the global batch but one sequence per other rank, since the split is only
     measured at launch. None with ``equal`` (the trainer's plain ``global_batch / world``)."""
-    if spec.balance == BALANCE_EQUAL or spec.trainer is None:
+    if spec.balance == BALANCE_EQUAL or (spec.trainer is None and spec.finetune is None):
         return None
     if spec.balance == BALANCE_AUTO:
-        batch = spec.trainer.train.global_batch
-        return max(1, batch - (sum(h.slots for h in hosts) - 1))
+        return max(1, global_batch(spec) - (sum(h.slots for h in hosts) - 1))
     return plan_balance(spec, hosts).largest(host)
 
 

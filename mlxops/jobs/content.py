@@ -149,6 +149,14 @@ def differences(content: Content, answer: ContentAnswer, wanted: Collection[str]
     return out
 
 
+def missing_bytes(content: Content, answer: ContentAnswer) -> int:
+    """The bytes of ``content``'s files the node's copy lacks or holds at another size:
+    what placing it would send at the most (a file of the same size may still differ:
+    pre-flight compares the hashes)."""
+    return sum(size for name, (_, size) in content.files.items()
+               if (have := answer.files.get(name)) is None or have.size != size)
+
+
 def problems(host: str, content: Content, answer: ContentAnswer, wanted: Collection[str]
              ) -> list[str]:
     """Pre-flight's lines for a node whose copy differs: nothing may start on it."""

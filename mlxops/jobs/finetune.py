@@ -108,6 +108,17 @@ def contents(cfg: FinetuneConfig) -> list[Content]:
     return [any_directory(Path(cfg.model.path)), any_directory(Path(cfg.data.path))]
 
 
+def listed(cfg: FinetuneConfig) -> list[Content]:
+    """The same directories with their files' sizes only (nothing hashed): what
+    ``mlxops check`` compares with a node's copy to count the bytes pre-flight would send."""
+    out = []
+    for directory in (Path(cfg.model.path), Path(cfg.data.path)):
+        files = {p.relative_to(directory).as_posix(): ("", p.stat().st_size)
+                 for p in sorted(directory.rglob("*")) if p.is_file()}
+        out.append(Content(directory, files))
+    return out
+
+
 def place_contents(conn: Connection, python: str, root: str, wanted: list[Content]
                    ) -> list[str]:
     """Make the node's copies equal the controller's (only what differs travels); the

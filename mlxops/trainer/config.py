@@ -21,11 +21,10 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
-from . import balance
-from .configfile import ConfigError, read_file
+from . import balance, sections
+from .configfile import ConfigError
 
 
 def _f(default: Any, help: str) -> Any:
@@ -177,57 +176,17 @@ def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
     raise ConfigError(f"{where}: {key}: expected {typ.__name__}, got {value!r}")
 
 
-def _parse_scalar(text: str) -> Any:
-    """A command-line value: JSON if it parses (numbers, true, null, "..."), else a string."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def from_dict(data: dict[str, Any], where: str = "config") -> TrainerConfig:
     """Build and validate a config from a nested mapping; unknown keys are an error."""
     cfg = TrainerConfig()
-    for key, value in data.items():
-        if key == "out":
-            cfg.out = _coerce(where, "out", str, value)
-            continue
-        if key not in SECTIONS:
-            raise ConfigError(f"{where}: {key}: unknown key")
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: {key}: must be a mapping")
-        section = getattr(cfg, key)
-        hints = get_type_hints(type(section))
-        for sub, v in value.items():
-            if sub not in hints:
-                raise ConfigError(f"{where}: {key}.{sub}: unknown key")
-            setattr(section, sub, _coerce(where, f"{key}.{sub}", hints[sub], v))
+    sections.fill(cfg, SECTIONS, data, where, _coerce)
     validate(cfg, where)
     return cfg
 
 
 def apply_overrides(cfg: TrainerConfig, overrides: list[str], where: str = "--set") -> None:
     """Apply ``section.key=value`` strings (the ``--set`` option) in place."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"{where}: {item}: expected section.key=value")
-        value = _parse_scalar(text)
-        if key == "out":
-            cfg.out = _coerce(where, key, str, text)
-            continue
-        section_name, _, sub = key.partition(".")
-        if section_name not in SECTIONS:
-            raise ConfigError(f"{where}: {key}: unknown key")
-        section = getattr(cfg, section_name)
-        hints = get_type_hints(type(section))
-        if sub not in hints:
-            raise ConfigError(f"{where}: {key}: unknown key")
-        if hints[sub] in (str, str | None) and value is not None:
-            value = text  # keep "007" or "1e3" as strings where a string is expected
-        setattr(section, sub, _coerce(where, key, hints[sub], value))
+    sections.override(cfg, SECTIONS, overrides, where, _coerce)
     validate(cfg, where)
 
 
@@ -308,18 +267,8 @@ def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
     trainer takes the largest divisor of the per-rank batch not above it, so it never
     conflicts with the world.)
     """
-    if world < 1:
-        raise ConfigError(f"{where}: the world size must be at least 1, got {world}")
-    g, balance = cfg.train.global_batch, cfg.train.balance
-    if isinstance(balance, list) and len(balance) != world:
-        raise ConfigError(f"{where}: train.balance: {len(balance)} weights for {world} ranks "
-                          "(one weight per rank)")
-    if balance == BALANCE_EQUAL and g % world:
-        raise ConfigError(f"{where}: train.global_batch: {g} is not divisible by the world "
-                          f"size {world} (each rank takes global_batch / world sequences)")
-    if g < world:
-        raise ConfigError(f"{where}: train.global_batch: {g} is smaller than the world size "
-                          f"{world} (every rank takes at least one sequence)")
+    sections.check_world_size(cfg.train.global_batch, cfg.train.balance, world, where,
+                              "sequence")
 
 
 def load_config(
@@ -334,11 +283,8 @@ def load_config(
 
     Raises :class:`ConfigError` with a one-line message naming the file and the key.
     """
-    if isinstance(source, dict):
-        cfg = from_dict(source, where or "trainer")
-    else:
-        path = Path(source)
-        cfg = from_dict(read_file(path), where or str(path))
+    data, where = sections.read_source(source, where, "trainer")
+    cfg = from_dict(data, where)
     if overrides:
         apply_overrides(cfg, overrides)
     return cfg
@@ -346,16 +292,7 @@ def load_config(
 
 def diff_resume_keys(saved: dict[str, Any], current: TrainerConfig) -> list[str]:
     """Keys of :data:`RESUME_KEYS` whose values differ: ``["model.dims: 64 != 128"]``."""
-    now = current.to_dict()
-    out = []
-    for key in RESUME_KEYS:
-        section, sub = key.split(".")
-        # A key newer than the checkpoint had its default then.
-        a = saved.get(section, {}).get(sub, getattr(TrainerConfig(), section).__dict__[sub])
-        b = now[section][sub]
-        if a != b:
-            out.append(f"{key}: checkpoint has {a!r}, config has {b!r}")
-    return out
+    return sections.diff_keys(RESUME_KEYS, saved, current.to_dict(), TrainerConfig().to_dict())
 
 
 def describe_options() -> str:
@@ -370,6 +307,6 @@ def describe_options() -> str:
     return "\n".join(lines)
 
 
-#: The value and file rules, public for the fine-tuning config (mlxops/finetune/config.py),
-#: which follows them key for key.
-coerce = _coerce  # read_file: from .configfile, imported above
+#: The value rule, public for the fine-tuning config (mlxops/finetune/config.py), which
+#: follows it key for key (and the section rules of :mod:`.sections`).
+coerce = _coerce

@@ -14,16 +14,16 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from mlxops.node import protocol
 from mlxops.node.protocol.calibration import Calibration
 from mlxops.node.protocol.layout import BEST_DIR
-from mlxops.node.protocol.metrics import MetricsLine, step_of
+from mlxops.node.protocol.metrics import MetricsLine
 
 from . import balance, checkpoint, consistency, hooks, plan
 from .checkpoint import write_atomic
-from .config import ConfigError, TrainerConfig, check_world, diff_resume_keys
+from .config import TrainerConfig, check_world, diff_resume_keys
 from .cursor import DataCursor
 from .data import Batches, make_source, split_rank
 from .distributed import (
@@ -36,6 +36,7 @@ from .distributed import (
 from .evaluate import Evaluator
 from .model import Transformer, count_params
 from .prefetch import Prefetcher
+from .resume import agreed_checkpoint, load_compatible, restore_optimizer, truncate_metrics
 from .step import WIRE_DTYPES, Steps
 from .validation import Validation, ValidationState, perplexity
 
@@ -136,17 +137,9 @@ class Trainer:
     # -- start / resume ------------------------------------------------------------------
 
     def _start(self, resume: bool) -> None:
-        ckpt_dir = self.out / protocol.CKPT_DIR
-        latest = checkpoint.find_latest(ckpt_dir)
-        local_step = checkpoint.load_step(latest) if latest else -1
         # Every rank reads its own node's copy; all must agree on the step.
-        steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), self.group).tolist()
+        latest = agreed_checkpoint(self.cfg.out, self.group, resume)
         if not resume:
-            if max(steps) >= 0:
-                raise ConfigError(
-                    f"{self.cfg.out}: out: already holds checkpoints (newest step "
-                    f"{max(steps)}); pass --resume to continue, or choose another out"
-                )
             if len(set(self.counts)) == 1:
                 batch = f"micro {self.micro} x accum {self.accum} x world {self.world}"
             else:
@@ -155,20 +148,13 @@ class Trainer:
                       f"{batch} = global {self.cfg.train.global_batch}; memory plan "
                       f"{self._planned() / GB:.2f} GB per rank")
             return
-        if len(set(steps)) != 1:
-            raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
-                               "copy the newest checkpoint to every node")
-        if local_step < 0:
+        if latest is None:
             self._log("resume: no checkpoint yet, starting at step 0")
             return
-        assert latest is not None
-        weights, opt, state = checkpoint.load(latest)
-        diff = diff_resume_keys(state["config"], self.cfg)
-        if diff:
-            raise ConfigError(f"{latest / protocol.CKPT_STATE}: {diff[0]} (incompatible config)")
+        weights, opt, state = load_compatible(
+            latest, lambda saved: diff_resume_keys(saved, self.cfg))
         self.model.load_weights(list(weights.items()), strict=True)
-        self.optimizer.state = tree_unflatten(list(opt.items()))
-        self.optimizer.init(self.model.trainable_parameters())
+        restore_optimizer(self.optimizer, opt, self.model.trainable_parameters())
         self.key = mx.array(state["rng_key"], dtype=mx.uint32)
         self.step = state["step"]
         self.repairs = state.get("consistency_repairs", 0)
@@ -188,22 +174,13 @@ class Trainer:
             self.validation.state = ValidationState.from_dict(state["validation"])
         mx.eval(self.model.parameters(), self.optimizer.state)
         if self.rank == 0:
-            self._truncate_metrics(self.step)
+            truncate_metrics(self.out, self.step)
         was = state.get("world_size")
         self._log(f"resume: step {self.step} from {latest} (saved with world {was}; now world "
                   f"{self.world}, micro {self.micro} x accum {self.accum})")
         if state["config"]["train"]["steps"] != self.cfg.train.steps:
             self._log("note: train.steps changed; the learning-rate schedule follows the new "
                       "value from here on")
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metrics logged after the checkpoint we resume from: they will be redone."""
-        path = self.out / protocol.METRICS
-        if not path.exists():
-            return
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and (step_of(json.loads(line)) or 0) <= step]
-        write_atomic(path, "".join(line + "\n" for line in kept))
 
     def _recorded_speeds(self, state: dict[str, Any]) -> None:
         """balance: auto on resume: the last calibration the checkpoint recorded, where it

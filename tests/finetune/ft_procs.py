@@ -14,12 +14,15 @@ from mlxops.devtools.local_ranks import run_ranks
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
 
-#: A LoRA on every block of the tiny llama, 8 steps of 4 chat examples, a validation and a
-#: checkpoint every 4 steps, every step logged.
+#: A LoRA (with dropout) on every block of the tiny llama, 8 steps of 4 chat examples, a
+#: validation and a checkpoint every 4 steps, every step logged. At lr 1e-3 training is
+#: stable: another split of the batch (only another order of summation) stays within 3e-7
+#: of the loss over 12 steps; at 2e-3 the same 1-ulp start grew to 4e-3 by step 12
+#: (README, "Fine-tuning a model").
 TINY = {
-    "method": {"type": "lora", "rank": 4, "num_layers": -1},
+    "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
     "data": {"mask_prompt": True},
-    "optimizer": {"lr": 2e-3},
+    "optimizer": {"lr": 1e-3},
     "train": {"steps": 8, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
               "eval_batches": 1, "save_every": 4, "keep": 2, "log_every": 1},
 }

@@ -11,6 +11,7 @@ from mlx.utils import tree_flatten
 
 from mlxops.finetune.config import load_config
 from mlxops.finetune.data import Cursor, load_examples, micro_batches, pad, token_count
+from mlxops.finetune.dropout import ExampleDropout, RowSeeds, fmix32
 from mlxops.finetune.model import apply_method, load_base
 from mlxops.finetune.objective import seed_of, token_loss
 
@@ -130,3 +131,24 @@ def test_the_split_does_not_change_the_loss_or_its_gradient(loaded):
 
 def test_dropout_seeds_depend_on_the_example_not_the_rank():
     assert seed_of(0, 5, 2) == seed_of(0, 5, 2) != seed_of(0, 5, 3) != seed_of(1, 5, 2)
+
+
+def test_an_examples_dropout_mask_ignores_its_micro_batch():
+    """A row's mask is the same alone or beside others, at any padded width; p of the
+    elements drop, the rest are scaled by 1/(1-p); evaluation drops nothing."""
+    seeds = RowSeeds()
+    drop = ExampleDropout(0.25, seeds)
+    drop.train()
+    x = mx.ones((3, 65, 16))
+    seeds.value = mx.array([11, 12, 13], mx.uint32)
+    together = drop(x)
+    seeds.value = mx.array([12], mx.uint32)
+    alone = drop(mx.ones((1, 33, 16)))
+    assert mx.array_equal(together[1, :33], alone[0]).item()
+    assert not mx.array_equal(together[0], together[1]).item()
+    assert abs((together == 0).mean().item() - 0.25) < 0.02
+    assert set(np.unique(np.array(together)).tolist()) == {0.0, np.float32(1 / 0.75)}
+    drop.eval()
+    assert drop(x) is x
+    # MurmurHash3's fmix32 (its published value for 1)
+    assert fmix32(mx.array([1], mx.uint32)).item() == 0x514E28B7

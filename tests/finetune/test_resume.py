@@ -2,12 +2,14 @@
 
 Exact resume (stop + resume, kill -9) gives the uninterrupted run's loss curve bit for
 bit; fewer ranks, an unequal split and an out-of-memory back-off continue within float
-tolerance; the best checkpoint is kept; patience stops a run that stopped improving.
+tolerance (and fewer ranks cutting the batch as the old ranks did, bit for bit); the best
+checkpoint is kept; patience stops a run that stopped improving.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import threading
@@ -18,7 +20,19 @@ from ft_procs import curve, ok, run_finetune, write_config
 
 from mlxops.node import protocol
 
+#: Relative, as the bundled trainer's resume on another world size
+#: (tests/trainer/test_multiprocess.py): another split of the same global batch only sums
+#: in another order, 3e-7 at most over 12 steps of TINY.
 TOLERANCE = 1e-4
+
+
+def close(got: dict, want: dict, steps) -> None:
+    """Every loss and validation loss of ``steps`` within :data:`TOLERANCE`."""
+    for step in steps:
+        for a, b in zip(got[step], want[step], strict=True):
+            assert (a is None) == (b is None), (step, got[step], want[step])
+            if a is not None:
+                assert math.isclose(a, b, rel_tol=TOLERANCE), (step, got[step], want[step])
 
 
 @pytest.fixture(scope="module")
@@ -86,21 +100,36 @@ def test_kill_9_and_resume_is_bitwise(straight, tiny, tmp_path):
     assert curve(out) == curve(straight)
 
 
-def test_fewer_ranks_continue_within_tolerance(straight, tiny, tmp_path):
-    """``resume --exclude``'s case: the 2-rank checkpoint of step 4 resumed on 1 rank."""
-    out = tmp_path / "one"
+def resumed_at_4_on_one_rank(straight, tiny, tmp_path, name: str, *args: str) -> dict:
+    """The 2-rank checkpoint of step 4 resumed on 1 rank (``resume --exclude``'s case)."""
+    out = tmp_path / name
     shutil.copytree(straight / "ckpt", out / "ckpt")
     (out / "ckpt" / protocol.LATEST).write_text("step-00000004\n")
     shutil.rmtree(out / "ckpt" / "step-00000008")
     config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])
-    ok(run_finetune(config, "--resume"))
-    resumed, want = curve(out), curve(straight)
+    ok(run_finetune(config, "--resume", *args))
+    resumed = curve(out)
     assert sorted(resumed) == [5, 6, 7, 8]
-    for step in resumed:
-        for got, expected in zip(resumed[step], want[step], strict=True):
-            assert (got is None) == (expected is None)
-            if got is not None:
-                assert abs(got - expected) < TOLERANCE, (step, got, expected)
+    return resumed
+
+
+def test_fewer_ranks_continue_within_tolerance(straight, tiny, tmp_path):
+    """One micro-batch of 4 where 2 ranks had 2 each: the whole continuation, loss and
+    validation, within float tolerance (with dropout: its masks follow the example)."""
+    resumed = resumed_at_4_on_one_rank(straight, tiny, tmp_path, "one")
+    close(resumed, curve(straight), range(5, 9))
+
+
+def test_fewer_ranks_with_the_old_micro_batches_continue_bit_for_bit(straight, tiny, tmp_path):
+    """1 rank cutting the batch as the 2 ranks did (accumulation 2) gives the 2-rank curve
+    bit for bit: the data order, the normalisation by the global batch's tokens, the
+    dropout masks and the optimizer state do not depend on the world size; only a
+    micro-batch's shape (rows, padded width) does, which is why the case above is held to
+    a tolerance."""
+    resumed = resumed_at_4_on_one_rank(straight, tiny, tmp_path, "one-acc2",
+                                       "--set", "train.accumulation=2")
+    want = curve(straight)
+    assert {s: resumed[s] for s in range(5, 9)} == {s: want[s] for s in range(5, 9)}
 
 
 def test_unequal_split_and_oom_back_off_within_tolerance(straight, tiny, tmp_path):
@@ -111,8 +140,7 @@ def test_unequal_split_and_oom_back_off_within_tolerance(straight, tiny, tmp_pat
     assert "out of memory at step 3 on some rank; accumulation 1 -> 2" in proc.stdout
     got, want = curve(out), curve(straight)
     assert sorted(got) == list(range(1, 9))
-    for step in got:
-        assert abs(got[step][0] - want[step][0]) < TOLERANCE, step
+    close(got, want, range(1, 9))
     lines = [json.loads(x) for x in (out / protocol.METRICS).read_text().splitlines()]
     assert {tuple(x["batch_split"]) for x in lines} == {(3, 1)}
     assert lines[-1]["accumulation"] == 2
@@ -144,5 +172,5 @@ def test_balance_auto_measures_and_splits_by_speed(straight, tiny, tmp_path):
     calibration = json.loads((out / protocol.CALIBRATION).read_text())
     assert calibration["batch_split"] == [3, 1] and calibration["step"] == 4
     got, want = curve(out), curve(straight)
-    for step in got:
-        assert abs(got[step][0] - want[step][0]) < TOLERANCE, step
+    assert sorted(got) == list(range(1, 9))
+    close(got, want, range(1, 9))

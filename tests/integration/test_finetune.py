@@ -9,9 +9,9 @@ nodes through pre-flight (hash-checked, under each node root). Three runs of the
 - ``interrupted``: stopped by ``mlxops stop`` mid-run and resumed, then rank 1 killed with
   SIGKILL and recovered by the watchdog: bit for bit the straight curve;
 - ``uneven``: ``balance: {node1: 3, node2: 1}``, stopped, then resumed without node2
-  (``resume --exclude``, the same global batch on one rank): within float tolerance, 1e-4
-  relative over its first 8 steps (the loss is token-weighted, so the split changes only
-  the order of summation; later steps of this tiny model amplify that, see COMPARED).
+  (``resume --exclude``, the same global batch on one rank): every step within float
+  tolerance, 1e-4 relative (the loss is token-weighted and the dropout masks follow the
+  example, so the split changes only the order of summation; see TOLERANCE).
 
 Then ``mlxops fetch --best`` brings the adapters, which ``mlx_lm.generate`` loads.
 Rank 1 sleeps a little each step (MLXOPS_TRAINER_FAKE_SLOW; the numbers do not change)
@@ -44,15 +44,15 @@ from mlxops.transport import Connector
 
 HOSTS = "node1,node2"
 STEPS = 12
+# Relative, as the bundled trainer's resume on another world size. Another split sums in
+# another order: 2 local ranks against 1 on these settings differ by 3e-7 at most over the
+# 12 steps (1 ulp at step 1). At lr 2e-3 this tiny model is past stable training (its
+# validation loss rises by step 12) and amplifies the same ulp to 4e-3 by step 12.
 TOLERANCE = 1e-4
-# Another split sums in another order; this tiny model at lr 2e-3 amplifies that from step 9
-# on (2 local ranks against 1, same data: 7e-6 at step 9, 7e-4 at 11, 4e-3 at 12), so the
-# uneven run is held to the straight curve for the steps before.
-COMPARED = 8
 FINETUNE = {
-    "method": {"type": "lora", "rank": 4, "num_layers": -1},
+    "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
     "data": {"mask_prompt": True},
-    "optimizer": {"lr": 2e-3},
+    "optimizer": {"lr": 1e-3},
     "train": {"steps": STEPS, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
               "eval_batches": 1, "save_every": 2, "keep": 2, "log_every": 1},
 }
@@ -124,7 +124,7 @@ def runs(sandbox, tmp_path_factory):
         out["restarts"] = load_record("ft-interrupted").restarts
 
         # Unequal nodes, then on without node2.
-        # Slower still: the stop must land early enough for one rank to run compared steps.
+        # Slower still: the stop must land early enough for one rank to run a few steps.
         spec = load_job(write_job(tmp, sandbox, "ft-uneven", model, data,
                                   env={"MLXOPS_TRAINER_FAKE_SLOW": "1:1.0"},
                                   balance={"node1": 3, "node2": 1}))
@@ -174,13 +174,13 @@ def test_stop_resume_and_kill_9_recovery_give_the_straight_curve_bit_for_bit(run
 def test_unequal_nodes_then_resume_without_one_keep_the_global_batch(runs, sandbox):
     assert runs["alone"].world_size == 1 and runs["alone"].excluded == ["node2"]
     start = int(runs["alone"].message.removeprefix("resumed from step "))
-    assert start < COMPARED, runs["alone"].message   # one rank ran compared steps
+    assert start < STEPS, runs["alone"].message   # one rank ran steps
     assert runs["uneven"].state == "finished", runs["uneven"].to_dict()
     seen = splits(sandbox, "ft-uneven")
     assert seen[0] == [3, 1] and seen[-1] == [4]
     want, got = curve(sandbox, "ft-straight"), curve(sandbox, "ft-uneven")
     assert sorted(got) == list(range(1, STEPS + 1))
-    for step, (loss, val) in ((s, want[s]) for s in range(1, COMPARED + 1)):
+    for step, (loss, val) in want.items():
         assert abs(got[step][0] - loss) <= TOLERANCE * abs(loss), (step, got[step], loss)
         if val is not None:
             assert abs(got[step][1] - val) <= TOLERANCE * abs(val), (step, got[step], val)

@@ -50,7 +50,8 @@ def write_job(tmp_path: Path, **keys) -> Path:
     doc = {"name": "tiny", "inventory": "inventory.yml",
            "trainer": {"model": {"dims": 64, "layers": 2, "heads": 4, "vocab_size": 256,
                                  "seq_len": 32}}, **keys}
-    path.write_text(yaml.safe_dump(doc))
+    # trainer=None: a job without the bundled trainer (a finetune: job)
+    path.write_text(yaml.safe_dump({k: v for k, v in doc.items() if v is not None}))
     return path
 
 

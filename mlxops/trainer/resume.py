@@ -1,0 +1,84 @@
+"""Where a run starts: the checkpoint every rank agrees on, read back. One rule for the
+bundled trainer and fine-tuning (:mod:`mlxops.finetune.train`).
+
+Every rank reads its own node's ``out/ckpt`` (the ``latest`` pointer, else the newest
+complete checkpoint) and the ranks gather their steps, so that they decide together:
+
+- without ``--resume``, an ``out`` holding a checkpoint on any rank is refused (one line,
+  exit 2): starting over would overwrite it;
+- with it, every rank must have found the same step (else one line: copy the newest
+  checkpoint to every node); none anywhere starts at step 0;
+- the checkpoint's config must agree with this one on the keys that make its state
+  meaningful (the caller's ``diff_resume_keys``), else one line naming the first key.
+
+Restoring the optimizer's state and dropping the metrics logged after the checkpoint (the
+steps are redone) are alike too; what a checkpoint holds beyond weights and optimizer
+state (the RNG key, the data cursor, the validation state) is each loop's own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.optimizers as optim
+from mlx.utils import tree_unflatten
+
+from mlxops.node import protocol
+from mlxops.node.protocol.metrics import step_of
+
+from . import checkpoint
+from .checkpoint import write_atomic
+from .configfile import ConfigError
+from .distributed import all_gather_cpu
+
+
+def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool
+                      ) -> Path | None:
+    """The checkpoint to resume from (None: start at step 0), as every rank agrees;
+    ``out`` as the config spells it (the messages name it so)."""
+    from .train import TrainerError  # train imports this module
+
+    latest = checkpoint.find_latest(Path(out) / protocol.CKPT_DIR)
+    local_step = checkpoint.load_step(latest) if latest else -1
+    steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), group).tolist()
+    if not resume:
+        if max(steps) >= 0:
+            raise ConfigError(f"{out}: out: already holds checkpoints (newest step "
+                              f"{max(steps)}); pass --resume to continue, or choose "
+                              "another out")
+        return None
+    if len(set(steps)) != 1:
+        raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
+                           "copy the newest checkpoint to every node")
+    return latest
+
+
+def load_compatible(path: Path, diff_resume_keys: Callable[[dict[str, Any]], list[str]]
+                    ) -> tuple[dict[str, mx.array], dict[str, mx.array], dict[str, Any]]:
+    """``(weights, optimizer state, state)`` of the checkpoint at ``path``, refused when
+    ``diff_resume_keys(its config)`` names a key that differs."""
+    weights, opt, state = checkpoint.load(path)
+    diff = diff_resume_keys(state["config"])
+    if diff:
+        raise ConfigError(f"{path / protocol.CKPT_STATE}: {diff[0]} (incompatible config)")
+    return weights, opt, state
+
+
+def restore_optimizer(optimizer: optim.Optimizer, saved: dict[str, mx.array],
+                      trainable: dict[str, Any]) -> None:
+    """The optimizer's state as saved (flat names), then ``init`` for what it lacks."""
+    optimizer.state = tree_unflatten(list(saved.items()))
+    optimizer.init(trainable)
+
+
+def truncate_metrics(out: Path, step: int) -> None:
+    """Drop the metrics lines logged after ``step``: a resume from it redoes them."""
+    path = out / protocol.METRICS
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines()
+                if line.strip() and (step_of(json.loads(line)) or 0) <= step]
+        write_atomic(path, "".join(line + "\n" for line in kept))
