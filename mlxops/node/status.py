@@ -46,8 +46,12 @@ def rank_status(run_dir: Path, rank: int, now: float,
     ended = mtime(exit_file)
     is_alive = alive(pid, table)
     code = read_int(exit_file)
-    # Why it failed, for a rank that started and ended without exit code 0.
-    failed = pid is not None and not is_alive and code != 0
+    # Why it failed, for a rank that started and ended without exit code 0. An exit code
+    # says the program ended (its script records it after), so its log is whole: the log
+    # is read then even while the script, the group leader, still looks alive (it is
+    # about to exit, or the process table was read before it wrote the exit file).
+    ended_badly = code is not None and code != 0
+    failed = pid is not None and (ended_badly or (code is None and not is_alive))
     return protocol.RankAnswer(
         rank=rank, pid=pid, alive=is_alive, exit=code,
         ended_ago=None if ended is None else now - ended,
