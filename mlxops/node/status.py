@@ -43,11 +43,22 @@ def rank_status(run_dir: Path, rank: int, now: float,
         beat = None  # the previous attempt's
     # Heartbeat: the trainer's last progress record, or the start when it has none yet.
     last = beat.time if beat is not None and beat.time is not None else started
-    ended = mtime(exit_file)
     is_alive = alive(pid, table)
+    if pid is not None and not is_alive and not exit_file.exists():
+        # ``table`` may predate the pid file: an mpi rank's script writes its own when
+        # mpirun starts it, maybe after the table was read. Dead there and without an exit
+        # code it would be "gone without an exit code" (failed, restarted by the
+        # watchdog): look at the process itself, now that its pid file is there.
+        is_alive = alive(pid)
+    # After the liveness check: a script that ended wrote its exit file first.
+    ended = mtime(exit_file)
     code = read_int(exit_file)
-    # Why it failed, for a rank that started and ended without exit code 0.
-    failed = pid is not None and not is_alive and code != 0
+    # Why it failed, for a rank that started and ended without exit code 0. An exit code
+    # says the program ended (its script records it after), so its log is whole: the log
+    # is read then even while the script, the group leader, still looks alive (it is
+    # about to exit, or the process table was read before it wrote the exit file).
+    ended_badly = code is not None and code != 0
+    failed = pid is not None and (ended_badly or (code is None and not is_alive))
     return protocol.RankAnswer(
         rank=rank, pid=pid, alive=is_alive, exit=code,
         ended_ago=None if ended is None else now - ended,

@@ -26,6 +26,7 @@ from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import stop_job
 from mlxops.jobs.watch import supervise
+from mlxops.sandbox.netns import netns_pids
 
 pytestmark = pytest.mark.skipif(
     shutil.which("mpirun") is None or shutil.which("orted") is None,
@@ -69,20 +70,29 @@ def _zombie(pid: str) -> bool:
         return True  # gone
 
 
-def leftovers(name: str) -> list[str]:
-    """Live processes of the job on any node (one PID namespace), and any MPI daemon
-    (a zombie its parent has not reaped yet runs nothing)."""
+def job_node_pids(sandbox) -> set[int]:
+    """Processes in the network namespaces of the job's nodes: this machine's other test
+    sessions (other sandboxes, xdist workers) run their own mpirun, orted and jobs of the
+    same name, in one PID namespace with these."""
+    return {pid for node in HOSTS.split(",")
+            for pid in netns_pids(sandbox.node_layout(node).netns)}
+
+
+def leftovers(sandbox, name: str) -> list[str]:
+    """Live processes of the job on any of its nodes, and any MPI daemon there (a zombie
+    its parent has not reaped yet runs nothing)."""
     found = []
     for args in (["-af", f"/runs/{name}/"], ["-ax", "orted"], ["-ax", "mpirun"]):
         out = subprocess.run(["pgrep", *args], capture_output=True, text=True).stdout
         found += [line for line in out.splitlines()
                   if "pgrep" not in line and not _zombie(line.split()[0])]
-    return found
+    ours = job_node_pids(sandbox) if found else set()
+    return [line for line in found if int(line.split()[0]) in ours]
 
 
-def no_leftovers(name: str, within: float = 5.0) -> list[str]:
+def no_leftovers(sandbox, name: str, within: float = 5.0) -> list[str]:
     deadline = time.monotonic() + within
-    while (left := leftovers(name)) and time.monotonic() < deadline:
+    while (left := leftovers(sandbox, name)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
@@ -124,7 +134,7 @@ def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
     assert sorted(got) == sorted(want) == list(range(1, 17))
     for step in want:
         assert abs(got[step] - want[step]) <= 1e-5, (step, got[step], want[step])
-    assert no_leftovers("m-mpi") == []
+    assert no_leftovers(sandbox, "m-mpi") == []
     # `mlxops logs` shows mpirun's own log (first) beside the ranks'.
     merged = list(prefixed(fetch(record, connector, {})))
     assert any(line.startswith("[node1 r0] ") for line in merged)  # rank 0 prints
@@ -141,9 +151,11 @@ def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
         assert status.state == "running", (status.to_dict(), logs(record, connector))
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.3)
+    running = leftovers(sandbox, "m-stop")  # seen while it runs: ranks, orted, mpirun
+    assert any("orted" in p for p in running) and any("mpirun" in p for p in running), running
     results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
-    assert no_leftovers("m-stop", within=1.0) == []
+    assert no_leftovers(sandbox, "m-stop", within=1.0) == []
     status = job_status(load_record("m-stop"), connector)
     assert status.state == "stopped", status.to_dict()
     assert stop_job(load_record("m-stop"), connector).exit_code == 0  # idempotent
@@ -153,7 +165,7 @@ def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
     assert resumed.message.startswith("resumed from step")
     final = supervise(resumed, connector)
     assert final.state == "finished", (final.to_dict(), logs(resumed, connector))
-    assert no_leftovers("m-stop") == []
+    assert no_leftovers(sandbox, "m-stop") == []
 
 
 def mpi_trainer_pid(sandbox, name: str, rank: int, node: str) -> int:
@@ -183,4 +195,4 @@ def test_a_dead_or_stuck_mpi_rank_is_restarted_by_the_watchdog(
                                        logs(record, connector))
     restarts = load_record(name).restarts
     assert len(restarts) == 1 and reason in restarts[0].reason, restarts
-    assert no_leftovers(name) == []
+    assert no_leftovers(sandbox, name) == []

@@ -64,6 +64,19 @@ def test_a_running_or_finished_rank_has_no_failure(tmp_path):
     assert [r.failure for r in got["a"].ranks] == [None, None]
 
 
+def test_a_rank_whose_exit_is_recorded_is_said_by_its_log_while_its_script_ends(tmp_path):
+    """The start script records the exit code after the program ended, then exits: a status
+    read between the two (or whose process table was read before the exit file appeared)
+    sees the script alive and the exit code. The log is whole then: its line is the reason,
+    not "exited with code 1" (which made that rank a cause of its own)."""
+    case = LOGS["ring_peer_lost"]
+    with Processes() as procs:
+        got, _ = answers(tmp_path, {"a": {"ranks": {
+            0: {"pid": "alive", "exit": 1, "ended": 0, "log": case["log"]}}}}, procs)
+    assert got["a"].rank(0).alive and got["a"].rank(0).exit == 1
+    assert got["a"].rank(0).failure == case["why"]
+
+
 def test_only_this_attempts_part_of_the_log_counts():
     first = LOGS["compile_in_another_users_mlx_dir"]["log"]  # ends in a traceback
     killed = LOGS["killed_by_sigkill"]["log"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import time
 from contextlib import redirect_stdout
@@ -16,6 +17,7 @@ import pytest
 from mlxops.node import protocol
 from mlxops.node.__main__ import main
 from mlxops.node.procs import alive, descendants, process_table
+from mlxops.node.status import rank_status
 from mlxops.transport import LocalConnection
 from mlxops.transport.nodecmd import NodeCommandError, run_node
 
@@ -123,6 +125,23 @@ def test_leftovers_are_what_preflight_refuses_to_start_over(run_dir):
     pid = ask(protocol.spawn_args(str(run_dir), [0])).pids[0]
     answer = ask(protocol.preflight_args(str(run_dir)))
     assert answer.leftovers == [protocol.Leftover(0, pid)] and answer.mpirun is None
+
+
+def test_a_rank_that_started_after_the_process_table_was_read_is_alive(run_dir):
+    """An mpi rank's script writes its pid file itself when mpirun starts it: maybe after
+    ``status`` read the process table. Dead there, without an exit code, it was "gone
+    without an exit code" (its job failed, the watchdog restarted it); it runs."""
+    before = process_table()
+    proc = subprocess.Popen(["sleep", "30"])  # not a group leader, as under orted
+    try:
+        (run_dir / protocol.process_file(0, protocol.PID)).write_text(f"{proc.pid}\n")
+        answer = rank_status(run_dir, 0, time.time(), before)
+        assert answer.alive and answer.exit is None and answer.failure is None
+    finally:
+        proc.kill()
+        proc.wait()
+    answer = rank_status(run_dir, 0, time.time(), process_table())
+    assert not answer.alive  # and a rank gone without an exit code is still said so
 
 
 def test_run_node_reads_the_answer_over_a_connection_and_names_a_bad_one(run_dir):
