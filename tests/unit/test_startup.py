@@ -108,3 +108,35 @@ def test_a_start_up_to_the_first_connection(files, args, uses):
     assert code == CONNECTING, errors
     assert heavy <= uses, (heavy - uses, errors)
     assert not heavy & {"fabric", "paramiko", "invoke", "mlx", "numpy", "asyncio"}
+
+
+# Packages whose names are imported from their modules when first asked for (PEP 562):
+# the package, and what importing it alone must not import.
+LAZY_PACKAGES = {
+    "mlxops.transport": ["mlxops.transport.executor", "mlxops.transport.connection"],
+    "mlxops.node.protocol": ["mlxops.node.protocol.answers", "mlxops.node.protocol.commands"],
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAZY_PACKAGES))
+def test_a_lazy_package_gives_every_name_it_exports_from_its_home(package):
+    import importlib
+
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        home = module._HOMES.get(name)
+        if home is not None:
+            assert value is getattr(importlib.import_module(f"{package}.{home}"), name)
+    assert set(module._HOMES) <= set(module.__all__)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018 - the lookup is the test
+
+
+@pytest.mark.parametrize("package", sorted(LAZY_PACKAGES))
+def test_importing_a_lazy_package_imports_none_of_its_lazy_modules(package):
+    code = (f"import sys, {package}; "
+            f"print(sorted(m for m in {LAZY_PACKAGES[package]!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert proc.stdout.strip() == "[]"
