@@ -73,11 +73,12 @@ def launch(job, detach, fresh, as_json, forks, connect):
     Pre-flight checks every host first (reachable, same mlx, code synced, ring ports free,
     no leftover rank): nothing starts anywhere unless all pass.
     """
-    from mlxops.jobs.launch import launch as launch_job
     from mlxops.jobs.spec import load_job
     from mlxops.transport import Connector
 
-    spec = load_job(job)
+    spec = load_job(job)  # a bad job file is refused before the launch machinery loads
+    from mlxops.jobs.launch import launch as launch_job
+
     with Connector(connect) as connector:
         record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
         events.start_run(events.make(
