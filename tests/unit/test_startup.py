@@ -140,3 +140,20 @@ def test_importing_a_lazy_package_imports_none_of_its_lazy_modules(package):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_the_task_registry_imports_every_module_that_defines_a_task():
+    import mlxops.tasks
+
+    package = Path(mlxops.tasks.__file__).parent
+    defining = {p.stem for p in package.glob("*.py") if "\n@task(" in p.read_text()}
+    assert defining == set(mlxops.tasks.TASK_MODULES)
+    assert {"sync", "facts", "mlx_lm"} <= {spec.name for spec in mlxops.tasks.REGISTRY.values()}
+
+
+def test_importing_one_task_module_imports_no_other():
+    code = ("import sys, mlxops.tasks.facts; "
+            "print(sorted(m for m in sys.modules if m.startswith('mlxops.tasks.')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert proc.stdout.strip() == "['mlxops.tasks.base', 'mlxops.tasks.facts']"
