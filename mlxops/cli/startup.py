@@ -5,7 +5,10 @@ except that the first connection a command asks for (:meth:`Connector.connect`) 
 process at once, exit :data:`CONNECTING`: everything before it (parsing, reading and
 checking the inventory and job files, the imports) is what a person waits for before
 mlxops says anything of the hosts. With ``python -X importtime`` in front it lists the
-modules that start-up imported (:func:`imported_modules`).
+modules that start-up imported (:func:`imported_modules`); with :data:`MODULES_FILE` set
+in the environment it writes every module loaded by then (``sys.modules``, which also
+holds those ``importlib.import_module`` loaded, as the command table and the lazy
+packages do: importtime does not list those) to that file, one name a line.
 
 tests/unit/test_startup.py holds that no command imports a heavy module it does not use
 (:data:`HEAVY`); benchmarks/startup.py times each command against a bare Python that
@@ -47,6 +50,8 @@ def write_sample_files(directory: Path) -> None:
 
 #: The exit code of a start-up stopped at its first connection.
 CONNECTING = 97
+#: The environment variable naming the file the loaded modules are written to.
+MODULES_FILE = "MLXOPS_STARTUP_MODULES"
 #: The module whose ``Connector.connect`` every command's first connection goes through.
 CONNECTOR = "mlxops.transport.connector"
 
@@ -99,13 +104,23 @@ def run_until_connecting(argv: list[str]) -> None:
     from mlxops.cli import main
 
     sys.argv = ["mlxops", *argv]
-    main()
+    try:
+        main()
+    finally:  # a command that ended before connecting (--help, bad input, no jobs)
+        _write_modules()
 
 
 def _connect(self: object, host: object) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+    _write_modules()
     os._exit(CONNECTING)  # no cleanup to run: nothing was connected
+
+
+def _write_modules() -> None:
+    path = os.environ.get(MODULES_FILE)
+    if path:
+        Path(path).write_text("".join(f"{name}\n" for name in sorted(sys.modules)))
 
 
 class _EndAtConnect:

@@ -19,6 +19,7 @@ import pytest
 from mlxops.cli import COMMANDS
 from mlxops.cli.startup import (
     CONNECTING,
+    MODULES_FILE,
     heavy_imported,
     imported_modules,
     write_sample_files,
@@ -35,18 +36,29 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
-def start(files: Path, *args: str) -> tuple[int, set[str], str]:
-    """``mlxops args...`` up to its first connection: exit code, heavy modules, stderr."""
-    env = {**os.environ, "MLXOPS_HOME": str(files / "home"), "COLUMNS": "100"}
+def start_imports(files: Path, *args: str) -> tuple[int, set[str], str]:
+    """``mlxops args...`` up to its first connection: exit code, every module imported
+    (those importtime lists, and every one in ``sys.modules`` at the end), stderr."""
+    loaded = files / f"modules-{os.getpid()}-{'-'.join(args)}.txt".replace("/", "_")
+    env = {**os.environ, "MLXOPS_HOME": str(files / "home"), "COLUMNS": "100",
+           MODULES_FILE: str(loaded)}
     env.pop("MLXOPS_DEBUG", None)
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "mlxops.cli.startup",
                            *args], capture_output=True, text=True, timeout=120, env=env,
                           cwd=files, stdin=subprocess.DEVNULL)
     modules = imported_modules(proc.stderr)
     assert "mlxops.cli" in modules, proc.stderr[-2000:]  # the parse found the imports
+    in_sys_modules = loaded.read_text().split()
+    assert "mlxops.cli" in in_sys_modules, in_sys_modules  # the file was written
     errors = "\n".join(line for line in proc.stderr.splitlines()
                        if not line.startswith("import time:"))
-    return proc.returncode, heavy_imported(modules), errors
+    return proc.returncode, set(modules) | set(in_sys_modules), errors
+
+
+def start(files: Path, *args: str) -> tuple[int, set[str], str]:
+    """``mlxops args...`` up to its first connection: exit code, heavy modules, stderr."""
+    code, modules, errors = start_imports(files, *args)
+    return code, heavy_imported(modules), errors
 
 
 def test_the_parser_sees_a_heavy_import():
@@ -62,6 +74,47 @@ def test_help_lists_every_command_and_imports_nothing_heavy(files):
     code, heavy, errors = start(files, "--help")
     assert code == 0, errors
     assert heavy == set()
+
+
+def test_help_imports_no_command_module(files):
+    # The listing comes from the table's summaries (tests/unit/test_cli_summaries.py).
+    code, modules, errors = start_imports(files, "--help")
+    assert code == 0, errors
+    assert "Commands:" not in errors
+    commands = {m for m in modules if m.startswith("mlxops.cli.")} - {"mlxops.cli.startup"}
+    assert commands == set()
+    # The driver's own hook imports nothing the command would not (Connector never was).
+    assert "mlxops.transport.connector" not in modules
+
+
+# Parts of mlxops a command has no use for before its first connection (they come later,
+# with what uses them): (args, modules that must not be imported, one that must be).
+NOT_YET = [
+    # A bad job file is refused before the launch machinery is imported.
+    (["launch", "missing.yml"], {"mlxops.jobs.launch", "mlxops.jobs.preflight"}, "mlxops.cli.jobs"),
+    # Only the hosts are selected and checked before launch's pre-flight connects: no
+    # task module but the bundle's, no notifier (urllib), no node answers yet.
+    (["launch", "job.yml"], {"mlxops.tasks.mlx_lm", "mlxops.tasks.macos",
+                             "mlxops.notify.deliver", "urllib.request",
+                             "mlxops.node.protocol.answers"}, "mlxops.jobs.preflight"),
+    # plan selects the hosts (jobs.selection) and never runs a pre-flight.
+    (["plan", "job.yml"], {"mlxops.jobs.preflight", "mlxops.jobs.launch"},
+     "mlxops.jobs.selection"),
+    # check: the all_sum's job machinery comes after every host was read, and no pytest
+    # plugin of the environment is loaded but testinfra's (xdist: execnet; anyio: asyncio).
+    (["check", "inventory.yml"], {"mlxops.bench.allreduce", "mlxops.jobs.launch",
+                                  "xdist", "execnet", "anyio"}, "testinfra"),
+]
+
+
+@pytest.mark.parametrize("args, unused, used", NOT_YET, ids=lambda x: " ".join(x)
+                         if isinstance(x, list) else None)
+def test_a_start_imports_nothing_it_has_no_use_for_yet(files, args, unused, used):
+    code, modules, errors = start_imports(files, *args)
+    assert code in (2, CONNECTING), errors
+    imported = modules
+    assert used in imported  # the parse saw the command get that far
+    assert not unused & imported, sorted(unused & imported)
 
 
 @pytest.mark.parametrize("command", ["status", "check"])
