@@ -144,7 +144,7 @@ def watch(name, connect):
 @connect_options
 def status(name, as_json, connect):
     """Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat."""
-    from mlxops.jobs.record import list_jobs, load_record
+    from mlxops.jobs.jobdirs import list_jobs
 
     if name is None and not list_jobs():
         # Answered from the job directory alone: nothing more to import (typed often).
@@ -154,6 +154,7 @@ def status(name, as_json, connect):
             click.echo("no jobs yet. Start one: mlxops launch JOB.yml")
         sys.exit(EXIT_OK)
     from mlxops.cli.watch import print_status
+    from mlxops.jobs.record import load_record
     from mlxops.jobs.status import job_status
     from mlxops.transport import Connector
 
