@@ -10,8 +10,9 @@ collected, so a user's check directory may use either.
 Only the plugins the checks use are loaded: testinfra's (by its entry point's name) and
 ours (the object). Plugin autoload is off for the session (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``,
 as pytest reads it while the session configures): whatever else the environment has
-installed (xdist with execnet, anyio starting asyncio, ...) would cost every ``mlxops
-check`` its start-up, more than pytest itself (benchmarks/startup.py), for no check.
+installed (xdist with execnet, anyio starting asyncio, ...) would add to every ``mlxops
+check``'s start-up (pytest-xdist alone: ~30 ms of CPU on the 2-core test machine) for no
+check.
 """
 
 from __future__ import annotations
