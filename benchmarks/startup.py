@@ -10,6 +10,10 @@ both alike. The target (issue 21): every command within 0.2 s, or within 2x the 
 
 No root, no sandbox, no network: the inventory names addresses nothing connects to.
 Figures are the median of ``--repeat`` wall times; CPU (user + sys) beside them.
+
+``mlxops check`` runs its checks in a pytest session, so pytest's own start-up is its
+floor: ``python -c "import pytest"`` and an empty session with the plugins check loads
+(testinfra's, plugin autoload off) are timed beside the commands, without a target.
 """
 
 from __future__ import annotations
@@ -24,11 +28,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from mlxops.checks.run import testinfra_entry_point
 from mlxops.cli.startup import write_sample_files
 
 TARGET_SECONDS, TARGET_RATIO = 0.2, 2.0
 
 FLOOR = {"python -c pass": ["-c", "pass"], "python -c 'import click'": ["-c", "import click"]}
+#: An empty pytest session as ``mlxops check`` configures one (mlxops.checks.run), on the
+#: empty directory ``empty/``: pytest's part of check's start-up.
+EMPTY_SESSION = (
+    "import os, sys, pytest; os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'; "
+    "sys.exit(pytest.main(['-p', 'no:cacheprovider', '-p', 'no:terminal', '-p', "
+    "sys.argv[1], '-c', os.devnull, '--rootdir', 'empty', 'empty']))")
 DRIVER = ["-m", "mlxops.cli.startup"]
 COMMANDS = {
     "mlxops --help": ["--help"],
@@ -64,9 +75,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mlxops-startup-") as tmp:
         d = Path(tmp)
         write_sample_files(d)
+        (d / "empty").mkdir()
         env = {**os.environ, "MLXOPS_HOME": str(d / "home")}
         env.pop("MLXOPS_DEBUG", None)
+        pytest_floor = {
+            "python -c 'import pytest'": ["-c", "import pytest"],
+            "empty pytest session (check's)": ["-c", EMPTY_SESSION, testinfra_entry_point()],
+        }
         runs = {**{k: [sys.executable, *v] for k, v in FLOOR.items()},
+                **{k: [sys.executable, *v] for k, v in pytest_floor.items()},
                 **{k: [sys.executable, *DRIVER, *v] for k, v in COMMANDS.items()}}
         for argv in runs.values():  # untimed: compiled bytecode, warm page cache
             timed(argv, d, env)

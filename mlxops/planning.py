@@ -27,7 +27,7 @@ from mlxops.errors import UserError
 from mlxops.finetune.plan import FinetunePlan, ModelError, plan_finetune, read_model
 from mlxops.hostfacts import HostFacts
 from mlxops.jobs.balance import BalancePlan
-from mlxops.jobs.preflight import select_hosts
+from mlxops.jobs.selection import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import ask_facts, load_cached_facts, save_facts
 from mlxops.trainer.plan import MemoryPlan, attended_keys, attention_flops_per_token, plan_memory

@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from mlxops.hostfacts import HostFacts
@@ -44,12 +43,21 @@ AGREED = {"mlx": "mlx", "python": "python", "macos_build": "macOS build"}
 NOT_A_MAC = "-"   # the macOS build of a host that is not a Mac (not "another build")
 
 
-def controller_mlx_version() -> str | None:
-    """The default pin: the mlx the controller runs (metadata only: no import)."""
+def installed_version(distribution: str) -> str | None:
+    """The version of ``distribution`` installed beside mlxops (its metadata: no import of
+    it), None when it is not. importlib.metadata is imported here, by the first pin read:
+    it costs a command's start-up more than the rest of this module (email, zipfile)."""
+    from importlib import metadata
+
     try:
-        return metadata.version("mlx")
+        return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
+
+
+def controller_mlx_version() -> str | None:
+    """The default pin: the mlx the controller runs (metadata only: no import)."""
+    return installed_version("mlx")
 
 
 def pinned_version(host: Any) -> str | None:
@@ -64,10 +72,7 @@ def pin_source(host: Any) -> str:
 
 def controller_mlx_lm_version() -> str | None:
     """mlx-lm's default pin: the version the controller has installed (metadata only)."""
-    try:
-        return metadata.version("mlx-lm")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_version("mlx-lm")
 
 
 def mlx_lm_pin(host: Any) -> str | None:

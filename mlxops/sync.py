@@ -10,6 +10,10 @@ Excluded on both sides: ``.git``, ``__pycache__``, ``*.pyc``, ``.DS_Store`` and 
 patterns of every ``.gitignore`` in the source (the rules of :mod:`mlxops.ignore`). Node
 files that match an exclude are never reported nor deleted (the trainer's own
 ``__pycache__`` survives a sync), like rsync without ``--delete-excluded``.
+
+What ``code/`` holds on every node (:func:`bundle`: the trainer, the node helpers,
+fine-tuning, a job's workdir) is defined here too, once for provision's ``sync`` task and a
+job's pre-flight: below the tasks, so that a job's start-up imports no task module.
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import io
 import json
 import os
 import posixpath
+import re
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxops import archive as archive_files
-from mlxops import shell
+from mlxops import paths, shell
 from mlxops.errors import MlxopsError
 from mlxops.ignore import Ignore
+from mlxops.node.protocol.layout import job_code_path
 from mlxops.transport.connection import Connection
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".DS_Store")
@@ -88,6 +94,46 @@ def collect(src: Path, excludes: Sequence[str] = DEFAULT_EXCLUDES, prefix: str =
                 continue
             files[posixpath.join(prefix, rel) if prefix else rel] = path
     return files, (ignore.under(prefix) if prefix else ignore)
+
+
+#: A job's name as it may name its directory under ``code/jobs/``.
+JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def bundle(workdir: Path | None = None, job: str | None = None
+           ) -> tuple[dict[str, Path], list[str], Ignore]:
+    """``(files, roots, ignore)`` of what ``code/`` holds: the trainer, and a job's workdir."""
+    files, ignore = collect(paths.trainer_dir(), DEFAULT_EXCLUDES, prefix="mlxops/trainer")
+    # The node-side helpers of jobs (spawn, status, stop, logs) travel with the trainer.
+    node_files, node_ignore = collect(paths.node_dir(), DEFAULT_EXCLUDES, prefix="mlxops/node")
+    files.update(node_files)
+    ignore.extend(node_ignore)
+    # Fine-tuning (python -m mlxops.finetune) runs beside the trainer, on its modules.
+    ft_files, ft_ignore = collect(paths.trainer_dir().parent / "finetune", DEFAULT_EXCLUDES,
+                                  prefix="mlxops/finetune")
+    files.update(ft_files)
+    ignore.extend(ft_ignore)
+    files["mlxops/__init__.py"] = paths.trainer_dir().parent / "__init__.py"
+    # The excludes above apply under mlxops/trainer/ and mlxops/node/ only; the
+    # mlxops/__pycache__/ a node's Python writes beside __init__.py is no difference either
+    # (else every provision after a job deletes it again, and never reports ok).
+    ignore.extend(Ignore(DEFAULT_EXCLUDES))
+    roots = sync_roots(workdir, job)
+    if workdir is not None:
+        job_files, job_ignore = collect(Path(workdir), DEFAULT_EXCLUDES, prefix=roots[-1])
+        files.update(job_files)
+        ignore.extend(job_ignore)
+    return files, roots, ignore
+
+
+def sync_roots(workdir: object, job: str | None) -> list[str]:
+    """The directories under ``code/`` the task owns: ``mlxops``, and the job's with a
+    workdir."""
+    if workdir is None:
+        return ["mlxops"]
+    if not job or not JOB_NAME.match(job):
+        raise ValueError(f"job name {job!r}: want letters, digits, '.', '_' or '-'")
+    return ["mlxops", job_code_path(job)]
 
 
 def file_digest(path: Path) -> tuple[str, int]:

@@ -7,13 +7,16 @@ that answered at once: each node listens on its ring ports while it connects to 
 other's (the ``reach`` node command). Last, :meth:`Cluster.run_all_sum` runs one real
 ``all_sum`` across every rank, started as jobs start ranks (``mlxops bench``'s all-reduce
 program at one size), once nothing else stands in its way.
+
+The all_sum's machinery (:mod:`mlxops.bench.allreduce`, and through it a job's launch and
+pre-flight) is imported by :meth:`Cluster.run_all_sum`, when every host has been read:
+not with this module, which every ``mlxops check`` imports before its first connection.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from mlxops.bench import allreduce
 from mlxops.checks.state import NodeState, inspect
 from mlxops.checks.target import Target
 from mlxops.errors import MlxopsError
@@ -119,6 +122,8 @@ class Cluster:
         if blocker:
             self.all_sum_skipped = blocker
             return
+        from mlxops.bench import allreduce
+
         target = self.target
         spec = allreduce.job_spec(target.inventory.path, ",".join(target.names),
                                   target.backend, target.base_port, [ALL_SUM_BYTES])

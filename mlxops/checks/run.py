@@ -5,15 +5,22 @@ The session is sealed off from wherever it runs: no ini file, conftest or cache 
 current directory's project is read or written (``-c /dev/null``, the checks' own
 directory as rootdir, no cacheprovider); pytest's own terminal output is off (mlxops
 prints the table, or ``--json``); ``check_*`` and ``test_*`` files and functions are
-collected, so a user's check directory may use either. testinfra's plugin is loaded by
-its entry point's name, so a disabled plugin autoload does not lose it.
+collected, so a user's check directory may use either.
+
+Only the plugins the checks use are loaded: testinfra's (by its entry point's name) and
+ours (the object). Plugin autoload is off for the session (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``,
+as pytest reads it while the session configures): whatever else the environment has
+installed (xdist with execnet, anyio starting asyncio, ...) would add to every ``mlxops
+check``'s start-up (pytest-xdist alone: ~30 ms of CPU on the 2-core test machine) for no
+check.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -30,6 +37,7 @@ CHECKS_DIR = Path(__file__).resolve().parent
 SHIPPED = ("check_host", "check_files", "check_resources", "check_macos", "check_cluster")
 ENTRY_POINT = "mlxops"          # ours, in pyproject.toml: the plugin object replaces it
 RETRY_SECONDS = 5.0
+NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 
 
 @dataclass
@@ -65,9 +73,6 @@ def testinfra_entry_point() -> str:
 def pytest_args(check_dirs: Sequence[str | Path], junitxml: str | None) -> list[str]:
     args = [
         "-p", "no:cacheprovider", "-p", "no:terminal", "-p", f"no:{ENTRY_POINT}",
-        # anyio's plugin (it comes with httpx, so with most Python environments) starts
-        # asyncio in every session; no check runs a coroutine.
-        "-p", "no:anyio",
         "-p", testinfra_entry_point(),
         "-c", os.devnull, "--rootdir", str(CHECKS_DIR), "--import-mode=importlib",
         "-o", "python_files=check_*.py test_*.py",
@@ -78,6 +83,20 @@ def pytest_args(check_dirs: Sequence[str | Path], junitxml: str | None) -> list[
     if junitxml:
         args += ["--junitxml", str(junitxml)]
     return [*args, str(CHECKS_DIR), *(str(Path(d).resolve()) for d in check_dirs)]
+
+
+@contextmanager
+def no_plugin_autoload() -> Iterator[None]:
+    """pytest's plugin autoload off while a session runs in this process, as it was after."""
+    before = os.environ.get(NO_AUTOLOAD)
+    os.environ[NO_AUTOLOAD] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[NO_AUTOLOAD]
+        else:
+            os.environ[NO_AUTOLOAD] = before
 
 
 def order(results: Sequence[CheckResult], hosts: Sequence[str]) -> list[CheckResult]:
@@ -97,7 +116,8 @@ def run_once(target: Target, check_dirs: Sequence[str | Path] = (),
              junitxml: str | None = None) -> Report:
     plugin = MlxopsPlugin(target)
     start = time.monotonic()
-    code = pytest.main(pytest_args(check_dirs, junitxml), plugins=[plugin])
+    with no_plugin_autoload():
+        code = pytest.main(pytest_args(check_dirs, junitxml), plugins=[plugin])
     if plugin.error is not None:
         raise plugin.error
     if plugin.collect_errors:

@@ -28,8 +28,8 @@ from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.node import protocol
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook
+from mlxops.sync import bundle
 from mlxops.tasks.hostfiles import render_all
-from mlxops.tasks.sync import bundle
 from mlxops.transport import ConnectOptions
 
 GB = 1024**3

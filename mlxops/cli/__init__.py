@@ -2,9 +2,11 @@
 
 Each command group lives in its own module here and exposes one click object named
 ``command`` (or a list, ``commands``); :data:`COMMANDS` maps every command's name to its
-module, and a module is imported only when one of its commands runs (or ``--help`` lists
-them: click's documented lazy group), so a command pays only for what it uses. To add a
-command: its module here, one line in :data:`COMMANDS`, a section in docs/cli.md.
+module, and a module is imported only when one of its commands runs (click's documented
+lazy group), so a command pays only for what it uses. ``mlxops --help`` imports none:
+it lists each command with its one-line summary from :data:`SUMMARIES` (a unit test holds
+each equal to the command's own first sentence). To add a command: its module here, one
+line in :data:`COMMANDS`, its summary in :data:`SUMMARIES`, a section in docs/cli.md.
 
 User errors (:class:`MlxopsError`) become one line on stderr and their exit code
 (docs/cli.md, "Exit codes"), never a traceback. Any other exception is a bug: ``mlxops:
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 import traceback
 from collections.abc import Iterator, MutableMapping
 
@@ -61,6 +64,57 @@ COMMANDS: dict[str, str] = {
 }
 
 
+#: Every command's one-line summary in ``mlxops --help``: the first sentence of its help,
+#: as click would take it from the command (tests/unit/test_cli_summaries.py holds them
+#: equal), so that listing the commands imports none of their modules.
+SUMMARIES: dict[str, str] = {
+    "run": "Run COMMAND on every selected host, in parallel, and show each host's output.",
+    "trust": ("Show each host's SSH host-key fingerprint, and its jump hosts', and record the "
+              "new ones in known_hosts."),
+    "sandbox": "Fake Mac nodes on Linux (network namespaces + sshd); needs root.",
+    "hostfile": "Render the hostfile of the selected hosts for BACKEND (one entry per rank).",
+    "provision": "Make every selected Mac ready to train: facts, env, Python+MLX, hostfiles, code.",
+    "launch": "Start JOB on its hosts and follow it (Ctrl-C detaches, never kills).",
+    "resume": "Relaunch job NAME from the newest checkpoint that every node has.",
+    "watch": "Follow job NAME and supervise it: restart on a dead or stalled rank.",
+    "status": "Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat.",
+    "logs": "The ranks' output, merged, each line prefixed with host and rank.",
+    "stop": "Stop every rank of job NAME and verify nothing of it runs (safe to repeat).",
+    "fetch": ("Bring fine-tuning job NAME's adapters (or full weights) to this machine, in "
+              "mlx-lm's layout: mlx_lm.generate --adapter-path DIR takes them as they are."),
+    "plan": ("Per node: parameters, gradients, optimizer state and activations of one rank, "
+             "and the micro-batch, accumulation and checkpointing that fit its memory."),
+    "check": "Check that every selected host is ready to train, and print a host x check table.",
+    "bench": ("Measure every link (latency, bandwidth), a real all-reduce, and find the ring "
+              "order whose slowest link is fastest."),
+    "monitor": ("Live terminal view of job NAME: per rank state, step, loss, tokens/s, memory, "
+                "heartbeat; cluster totals, restarts and alerts."),
+    "dashboard": ("Serve a local web page of every job: state, loss and tokens/s curves "
+                  "updating live, compute/all-reduce split, memory, restarts, per-node "
+                  "health, the last bench."),
+    "report": ("One self-contained HTML file of job NAME (opens offline): loss and tokens/s "
+               "curves, tokens/s per rank, restarts, config, plan and bench figures."),
+    "events": ("The timeline of job NAME: launch, each restart and its reason, stops, "
+               "resumes, alerts and the notifications sent, oldest first."),
+    "selftest": ("Run on your own nodes what mlxops' tests run: trust status, provision, "
+                 "check, a short bench, a job with one rank killed (kill -9) and recovered by "
+                 "the watchdog, stop."),
+    "data": "Corpora for the bundled trainer: token shards and their manifest.",
+    "serve": "Forward a local port to serve job NAME's server and print its base URL.",
+    "export": ("Write job RUN's bundled-trainer checkpoint in mlx-lm's layout (config.json, "
+               "safetensors, a byte-level tokenizer.json): mlx_lm.load, generate and server "
+               "read it."),
+}
+
+
+def short_help(summary: str, limit: int) -> str:
+    """``summary`` cut to ``limit`` characters as click cuts a command's short help in a
+    group's ``--help`` (at a word, ending ``...``)."""
+    if len(summary) <= limit:
+        return summary
+    return textwrap.shorten(summary, limit, placeholder="...", break_on_hyphens=False)
+
+
 def load_command(name: str) -> click.Command:
     """Command ``name`` (a key of :data:`COMMANDS`), its module imported now."""
     module = importlib.import_module(f"mlxops.cli.{COMMANDS[name]}")
@@ -100,6 +154,14 @@ class CommandTable(MutableMapping[str, click.Command]):
     def __len__(self) -> int:
         return len(set(COMMANDS) | set(self._loaded))
 
+    def summary(self, name: str, limit: int) -> str | None:
+        """Command ``name``'s line in the group's ``--help``, cut to ``limit``; None for a
+        hidden command. From :data:`SUMMARIES` while its module is not imported."""
+        if name in self._loaded:
+            command = self._loaded[name]
+            return None if command.hidden else command.get_short_help_str(limit)
+        return short_help(SUMMARIES[name], limit)
+
 
 class _Main(click.Group):
     """The ``mlxops`` group, its commands a :class:`CommandTable`."""
@@ -107,6 +169,19 @@ class _Main(click.Group):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.commands = CommandTable()  # type: ignore[assignment]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's own commands section (``Group.format_commands``), each line from the
+        table's summary instead of the loaded command."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, line) for name in names
+                if (line := self.commands.summary(name, limit)) is not None]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context):  # noqa: D401 - click API
         try:

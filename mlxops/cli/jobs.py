@@ -73,11 +73,12 @@ def launch(job, detach, fresh, as_json, forks, connect):
     Pre-flight checks every host first (reachable, same mlx, code synced, ring ports free,
     no leftover rank): nothing starts anywhere unless all pass.
     """
-    from mlxops.jobs.launch import launch as launch_job
     from mlxops.jobs.spec import load_job
     from mlxops.transport import Connector
 
-    spec = load_job(job)
+    spec = load_job(job)  # a bad job file is refused before the launch machinery loads
+    from mlxops.jobs.launch import launch as launch_job
+
     with Connector(connect) as connector:
         record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
         events.start_run(events.make(
@@ -143,7 +144,7 @@ def watch(name, connect):
 @connect_options
 def status(name, as_json, connect):
     """Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat."""
-    from mlxops.jobs.record import list_jobs, load_record
+    from mlxops.jobs.jobdirs import list_jobs
 
     if name is None and not list_jobs():
         # Answered from the job directory alone: nothing more to import (typed often).
@@ -153,6 +154,7 @@ def status(name, as_json, connect):
             click.echo("no jobs yet. Start one: mlxops launch JOB.yml")
         sys.exit(EXIT_OK)
     from mlxops.cli.watch import print_status
+    from mlxops.jobs.record import load_record
     from mlxops.jobs.status import job_status
     from mlxops.transport import Connector
 

@@ -5,7 +5,10 @@ except that the first connection a command asks for (:meth:`Connector.connect`) 
 process at once, exit :data:`CONNECTING`: everything before it (parsing, reading and
 checking the inventory and job files, the imports) is what a person waits for before
 mlxops says anything of the hosts. With ``python -X importtime`` in front it lists the
-modules that start-up imported (:func:`imported_modules`).
+modules that start-up imported (:func:`imported_modules`); with :data:`MODULES_FILE` set
+in the environment it writes every module loaded by then (``sys.modules``, which also
+holds those ``importlib.import_module`` loaded, as the command table and the lazy
+packages do: importtime does not list those) to that file, one name a line.
 
 tests/unit/test_startup.py holds that no command imports a heavy module it does not use
 (:data:`HEAVY`); benchmarks/startup.py times each command against a bare Python that
@@ -14,9 +17,11 @@ imports click. Not a command: the measuring tool of the commands' start-up, in t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
+import types
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,6 +50,10 @@ def write_sample_files(directory: Path) -> None:
 
 #: The exit code of a start-up stopped at its first connection.
 CONNECTING = 97
+#: The environment variable naming the file the loaded modules are written to.
+MODULES_FILE = "MLXOPS_STARTUP_MODULES"
+#: The module whose ``Connector.connect`` every command's first connection goes through.
+CONNECTOR = "mlxops.transport.connector"
 
 #: Modules whose import costs tens of milliseconds or more, and who uses them: a command
 #: imports one only when it does what the module is for.
@@ -85,19 +94,52 @@ def heavy_imported(modules: Iterable[str]) -> set[str]:
 
 
 def run_until_connecting(argv: list[str]) -> None:
-    """``mlxops argv...``, ended (exit :data:`CONNECTING`) where it would first connect."""
-    from mlxops.transport.connector import Connector
+    """``mlxops argv...``, ended (exit :data:`CONNECTING`) where it would first connect.
 
-    def connect(self: Connector, host: object) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(CONNECTING)  # no cleanup to run: nothing was connected
-
-    Connector.connect = connect  # type: ignore[method-assign]
+    :meth:`Connector.connect` is replaced as its module is imported, by the command itself
+    (:class:`_EndAtConnect`): the driver imports nothing of mlxops that the command would
+    not, so what it measures is the command's own start-up.
+    """
+    sys.meta_path.insert(0, _EndAtConnect())
     from mlxops.cli import main
 
     sys.argv = ["mlxops", *argv]
-    main()
+    try:
+        main()
+    finally:  # a command that ended before connecting (--help, bad input, no jobs)
+        _write_modules()
+
+
+def _connect(self: object, host: object) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_modules()
+    os._exit(CONNECTING)  # no cleanup to run: nothing was connected
+
+
+def _write_modules() -> None:
+    path = os.environ.get(MODULES_FILE)
+    if path:
+        Path(path).write_text("".join(f"{name}\n" for name in sorted(sys.modules)))
+
+
+class _EndAtConnect:
+    """An import hook (a ``sys.meta_path`` finder) for :data:`CONNECTOR`: its module is
+    found and run as usual, then its ``Connector.connect`` is :func:`_connect`."""
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> object:
+        if fullname != CONNECTOR:
+            return None
+        sys.meta_path.remove(self)  # once, and find the module the ordinary way
+        spec = importlib.util.find_spec(fullname)
+        run = spec.loader.exec_module
+
+        def run_then_patch(module: types.ModuleType) -> None:
+            run(module)
+            module.Connector.connect = _connect
+
+        spec.loader.exec_module = run_then_patch
+        return spec
 
 
 if __name__ == "__main__":

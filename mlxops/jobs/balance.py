@@ -17,8 +17,8 @@ from typing import Any
 
 from mlxops import render
 from mlxops.errors import UserError
-from mlxops.jobs.preflight import select_hosts
 from mlxops.jobs.record import load_record
+from mlxops.jobs.selection import select_hosts
 from mlxops.jobs.spec import BALANCE_AUTO, BALANCE_EQUAL, JobSpec, rank_weights
 from mlxops.node.protocol.calibration import Calibration, calibration_args
 from mlxops.trainer import balance as rule

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from mlxops.jobs.placement import NodePaths
 from mlxops.jobs.spec import JobSpec
-from mlxops.sync import Ignore, SyncReport, sync_files
-from mlxops.tasks.sync import bundle
+from mlxops.sync import Ignore, SyncReport, bundle, sync_files
 from mlxops.transport import Connection
 
 

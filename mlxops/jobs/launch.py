@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 
 from mlxops.errors import UserError
 from mlxops.jobs.placement import NodePaths, Rank, place_ranks
-from mlxops.jobs.preflight import HostPrep, check_preflight, preflight, rdma_devices, select_hosts
+from mlxops.jobs.preflight import HostPrep, check_preflight, preflight
 from mlxops.jobs.record import HostRecord, JobRecord, launched_job
 from mlxops.jobs.runfiles import run_files, start_command_prefix, tar
+from mlxops.jobs.selection import rdma_devices, select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.stop import stop_job
 from mlxops.node import protocol

@@ -4,19 +4,25 @@ The inventory's ``mlxops_notify`` is a default for every job (set under ``all: v
 hosts of one job must agree on it, since a job has one set of notifications. Resolved at
 launch, before any host is touched (a job that names no target is refused there), and
 again by the watchdog from the record's copy of the job and the inventory as it reads now.
+
+The notifier itself (:mod:`mlxops.notify.deliver`: urllib, http.client, ssl) is imported
+by the watchdog's :func:`start_notifier`, not with this module: launch's pre-flight reads
+the settings long before anything is sent (benchmarks/startup.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxops.errors import MlxopsError, bad_input
 from mlxops.jobs.record import inventory_hosts
 from mlxops.notify import config as notify_config
 from mlxops.notify.config import NotifyConfig
-from mlxops.notify.deliver import Notifier
+
+if TYPE_CHECKING:
+    from mlxops.notify.deliver import Notifier
 
 VARIABLE = "mlxops_notify"
 
@@ -56,4 +62,8 @@ def start_notifier(record: Any, log: Callable[[str], None]) -> Notifier | None:
     except MlxopsError as exc:
         log(f"notifications off: {exc}")
         return None
-    return Notifier(record.name, config, log=log).start() if config else None
+    if not config:
+        return None
+    from mlxops.notify.deliver import Notifier
+
+    return Notifier(record.name, config, log=log).start()

@@ -1,4 +1,5 @@
-"""Pre-flight of a job: which hosts, then one pass over them that refuses what would fail.
+"""Pre-flight of a job: one pass over its hosts (:mod:`mlxops.jobs.selection` chose them)
+that refuses what would fail.
 
 One pass over the hosts, in parallel: reachable; ``mlxops_root`` and the interpreter
 resolved to absolute paths; code synced (only what changed travels); then, from every
@@ -14,20 +15,16 @@ side: docs/node-protocol.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mlxops import render
-from mlxops.errors import MlxopsError, UserError
-from mlxops.inventory import load_inventory
+from mlxops.errors import MlxopsError
 from mlxops.jobs import finetune
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.content import PlaceReport, place
 from mlxops.jobs.data import files_for_node
-from mlxops.jobs.notifying import job_notify
 from mlxops.jobs.placement import NodePaths, Rank
-from mlxops.jobs.servespec import check_hosts
-from mlxops.jobs.spec import JobSpec, check_balance, check_world
+from mlxops.jobs.selection import rdma_devices, select_hosts  # noqa: F401 - their old home
+from mlxops.jobs.spec import JobSpec
 from mlxops.node import protocol
 from mlxops.readiness import Versions, agreement, mlx_findings, mlx_lm_findings
 from mlxops.sync import parse_manifest, python_manifest_args
@@ -50,31 +47,6 @@ class HostPrep:
     data_problems: list[str] = field(default_factory=list)
     # A copy of the job's content (a fine-tuning model, its data) that still differs.
     content_problems: list[str] = field(default_factory=list)
-
-
-def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
-    inventory = load_inventory(spec.inventory)
-    hosts = inventory.select(spec.hosts, source=f"{spec.path}: hosts")
-    check_balance(spec, hosts)
-    job_notify(spec.path, spec.notify, hosts, spec.inventory)  # names a target, hosts agree
-    unknown = [h for h in exclude if h not in inventory.hosts]
-    if unknown:
-        raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")
-    if spec.serve is not None:  # the job's hosts: a server may go on alone without some
-        check_hosts(spec.path, spec.serve, hosts)
-    hosts = [h for h in hosts if h.name not in set(exclude)]
-    if not hosts:
-        raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
-    # launch, plan, resume: before connecting
-    check_world(spec, sum(h.slots for h in hosts), [h.name for h in render.rank_hosts(hosts)])
-    return hosts
-
-
-def rdma_devices(spec: JobSpec, hosts: list) -> list | None:
-    """MLX_IBV_DEVICES for jaccl (checked like mlx.launch checks it), else None."""
-    if spec.backend not in protocol.JACCL_BACKENDS:
-        return None
-    return render.rdma_matrix(hosts, spec.backend, source=spec.inventory)
 
 
 def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connector,

@@ -34,11 +34,11 @@ from mlxops.finetune import config as finetune_config
 from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory import load_inventory
 from mlxops.jobs.data import DataSpec
+from mlxops.jobs.jobdirs import job_dir, list_jobs, record_path  # noqa: F401 - their old home
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.servespec import ServeSpec
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
-from mlxops.paths import controller_home
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer.config import TrainerConfig
 
@@ -220,14 +220,6 @@ def launched_job(spec: JobSpec) -> dict[str, Any]:
     return json.loads(json.dumps(out))  # a copy, as it will read back
 
 
-def job_dir(name: str) -> Path:
-    return controller_home() / "jobs" / name
-
-
-def record_path(name: str) -> Path:
-    return job_dir(name) / "record.json"
-
-
 def _read(name: str) -> JobRecord | None:
     path = record_path(name)
     try:
@@ -275,13 +267,6 @@ def mark_stopped(name: str) -> JobRecord:
         record.stopped_at = time.time()
 
     return update(name, stop)
-
-
-def list_jobs() -> list[str]:
-    root = controller_home() / "jobs"
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / "record.json").is_file())
 
 
 @contextmanager

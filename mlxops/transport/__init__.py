@@ -1,16 +1,34 @@
-"""Getting commands to hosts: connections (SSH or local), host keys, the parallel executor."""
+"""Getting commands to hosts: connections (SSH or local), host keys, the parallel executor.
 
-from mlxops.transport.connection import (
-    CommandResult,
-    Connection,
-    ConnectOptions,
-    LocalConnection,
-    SSHConnection,
-)
-from mlxops.transport.connector import Connector
-from mlxops.transport.executor import default_forks, run_parallel
-from mlxops.transport.hostkeys import ChangedHostKey, HostUnreachable, UnknownHostKey
-from mlxops.transport.results import GroupError, HostResult, Results
+The names below are this package's: each is imported from its own module the first time
+it is asked for (PEP 562's module ``__getattr__``), so that importing one part (the
+connector, the results) does not import the others; ``from mlxops.transport import
+Connector`` reads as ever. A command's start-up pays only for the parts it uses before
+its first connection (tests/unit/test_startup.py, benchmarks/startup.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Each name of the package -> the module under mlxops.transport that defines it.
+_HOMES = {
+    "CommandResult": "connection",
+    "Connection": "connection",
+    "ConnectOptions": "connection",
+    "LocalConnection": "connection",
+    "SSHConnection": "connection",
+    "Connector": "connector",
+    "default_forks": "executor",
+    "run_parallel": "executor",
+    "ChangedHostKey": "hostkeys",
+    "HostUnreachable": "hostkeys",
+    "UnknownHostKey": "hostkeys",
+    "GroupError": "results",
+    "HostResult": "results",
+    "Results": "results",
+}
 
 __all__ = [
     "ChangedHostKey",
@@ -28,3 +46,26 @@ __all__ = [
     "default_forks",
     "run_parallel",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+if TYPE_CHECKING:
+    from mlxops.transport.connection import (
+        CommandResult,
+        Connection,
+        ConnectOptions,
+        LocalConnection,
+        SSHConnection,
+    )
+    from mlxops.transport.connector import Connector
+    from mlxops.transport.executor import default_forks, run_parallel
+    from mlxops.transport.hostkeys import ChangedHostKey, HostUnreachable, UnknownHostKey
+    from mlxops.transport.results import GroupError, HostResult, Results

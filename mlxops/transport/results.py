@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MlxopsError
 from mlxops.node.protocol import FAILED, UNREACHABLE
-from mlxops.transport.connection import CommandResult
+
+if TYPE_CHECKING:
+    from mlxops.transport.connection import CommandResult
 
 # A host's result status (not a job's or a rank's state): ok, changed, skipped, and the two
 # words it shares with job states, failed and unreachable (mlxops.node.protocol spells them).

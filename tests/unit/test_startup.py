@@ -19,6 +19,7 @@ import pytest
 from mlxops.cli import COMMANDS
 from mlxops.cli.startup import (
     CONNECTING,
+    MODULES_FILE,
     heavy_imported,
     imported_modules,
     write_sample_files,
@@ -35,18 +36,29 @@ def files(tmp_path_factory) -> Path:
     return d
 
 
-def start(files: Path, *args: str) -> tuple[int, set[str], str]:
-    """``mlxops args...`` up to its first connection: exit code, heavy modules, stderr."""
-    env = {**os.environ, "MLXOPS_HOME": str(files / "home"), "COLUMNS": "100"}
+def start_imports(files: Path, *args: str) -> tuple[int, set[str], str]:
+    """``mlxops args...`` up to its first connection: exit code, every module imported
+    (those importtime lists, and every one in ``sys.modules`` at the end), stderr."""
+    loaded = files / f"modules-{os.getpid()}-{'-'.join(args)}.txt".replace("/", "_")
+    env = {**os.environ, "MLXOPS_HOME": str(files / "home"), "COLUMNS": "100",
+           MODULES_FILE: str(loaded)}
     env.pop("MLXOPS_DEBUG", None)
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "mlxops.cli.startup",
                            *args], capture_output=True, text=True, timeout=120, env=env,
                           cwd=files, stdin=subprocess.DEVNULL)
     modules = imported_modules(proc.stderr)
     assert "mlxops.cli" in modules, proc.stderr[-2000:]  # the parse found the imports
+    in_sys_modules = loaded.read_text().split()
+    assert "mlxops.cli" in in_sys_modules, in_sys_modules  # the file was written
     errors = "\n".join(line for line in proc.stderr.splitlines()
                        if not line.startswith("import time:"))
-    return proc.returncode, heavy_imported(modules), errors
+    return proc.returncode, set(modules) | set(in_sys_modules), errors
+
+
+def start(files: Path, *args: str) -> tuple[int, set[str], str]:
+    """``mlxops args...`` up to its first connection: exit code, heavy modules, stderr."""
+    code, modules, errors = start_imports(files, *args)
+    return code, heavy_imported(modules), errors
 
 
 def test_the_parser_sees_a_heavy_import():
@@ -62,6 +74,49 @@ def test_help_lists_every_command_and_imports_nothing_heavy(files):
     code, heavy, errors = start(files, "--help")
     assert code == 0, errors
     assert heavy == set()
+
+
+def test_help_imports_no_command_module(files):
+    # The listing comes from the table's summaries (tests/unit/test_cli_summaries.py).
+    code, modules, errors = start_imports(files, "--help")
+    assert code == 0, errors
+    assert "Commands:" not in errors
+    commands = {m for m in modules if m.startswith("mlxops.cli.")} - {"mlxops.cli.startup"}
+    assert commands == set()
+    # The driver's own hook imports nothing the command would not (Connector never was).
+    assert "mlxops.transport.connector" not in modules
+
+
+# Parts of mlxops a command has no use for before its first connection (they come later,
+# with what uses them): (args, modules that must not be imported, one that must be).
+NOT_YET = [
+    # No jobs: answered from the job directories, the record's schema never imported.
+    (["status"], {"mlxops.jobs.record", "mlxops.jobs.spec"}, "mlxops.jobs.jobdirs"),
+    # A bad job file is refused before the launch machinery is imported.
+    (["launch", "missing.yml"], {"mlxops.jobs.launch", "mlxops.jobs.preflight"}, "mlxops.cli.jobs"),
+    # Only the hosts are selected and checked before launch's pre-flight connects: no
+    # task module but the bundle's, no notifier (urllib), no node answers yet.
+    (["launch", "job.yml"], {"mlxops.tasks.mlx_lm", "mlxops.tasks.macos",
+                             "mlxops.notify.deliver", "urllib.request",
+                             "mlxops.node.protocol.answers"}, "mlxops.jobs.preflight"),
+    # plan selects the hosts (jobs.selection) and never runs a pre-flight.
+    (["plan", "job.yml"], {"mlxops.jobs.preflight", "mlxops.jobs.launch"},
+     "mlxops.jobs.selection"),
+    # check: the all_sum's job machinery comes after every host was read, and no pytest
+    # plugin of the environment is loaded but testinfra's (xdist: execnet; anyio: asyncio).
+    (["check", "inventory.yml"], {"mlxops.bench.allreduce", "mlxops.jobs.launch",
+                                  "xdist", "execnet", "anyio"}, "testinfra"),
+]
+
+
+@pytest.mark.parametrize("args, unused, used", NOT_YET, ids=lambda x: " ".join(x)
+                         if isinstance(x, list) else None)
+def test_a_start_imports_nothing_it_has_no_use_for_yet(files, args, unused, used):
+    code, modules, errors = start_imports(files, *args)
+    assert code in (0, 2, CONNECTING), errors
+    imported = modules
+    assert used in imported  # the parse saw the command get that far
+    assert not unused & imported, sorted(unused & imported)
 
 
 @pytest.mark.parametrize("command", ["status", "check"])
@@ -108,3 +163,52 @@ def test_a_start_up_to_the_first_connection(files, args, uses):
     assert code == CONNECTING, errors
     assert heavy <= uses, (heavy - uses, errors)
     assert not heavy & {"fabric", "paramiko", "invoke", "mlx", "numpy", "asyncio"}
+
+
+# Packages whose names are imported from their modules when first asked for (PEP 562):
+# the package, and what importing it alone must not import.
+LAZY_PACKAGES = {
+    "mlxops.transport": ["mlxops.transport.executor", "mlxops.transport.connection"],
+    "mlxops.node.protocol": ["mlxops.node.protocol.answers", "mlxops.node.protocol.commands"],
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAZY_PACKAGES))
+def test_a_lazy_package_gives_every_name_it_exports_from_its_home(package):
+    import importlib
+
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        value = getattr(module, name)
+        home = module._HOMES.get(name)
+        if home is not None:
+            assert value is getattr(importlib.import_module(f"{package}.{home}"), name)
+    assert set(module._HOMES) <= set(module.__all__)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018 - the lookup is the test
+
+
+@pytest.mark.parametrize("package", sorted(LAZY_PACKAGES))
+def test_importing_a_lazy_package_imports_none_of_its_lazy_modules(package):
+    code = (f"import sys, {package}; "
+            f"print(sorted(m for m in {LAZY_PACKAGES[package]!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_the_task_registry_imports_every_module_that_defines_a_task():
+    import mlxops.tasks
+
+    package = Path(mlxops.tasks.__file__).parent
+    defining = {p.stem for p in package.glob("*.py") if "\n@task(" in p.read_text()}
+    assert defining == set(mlxops.tasks.TASK_MODULES)
+    assert {"sync", "facts", "mlx_lm"} <= {spec.name for spec in mlxops.tasks.REGISTRY.values()}
+
+
+def test_importing_one_task_module_imports_no_other():
+    code = ("import sys, mlxops.tasks.facts; "
+            "print(sorted(m for m in sys.modules if m.startswith('mlxops.tasks.')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert proc.stdout.strip() == "['mlxops.tasks.base', 'mlxops.tasks.facts']"

@@ -22,64 +22,16 @@ state spelt here is spelt nowhere else. The contract is written out for people i
   the ``calibration`` command that reads it.
 * :mod:`.channel`: the watch channel's message (the ``watch`` command's stream of lines).
 
-This module re-exports the names of the first five, so callers write ``protocol.STATUS``;
-the records of one writer and few readers are imported from their own module.
+This module re-exports the names of the first five, so callers write ``protocol.STATUS``
+(those of :mod:`.commands` and :mod:`.answers` imported when first asked for: see
+``_LAZY``); the records of one writer and few readers are imported from their own module.
 """
 
-from mlxops.node.protocol.answers import (
-    ANSWERS,
-    HEARTBEAT_EVERY,
-    Answer,
-    GpuSample,
-    KeepCheckpointsAnswer,
-    LauncherAnswer,
-    Leftover,
-    LogChunk,
-    LogsAnswer,
-    MetricsChunk,
-    PreflightAnswer,
-    Progress,
-    RankAnswer,
-    ReachAnswer,
-    ReadyAnswer,
-    RunningRank,
-    SampleAnswer,
-    SpawnAnswer,
-    StatusAnswer,
-    StopAnswer,
-    answer_line,
-    parse_answer,
-)
-from mlxops.node.protocol.commands import (
-    CHECK_COMMANDS,
-    COMMANDS,
-    KEEP_CHECKPOINTS,
-    LOGS,
-    MONITOR_COMMANDS,
-    PREFLIGHT,
-    REACH,
-    READY,
-    SAMPLE,
-    SAMPLE_MAX_BYTES,
-    SPAWN,
-    STATUS,
-    STOP,
-    WATCH,
-    keep_checkpoints_args,
-    logs_args,
-    parse_offsets,
-    parse_peers,
-    parser,
-    preflight_args,
-    rank_key,
-    reach_args,
-    ready_args,
-    sample_args,
-    spawn_args,
-    status_args,
-    stop_args,
-    watch_args,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from mlxops.node.protocol.decode import (
     ProtocolError,
     Record,
@@ -152,6 +104,95 @@ from mlxops.node.protocol.vocab import (
     STOPPED,
     UNREACHABLE,
 )
+
+#: The names of the two modules not imported with the package, each imported from its
+#: module when first asked for (PEP 562's module ``__getattr__``): the commands' argument
+#: lists (argparse) and the answers (bench, calibration, content records) cost more than
+#: the rest together, and the controller needs them only once it talks to a node, not
+#: while a command starts (benchmarks/startup.py).
+_LAZY = {
+    "commands": (
+        "CHECK_COMMANDS", "COMMANDS", "KEEP_CHECKPOINTS", "LOGS", "MONITOR_COMMANDS",
+        "PREFLIGHT", "REACH", "READY", "SAMPLE", "SAMPLE_MAX_BYTES", "SPAWN", "STATUS", "STOP",
+        "WATCH", "keep_checkpoints_args", "logs_args", "parse_offsets", "parse_peers",
+        "parser", "preflight_args", "rank_key", "reach_args", "ready_args", "sample_args",
+        "spawn_args", "status_args", "stop_args", "watch_args",
+    ),
+    "answers": (
+        "ANSWERS", "HEARTBEAT_EVERY", "Answer", "GpuSample", "KeepCheckpointsAnswer",
+        "LauncherAnswer", "Leftover", "LogChunk", "LogsAnswer", "MetricsChunk",
+        "PreflightAnswer", "Progress", "RankAnswer", "ReachAnswer", "ReadyAnswer",
+        "RunningRank", "SampleAnswer", "SpawnAnswer", "StatusAnswer", "StopAnswer",
+        "answer_line", "parse_answer",
+    ),
+}
+_HOMES = {name: module for module, names in _LAZY.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+if TYPE_CHECKING:
+    from mlxops.node.protocol.answers import (
+        ANSWERS,
+        HEARTBEAT_EVERY,
+        Answer,
+        GpuSample,
+        KeepCheckpointsAnswer,
+        LauncherAnswer,
+        Leftover,
+        LogChunk,
+        LogsAnswer,
+        MetricsChunk,
+        PreflightAnswer,
+        Progress,
+        RankAnswer,
+        ReachAnswer,
+        ReadyAnswer,
+        RunningRank,
+        SampleAnswer,
+        SpawnAnswer,
+        StatusAnswer,
+        StopAnswer,
+        answer_line,
+        parse_answer,
+    )
+    from mlxops.node.protocol.commands import (
+        CHECK_COMMANDS,
+        COMMANDS,
+        KEEP_CHECKPOINTS,
+        LOGS,
+        MONITOR_COMMANDS,
+        PREFLIGHT,
+        REACH,
+        READY,
+        SAMPLE,
+        SAMPLE_MAX_BYTES,
+        SPAWN,
+        STATUS,
+        STOP,
+        WATCH,
+        keep_checkpoints_args,
+        logs_args,
+        parse_offsets,
+        parse_peers,
+        parser,
+        preflight_args,
+        rank_key,
+        reach_args,
+        ready_args,
+        sample_args,
+        spawn_args,
+        status_args,
+        stop_args,
+        watch_args,
+    )
 
 __all__ = [
     "JOB_CODE_DIR",
