@@ -23,7 +23,6 @@ from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.content import PlaceReport, place
 from mlxops.jobs.data import files_for_node
 from mlxops.jobs.placement import NodePaths, Rank
-from mlxops.jobs.selection import rdma_devices, select_hosts  # noqa: F401 - their old home
 from mlxops.jobs.spec import JobSpec
 from mlxops.node import protocol
 from mlxops.readiness import Versions, agreement, mlx_findings, mlx_lm_findings

@@ -28,9 +28,10 @@ from test_jobs import trainer_pid
 from mlxops.devtools.local_ranks import run_ranks
 from mlxops.jobs.launch import launch
 from mlxops.jobs.placement import place_ranks
-from mlxops.jobs.preflight import PreflightError, check_preflight, preflight, select_hosts
+from mlxops.jobs.preflight import PreflightError, check_preflight, preflight
 from mlxops.jobs.record import load_record
 from mlxops.jobs.runfiles import run_files
+from mlxops.jobs.selection import select_hosts
 from mlxops.jobs.spec import load_job
 from mlxops.node.protocol import TRAINER_CONFIG
 from mlxops.trainer import shardformat as sf

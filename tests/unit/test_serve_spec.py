@@ -97,7 +97,7 @@ def test_parallel_goes_with_several_hosts(tmp_path):
 def test_a_pipeline_job_may_go_on_with_one_of_its_hosts(tmp_path):
     """``parallel`` is checked against the job's hosts, not those a restart with
     ``exclude_unreachable`` (or ``resume --exclude``) goes on with."""
-    from mlxops.jobs.preflight import select_hosts
+    from mlxops.jobs.selection import select_hosts
 
     path = write(tmp_path, {"model": "/m", "parallel": "pipeline"}, hosts="a,b")
     (tmp_path / "inv.yml").write_text(yaml.safe_dump(
