@@ -11,7 +11,8 @@ from mlxops.errors import UserError
 from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory.model import Host
 from mlxops.jobs.placement import place_ranks
-from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight, rdma_devices
+from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight
+from mlxops.jobs.selection import rdma_devices
 from mlxops.jobs.spec import JobSpec
 from mlxops.node.protocol import Leftover
 from mlxops.trainer.config import TrainerConfig
