@@ -17,6 +17,7 @@ imports click. Not a command: the measuring tool of the commands' start-up, in t
 
 from __future__ import annotations
 
+import _thread
 import importlib.util
 import os
 import re
@@ -50,6 +51,8 @@ def write_sample_files(directory: Path) -> None:
 
 #: The exit code of a start-up stopped at its first connection.
 CONNECTING = 97
+#: Held by the first connection (``_thread``: built in, so the driver imports nothing).
+_FIRST_CONNECTION = _thread.allocate_lock()
 #: The environment variable naming the file the loaded modules are written to.
 MODULES_FILE = "MLXOPS_STARTUP_MODULES"
 #: The module whose ``Connector.connect`` every command's first connection goes through.
@@ -111,6 +114,9 @@ def run_until_connecting(argv: list[str]) -> None:
 
 
 def _connect(self: object, host: object) -> None:
+    # Hosts connect from parallel workers: the first one ends the process, the others wait
+    # here (else one could truncate the modules file as the first one exits).
+    _FIRST_CONNECTION.acquire()
     sys.stdout.flush()
     sys.stderr.flush()
     _write_modules()
