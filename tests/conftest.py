@@ -14,20 +14,22 @@ from __future__ import annotations
 import pytest
 from xdist.scheduler import LoadFileScheduling
 
-SHARED_WORKER = {
+SHARED_WORKER = {  # modules of tests/integration
     # test_bench pgreps for any bench server or all-reduce rank; check's all_sum and the
     # selftest run the all-reduce, bench_local the servers and the ranks
     "bench": ("test_bench.py", "test_bench_local.py", "test_check.py", "test_selftest.py"),
     # test_jobs_mpi pgreps for any orted or mpirun; these run mpi jobs too
     "mpi": ("test_jobs_mpi.py", "test_blas_ranks.py", "test_mac_nodes.py"),
 }
-_GROUP_OF = {module: group for group, modules in SHARED_WORKER.items() for module in modules}
+_GROUP_OF = {f"tests/integration/{module}": group
+             for group, modules in SHARED_WORKER.items() for module in modules}
 
 
 def scope_of(nodeid: str) -> str:
-    """The unit a worker runs whole: the test's file, or the group its file is in."""
+    """The unit a worker runs whole: the test's file (its path from the repository's
+    root, as in the node id), or the group its file is in."""
     path = nodeid.split("::", 1)[0]
-    return _GROUP_OF.get(path.rsplit("/", 1)[-1], path)
+    return _GROUP_OF.get(path, path)
 
 
 class FileOrGroupScheduling(LoadFileScheduling):
