@@ -38,16 +38,20 @@ demo: venv
 	$(VENV)/bin/mlxops launch --fresh jobs/demo.yml
 
 # The unit tests run on every core (pytest-xdist; --dist loadfile keeps a module on one
-# worker, so its module fixtures are made once); then the rest in one process: the trainer
-# tests, whose ranks measure their own speed (train.balance: auto), and the integration
-# tests, which share the session's sandboxes; both want the cores to themselves. Both
-# always run; the exit code is the first failure's.
+# worker, so its module fixtures are made once); then the rest (trainer, fine-tuning and
+# integration tests) on REST_WORKERS workers, each with its own session sandboxes; a few
+# modules that must not overlap share one worker (SHARED_WORKER in tests/conftest.py,
+# which makes --dist loadfile group them). --durations
+# shows in the log where the time goes. Both always run; the exit code is the first
+# failure's.
 PYTEST_WORKERS ?= auto
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+REST_WORKERS ?= 2
+REST := -n $(REST_WORKERS) --dist loadfile --durations=30
 
 test: venv system-deps
 	@$(PY) -m pytest -q -ra tests/unit $(PARALLEL); unit=$$?; \
-	$(PY) -m pytest -q -ra --ignore=tests/unit; rest=$$?; \
+	$(PY) -m pytest -q -ra --ignore=tests/unit $(REST); rest=$$?; \
 	if [ $$unit != 0 ]; then exit $$unit; fi; exit $$rest
 
 test-unit: venv

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import glob
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -39,7 +40,10 @@ import subprocess
 import pytest
 
 from mlxops.sandbox import Sandbox, prerequisites
+from mlxops.sandbox.kernels import user_cache as kernels_user_cache
+from mlxops.sandbox.layout import SHELL_USERS
 from mlxops.sandbox.netns import free_subnet as netns_free_subnet
+from mlxops.sandbox.nodes import ensure_node_tmp
 
 NODES = 8
 ZSH_NODES = 4
@@ -187,6 +191,23 @@ def sandbox_mut(sandbox):
         yield sandbox
     finally:
         sandbox.restore()
+
+
+@pytest.fixture(autouse=True)
+def zsh_kernels_seeded(request):
+    """Before a test on the zsh account's nodes (the zsh and the Mac-like sandbox): copy it
+    the kernels the bash account compiled since its sandbox came up. Under xdist a worker's
+    zsh sandbox comes up at its first zsh test, maybe before this worker's or the other's
+    bash runs compiled what the next zsh test needs; copying (ms) spares the zsh ranks
+    compiling it again (25-60 s, all ranks in g++ at once: a stall to the watchdog)."""
+    if _on_zsh_nodes(request.node) or "mac_sandbox" in request.fixturenames:
+        try:
+            account = pwd.getpwnam(SHELL_USERS["zsh"])
+        except KeyError:
+            account = None  # no zsh sandbox was ever up here: its first one seeds itself
+        if account is not None:
+            kernels_user_cache(account)
+            ensure_node_tmp(account)
 
 
 @pytest.fixture(autouse=True)

@@ -92,9 +92,15 @@ def test_auto_balance_gives_a_slow_node_less_and_trains_the_same(sandbox_mut, tm
     assert {tuple(r["batch_split"]) for r in auto_recs[4:]} == {tuple(split)}
     fast_steps = [r["step_time"] for r in auto_recs[6:12]]
     print(f"median step: equal {statistics.median(slow_steps) * 1e3:.0f} ms, auto "
-          f"{statistics.median(fast_steps) * 1e3:.0f} ms; split {split}, samples/s "
-          f"{fast:.0f} / {slow:.0f}")
-    assert statistics.median(fast_steps) < 0.8 * statistics.median(slow_steps)
+          f"{statistics.median(fast_steps) * 1e3:.0f} ms; fastest: equal "
+          f"{min(slow_steps) * 1e3:.0f} ms, auto {min(fast_steps) * 1e3:.0f} ms; split "
+          f"{split}, samples/s {fast:.0f} / {slow:.0f}")
+    # The fastest step of each window: whatever else runs on this machine (another test
+    # worker) only adds to a step's time, and under `make test`'s two workers the auto
+    # run's median once came out 0.94x the equal run's while its steps ran from 0.08 to
+    # 0.37 s (the equal run's 0.25-0.28 s). The equal split's slowest rank sleeps 200 ms a
+    # step (4 sequences x 50 ms), so no equal step is faster than that.
+    assert min(fast_steps) < 0.8 * min(slow_steps)
 
     # mlxops plan reads the measurement from the nodes, and says the slow node costs.
     plan = balance_plan(auto, connector)

@@ -1,0 +1,46 @@
+"""Which tests share a pytest-xdist worker (``make test`` runs every pytest on workers).
+
+``--dist loadfile`` sends each test module to one worker, so its module fixtures are
+made once and its tests run in order. Here it also keeps a few modules on one worker, one
+after another (:data:`SHARED_WORKER`): each group holds a module that asserts no process
+of a kind is left on the machine (the sandbox nodes of every worker share its PID
+namespace) and the modules that start such processes. ``xdist_group`` marks would say
+the same, but pytest-xdist 3.8 writes the group into ``item._nodeid``, which pytest 9 no
+longer reads: the marks are silently ignored, so the grouping is done here, by file.
+"""
+
+from __future__ import annotations
+
+import pytest
+from xdist.scheduler import LoadFileScheduling
+
+SHARED_WORKER = {  # modules of tests/integration
+    # test_bench pgreps for any bench server or all-reduce rank; check's all_sum and the
+    # selftest run the all-reduce, bench_local the servers and the ranks
+    "bench": ("test_bench.py", "test_bench_local.py", "test_check.py", "test_selftest.py"),
+    # test_jobs_mpi pgreps for any orted or mpirun; these run mpi jobs too
+    "mpi": ("test_jobs_mpi.py", "test_blas_ranks.py", "test_mac_nodes.py"),
+}
+_GROUP_OF = {f"tests/integration/{module}": group
+             for group, modules in SHARED_WORKER.items() for module in modules}
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit a worker runs whole: the test's file (its path from the repository's
+    root, as in the node id), or the group its file is in."""
+    path = nodeid.split("::", 1)[0]
+    return _GROUP_OF.get(path, path)
+
+
+class FileOrGroupScheduling(LoadFileScheduling):
+    """xdist's ``loadfile`` with the files of :data:`SHARED_WORKER` grouped."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") == "loadfile":
+        return FileOrGroupScheduling(config, log)
+    return None
