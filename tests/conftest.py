@@ -12,7 +12,6 @@ longer reads: the marks are silently ignored, so the grouping is done here, by f
 from __future__ import annotations
 
 import pytest
-from xdist.scheduler import LoadFileScheduling
 
 SHARED_WORKER = {  # modules of tests/integration
     # test_bench pgreps for any bench server or all-reduce rank; check's all_sum and the
@@ -32,15 +31,17 @@ def scope_of(nodeid: str) -> str:
     return _GROUP_OF.get(path, path)
 
 
-class FileOrGroupScheduling(LoadFileScheduling):
-    """xdist's ``loadfile`` with the files of :data:`SHARED_WORKER` grouped."""
-
-    def _split_scope(self, nodeid: str) -> str:
-        return scope_of(nodeid)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    if config.getvalue("dist") == "loadfile":
-        return FileOrGroupScheduling(config, log)
-    return None
+    if config.getvalue("dist") != "loadfile":
+        return None
+    # imported here: a run without workers never loads xdist's scheduling code
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileOrGroupScheduling(LoadFileScheduling):
+        """xdist's ``loadfile`` with the files of :data:`SHARED_WORKER` grouped."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return FileOrGroupScheduling(config, log)
