@@ -40,11 +40,14 @@ from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED
 from mlxops.transport import Connector, GroupError, HostUnreachable
 
 OnStatus = Callable[[JobStatus], None]
-STRAY_RETRY = 30.0
+STRAY_RETRY = 30.0  # seconds between attempts to reach a host the job left behind
+#: Seconds beyond the stop's grace that the watchdog waits for the ranks of a job stopped
+#: elsewhere to be gone (SIGKILL and the check that they went, on a slow node).
+STOP_SETTLE = 10.0
 #: Seconds the watchdog waits to hear the rank that died first when it has heard only of
 #: ranks that lost their peer (they exit as fast as it does; another host's channel may be
 #: a moment behind).
-PEER_GRACE = 1.0  # seconds between attempts to reach a host the job left behind
+PEER_GRACE = 1.0
 OnEvent = Callable[[str], None]
 
 
@@ -96,6 +99,18 @@ def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
 
     new.stray = update(new.name, add_strays).stray
     return new
+
+
+def _once_stopped(name: str, connector: Connector, hosts: dict | None) -> JobStatus:
+    """The job's status once a stop recorded elsewhere (``mlxops stop``) has stopped its
+    ranks: the stop records the job as stopped before it signals them, so a status read at
+    once may still see them running. Waits up to the stop's grace + :data:`STOP_SETTLE`."""
+    deadline = time.monotonic() + load_record(name).stop_grace + STOP_SETTLE
+    while True:
+        status = job_status(load_record(name), connector, hosts=hosts)
+        if status.state not in (RUNNING, STALLED) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.25)
 
 
 def _end(name: str, state: str, message: str) -> None:
@@ -173,7 +188,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 return status  # stopped on purpose (here or by `mlxops stop` elsewhere)
             if load_record(record.name).state == STOPPED:
                 # Stopped meanwhile: say how it ends, not what the channels said before.
-                return job_status(load_record(record.name), connector, hosts=hosts)
+                return _once_stopped(record.name, connector, hosts)
             if probed and probes is not None and not (probes.last.hung
                                                       or probes.last.unreached):
                 # A server that stopped answering has usually died: its rank's exit code, a

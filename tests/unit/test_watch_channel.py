@@ -417,3 +417,26 @@ def test_a_peer_lost_failure_alone_waits_a_moment_for_the_rank_that_died_first(m
     assert watch._awaiting_cause(secondary, since)
     clock[0] += watch.PEER_GRACE
     assert not watch._awaiting_cause(secondary, since)      # never heard: decide anyway
+
+
+def test_a_stop_recorded_elsewhere_is_reported_once_its_ranks_are_gone(monkeypatch):
+    """`mlxops stop` records the job as stopped before it signals the ranks: the watchdog
+    that notices the record reports how the job ends, not the ranks still running then."""
+    from types import SimpleNamespace
+
+    from mlxops.jobs import watch
+    from mlxops.jobs.status import JobStatus, RankStatus
+
+    running = JobStatus("j", "running", [RankStatus(0, "n1", "running")])
+    stopped = JobStatus("j", "stopped", [RankStatus(0, "n1", "stopped")])
+    answers = [running, running, stopped]
+    clock = [100.0]
+    monkeypatch.setattr(watch, "load_record", lambda name: SimpleNamespace(stop_grace=5.0))
+    monkeypatch.setattr(watch, "job_status", lambda record, connector, hosts: answers.pop(0))
+    monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(watch.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    assert watch._once_stopped("j", None, None) is stopped and answers == []
+    # Ranks that outlive the stop's grace and the settling time: said as they are.
+    answers[:] = [running] * 1000
+    assert watch._once_stopped("j", None, None) is running
+    assert clock[0] >= 100.5 + 5.0 + watch.STOP_SETTLE
