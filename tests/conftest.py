@@ -11,7 +11,19 @@ longer reads: the marks are silently ignored, so the grouping is done here, by f
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+
+
+def pytest_configure(config):
+    # Tests press Ctrl-C on what they start (SIGINT to a CLI, a dashboard, a selftest). A
+    # suite started in the background by a shell without job control (`make test &`, a CI
+    # runner's nohup) ignores SIGINT, and an ignored signal stays ignored through fork and
+    # exec: every process the tests start, the sandbox's sshds and all they run would
+    # ignore that Ctrl-C. Python's own handler here gives them the default again.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED_WORKER = {  # modules of tests/integration
     # test_bench pgreps for any bench server or all-reduce rank; check's all_sum and the

@@ -15,6 +15,7 @@ not with this module, which every ``mlxops check`` imports before its first conn
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 from mlxops.checks.state import NodeState, inspect
@@ -138,3 +139,31 @@ class Cluster:
         self.all_sum = (f"{wrong} of {ranks} ranks x {ALL_SUM_BYTES // 4} values wrong"
                         if wrong else "")
         self.all_sum_ranks = ranks
+
+
+class Reading:
+    """``cluster.read_hosts()`` under way in a thread of its own from now on; :meth:`wait`
+    until it is done (its exception, if it raised one, raised there).
+
+    ``mlxops check`` starts it before it imports pytest (:mod:`mlxops.checks.run`), so
+    that the hosts' answers and pytest's start-up overlap.
+    """
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._read, name="check-read-hosts",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            self.cluster.read_hosts()
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait(), in the session
+            self._error = exc
+
+    def wait(self) -> Cluster:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self.cluster

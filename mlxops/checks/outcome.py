@@ -9,6 +9,8 @@ message. A host mlxops could not reach makes every check of it an error, not a f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mlxops.transport.results import FAILED, SKIPPED, UNREACHABLE
 
 # The outcomes of one check on one host (``--json``, the table): pytest's two words of its
@@ -33,3 +35,16 @@ class Unreachable(Exception):
     def __init__(self, host: str, reason: str):
         self.host, self.reason = host, reason
         super().__init__(f"{host}: unreachable: {reason}")
+
+
+@dataclass
+class CheckResult:
+    """One test's outcome: ``check`` (its function's name) on ``host`` (None: not per
+    host), and its one-line message when it did not pass."""
+
+    check: str
+    host: str | None
+    outcome: str
+    message: str = ""
+    module: str = ""
+    line: int = 0

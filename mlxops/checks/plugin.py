@@ -25,19 +25,19 @@ for the table, ``--json`` and the exit code.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pytest
 
 from mlxops.checks import backend, fixtures
-from mlxops.checks.cluster import Cluster
+from mlxops.checks.cluster import Cluster, Reading
 from mlxops.checks.outcome import (
     ERROR,
     FAILED,
     PASSED,
     SKIPPED,
     UNREACHABLE,
+    CheckResult,
     NotReady,
     Unreachable,
 )
@@ -73,19 +73,6 @@ def untrusted_ok(check: F) -> F:
     return check
 
 
-@dataclass
-class CheckResult:
-    """One test's outcome: ``check`` (its function's name) on ``host`` (None: not per
-    host), and its one-line message when it did not pass."""
-
-    check: str
-    host: str | None
-    outcome: str
-    message: str = ""
-    module: str = ""
-    line: int = 0
-
-
 def host_name(item: pytest.Item) -> str | None:
     """The inventory host a test is parametrised with, if any."""
     callspec = getattr(item, "callspec", None)
@@ -113,11 +100,15 @@ class MlxopsPlugin:
     reading propagates; ``mlxops check`` keeps it in :attr:`error` and raises it itself.
     """
 
-    def __init__(self, target: Target, *, standalone: bool = False):
+    def __init__(self, target: Target, *, standalone: bool = False,
+                 cluster: Cluster | None = None, reading: Reading | None = None):
         self.target = target
         self.standalone = standalone
-        self.connector: Connector | None = None
-        self._cluster: Cluster | None = None
+        # Given by `mlxops check` with the hosts' reading under way (checks/run.py); made
+        # at configure time otherwise (a user's own pytest run).
+        self.connector: Connector | None = cluster.connector if cluster else None
+        self._cluster: Cluster | None = cluster
+        self._reading = reading
         self.hosts_read = False
         self.results: dict[str, CheckResult] = {}     # by test id, in the order run
         self.error: BaseException | None = None       # a bug met on the way
@@ -138,15 +129,21 @@ class MlxopsPlugin:
                                     f"hosts use the {backend.NAME!r} backend")
         config.option.connection = backend.NAME
         config.option.hosts = ",".join(self.target.names)
-        self.connector = Connector(self.target.options)
+        if self._cluster is None:
+            self.connector = Connector(self.target.options)
+            self._cluster = Cluster(self.target, self.connector)
         backend.bind(self.target.inventory.hosts, self.connector)
-        self._cluster = Cluster(self.target, self.connector)
         config.stash[fixtures.PLUGIN] = self
         if not config.pluginmanager.is_registered(fixtures):
             config.pluginmanager.register(fixtures, fixtures.__name__)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         backend.unbind()
+        if self._reading is not None:
+            try:
+                self._reading.wait()  # not read from (collection failed): done before closing
+            except Exception:  # noqa: BLE001 - nothing used its states; the session's own error
+                pass
         if self.connector is not None:
             self.connector.close()
 
@@ -183,7 +180,10 @@ class MlxopsPlugin:
     def read_hosts(self) -> Cluster:
         if not self.hosts_read:
             self.hosts_read = True
-            self._cluster.read_hosts()
+            if self._reading is not None:
+                self._reading.wait()
+            else:
+                self._cluster.read_hosts()
         return self._cluster
 
     def _applies(self, item: pytest.Item) -> bool:

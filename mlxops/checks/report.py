@@ -15,8 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mlxops import console
-from mlxops.checks.outcome import ERROR, FAILED, OUTCOMES, PASSED, SKIPPED, UNREACHABLE
-from mlxops.checks.plugin import CheckResult
+from mlxops.checks.outcome import ERROR, FAILED, OUTCOMES, PASSED, SKIPPED, UNREACHABLE, CheckResult
 from mlxops.checks.run import Report
 
 CELL = {PASSED: ("ok", "green"), FAILED: ("FAIL", "bold red"), SKIPPED: ("skip", "cyan"),

@@ -13,6 +13,12 @@ as pytest reads it while the session configures): whatever else the environment 
 installed (xdist with execnet, anyio starting asyncio, ...) would add to every ``mlxops
 check``'s start-up (pytest-xdist alone: ~30 ms of CPU on the 2-core test machine) for no
 check.
+
+Every host is read (:meth:`~mlxops.checks.cluster.Cluster.read_hosts`: facts, files, the
+node helpers' answer) from a thread started before pytest is imported: the SSH handshakes
+and the nodes' answers, which take the longest, go on while this process spends ~0.2 s of
+CPU importing pytest and collecting the checks, and the plugin picks the states up where
+it would have read them (:class:`~mlxops.checks.cluster.Reading`).
 """
 
 from __future__ import annotations
@@ -25,12 +31,11 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import pytest
-
-from mlxops.checks.outcome import ERROR, FAILED, UNREACHABLE
-from mlxops.checks.plugin import CheckResult, MlxopsPlugin
+from mlxops.checks.cluster import Cluster, Reading
+from mlxops.checks.outcome import ERROR, FAILED, UNREACHABLE, CheckResult
 from mlxops.checks.target import Target
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MlxopsError, UserError
+from mlxops.transport import Connector
 
 CHECKS_DIR = Path(__file__).resolve().parent
 #: The shipped check modules, in the order the table lists them.
@@ -114,8 +119,15 @@ def order(results: Sequence[CheckResult], hosts: Sequence[str]) -> list[CheckRes
 
 def run_once(target: Target, check_dirs: Sequence[str | Path] = (),
              junitxml: str | None = None) -> Report:
-    plugin = MlxopsPlugin(target)
     start = time.monotonic()
+    connector = Connector(target.options)
+    cluster = Cluster(target, connector)
+    reading = Reading(cluster)  # under way while pytest imports (module docstring)
+    import pytest
+
+    from mlxops.checks.plugin import MlxopsPlugin
+
+    plugin = MlxopsPlugin(target, cluster=cluster, reading=reading)
     with no_plugin_autoload():
         code = pytest.main(pytest_args(check_dirs, junitxml), plugins=[plugin])
     if plugin.error is not None:

@@ -354,4 +354,8 @@ def test_a_node_asleep_under_the_server_is_noticed_and_restarted_when_it_wakes(
     assert restart.reason.startswith((
         "the server on node2 could not be probed: node2 not answering",
         "the server on node2 did not answer a one-token completion in 2s")), restart
-    assert noticed <= 2 + 2, (noticed, watchdog.events)
+    # Noticed by the probe, not by the unreachable rule it used to wait for (the connect
+    # timeout, then 30 s, then stall_timeout): within probe_timeout + 2 s on a quiet
+    # machine (the figure printed above), a second or two more on a loaded one. The
+    # figure is the benchmark's to quote; the test holds the order of events.
+    assert noticed < 30, (noticed, watchdog.events)

@@ -314,3 +314,27 @@ def _keygen(tmp_path: Path) -> str:
     subprocess.run([shutil.which("ssh-keygen") or "ssh-keygen", "-q", "-t", "ed25519",
                     "-N", "", "-f", str(path)], check=True)
     return str(path)
+
+
+def test_the_hosts_reading_runs_beside_the_caller_and_hands_over_its_error():
+    """``Reading`` (started by ``mlxops check`` before it imports pytest): the caller goes
+    on while the hosts are read; ``wait`` gives the cluster, or raises what reading raised."""
+    from mlxops.checks.cluster import Reading
+
+    release = threading.Event()
+
+    class Slow:
+        def read_hosts(self):
+            assert release.wait(10)  # the caller is not held up meanwhile
+
+    cluster = Slow()
+    reading = Reading(cluster)  # type: ignore[arg-type]
+    release.set()
+    assert reading.wait() is cluster
+
+    class Broken:
+        def read_hosts(self):
+            raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        Reading(Broken()).wait()  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from mlxops import console
 from mlxops.checks import report
-from mlxops.checks.plugin import CheckResult
+from mlxops.checks.outcome import CheckResult
 from mlxops.checks.run import Report, order
 
 HOSTS = ["studio1", "studio2", "mini-rack-07", "macbook-pro", "studio3", "studio4",
