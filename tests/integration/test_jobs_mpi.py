@@ -78,6 +78,16 @@ def job_node_pids(sandbox) -> set[int]:
             for pid in netns_pids(sandbox.node_layout(node).netns)}
 
 
+def in_job_nodes(sandbox, pid: int) -> bool:
+    """``pid`` is in one of the job's nodes' network namespaces (its ``ns/net`` inode)."""
+    try:
+        inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return False  # gone
+    return any(os.stat(f"/run/netns/{sandbox.node_layout(node).netns}").st_ino == inode
+               for node in HOSTS.split(","))
+
+
 def leftovers(sandbox, name: str) -> list[str]:
     """Live processes of the job on any of its nodes, and any MPI daemon there (a zombie
     its parent has not reaped yet runs nothing)."""
@@ -87,7 +97,10 @@ def leftovers(sandbox, name: str) -> list[str]:
         found += [line for line in out.splitlines()
                   if "pgrep" not in line and not _zombie(line.split()[0])]
     ours = job_node_pids(sandbox) if found else set()
-    return [line for line in found if int(line.split()[0]) in ours]
+    # `ip netns pids` and the inode of each pid's namespace: either says it is the job's
+    # (one full scan of /proc against one stat per pid, in case the scan misses one)
+    return [line for line in found
+            if int(line.split()[0]) in ours or in_job_nodes(sandbox, int(line.split()[0]))]
 
 
 def no_leftovers(sandbox, name: str, within: float = 5.0) -> list[str]:
@@ -152,7 +165,9 @@ def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.3)
     running = leftovers(sandbox, "m-stop")  # seen while it runs: ranks, orted, mpirun
-    assert any("orted" in p for p in running) and any("mpirun" in p for p in running), running
+    assert any("orted" in p for p in running) and any("mpirun" in p for p in running), (
+        running, subprocess.run(["pgrep", "-a", "orted|mpirun|rank-"], capture_output=True,
+                                text=True).stdout)
     results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
     assert no_leftovers(sandbox, "m-stop", within=1.0) == []
