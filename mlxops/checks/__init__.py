@@ -12,10 +12,11 @@ Modules: ``target`` (what is checked, before any connection), ``state`` (one hos
 once), ``cluster`` (every host, in parallel; the reach test), ``backend`` (testinfra over
 mlxops's connections), ``plugin`` (hooks, outcomes), ``fixtures`` (``node``, ``cluster``),
 ``pytest_plugin`` (``--mlxops-inventory``), ``run`` (``pytest.main``, ``--wait``),
-``report`` (table, ``--json``), ``outcome`` (how a check fails).
+``report`` (table, ``--json``), ``outcome`` (how a check fails), ``marks`` (where a check
+applies: ``when``, ``untrusted_ok``).
 """
 
+from mlxops.checks.marks import untrusted_ok, when
 from mlxops.checks.outcome import NotReady, Unreachable
-from mlxops.checks.plugin import untrusted_ok, when
 
 __all__ = ["NotReady", "Unreachable", "untrusted_ok", "when"]

@@ -24,13 +24,13 @@ for the table, ``--json`` and the exit code.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from mlxops.checks import backend, fixtures
 from mlxops.checks.cluster import Cluster, Reading
+from mlxops.checks.marks import UNTRUSTED_OK, WHEN
 from mlxops.checks.outcome import (
     ERROR,
     FAILED,
@@ -41,38 +41,16 @@ from mlxops.checks.outcome import (
     NotReady,
     Unreachable,
 )
-from mlxops.checks.state import UNTRUSTED, NodeState
+from mlxops.checks.state import UNTRUSTED
 from mlxops.checks.target import Target
 from mlxops.errors import InternalError
 from mlxops.transport import Connector, HostUnreachable
 from mlxops.transport.results import OK
 
-#: Attributes :func:`when` and :func:`untrusted_ok` set on a check function.
-WHEN, UNTRUSTED_OK = "mlxops_when", "mlxops_untrusted_ok"
 #: testinfra's parametrised argument behind its ``host`` fixture.
 HOST_PARAM = "_testinfra_host"
 #: Fixtures that need the hosts' states read first.
 STATE_FIXTURES = frozenset({"node", "cluster", "ring_reach", "all_sum"})
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def when(predicate: Callable[[Cluster, NodeState], bool]) -> Callable[[F], F]:
-    """Where a check applies: ``predicate(cluster, node)``, asked with the states read.
-    A host that was not read has no facts (``node.system`` is what provision last cached):
-    where the predicate cannot tell, the check should apply, and error as the host does."""
-    def mark(check: F) -> F:
-        setattr(check, WHEN, predicate)
-        return check
-
-    return mark
-
-
-def untrusted_ok(check: F) -> F:
-    """Marks a check that runs on a host whose key is not trusted (the one that says so)."""
-    setattr(check, UNTRUSTED_OK, True)
-    return check
-
-
 def host_name(item: pytest.Item) -> str | None:
     """The inventory host a test is parametrised with, if any."""
     callspec = getattr(item, "callspec", None)
