@@ -9,8 +9,9 @@ its first connection (tests/unit/test_startup.py, benchmarks/startup.py).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mlxops.node.lazy import lazy_names
 
 #: Each name of the package -> the module under mlxops.transport that defines it.
 _HOMES = {
@@ -48,13 +49,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # asked once
-    return value
+__getattr__ = lazy_names(__name__, _HOMES, globals())
 
 
 if TYPE_CHECKING:

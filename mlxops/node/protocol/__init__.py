@@ -29,9 +29,9 @@ This module re-exports the names of the first five, so callers write ``protocol.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mlxops.node.lazy import lazy_names
 from mlxops.node.protocol.decode import (
     ProtocolError,
     Record,
@@ -129,13 +129,7 @@ _LAZY = {
 _HOMES = {name: module for module, names in _LAZY.items() for name in names}
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # asked once
-    return value
+__getattr__ = lazy_names(__name__, _HOMES, globals())
 
 
 if TYPE_CHECKING:
