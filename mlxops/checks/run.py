@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from mlxops.checks.cluster import Cluster, Reading
@@ -69,6 +68,8 @@ class Report:
 
 def testinfra_entry_point() -> str:
     """The name pytest knows testinfra's plugin by (its ``pytest11`` entry point)."""
+    from importlib import metadata  # ~15 ms: once the hosts' reading is under way
+
     for ep in metadata.entry_points(group="pytest11"):
         if ep.value.split(":")[0] == "testinfra.plugin":
             return ep.name

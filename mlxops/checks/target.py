@@ -12,11 +12,10 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxops import render
 from mlxops.errors import UserError, bad_input
-from mlxops.finetune.plan import ModelError, ModelShape, read_model
 from mlxops.ignore import Ignore
 from mlxops.inventory import Host, Inventory, load_inventory
 from mlxops.inventory.backend import hosts_backend
@@ -31,6 +30,9 @@ from mlxops.playbook import load_playbook
 from mlxops.sync import bundle
 from mlxops.tasks.hostfiles import render_all
 from mlxops.transport import ConnectOptions
+
+if TYPE_CHECKING:
+    from mlxops.finetune.plan import ModelShape
 
 GB = 1024**3
 
@@ -132,6 +134,9 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
             hosts = planned
         backend, base_port = job.backend, job.base_port
         if job.finetune is not None:
+            # here, not at the top: only a fine-tuning job reads a model's files
+            from mlxops.finetune.plan import ModelError, read_model
+
             try:
                 finetune_model = read_model(job.finetune.model.path)
             except ModelError as exc:

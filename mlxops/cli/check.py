@@ -55,7 +55,6 @@ def command(inventory, limit, job_path, junitxml, wait, forks, as_json, connect,
     """
     # Here, not at the top: pytest and testinfra load only when checks run, not with
     # every mlxops command.
-    from mlxops.checks.report import print_report, to_json
     from mlxops.checks.run import run_checks
     from mlxops.checks.target import load_target
 
@@ -71,6 +70,8 @@ def command(inventory, limit, job_path, junitxml, wait, forks, as_json, connect,
                           f"{pause:.0f} s", style="yellow")
 
     report = run_checks(target, check_dirs, junitxml=junitxml, wait=wait, on_retry=on_retry)
+    from mlxops.checks.report import print_report, to_json  # rich's table: when printed
+
     if as_json:
         console.print_json(to_json(report))
     else:
