@@ -23,8 +23,9 @@ from pathlib import Path
 from mlxops import shell
 from mlxops.bench.results import AllreduceRow, allreduce_rows
 from mlxops.errors import MlxopsError, UserError
+from mlxops.jobs.jobdirs import job_dir
 from mlxops.jobs.launch import launch
-from mlxops.jobs.record import JobRecord, inventory_hosts, job_dir, load_record
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import remove_run_dirs, stop_job

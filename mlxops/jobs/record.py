@@ -34,7 +34,7 @@ from mlxops.finetune import config as finetune_config
 from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory import load_inventory
 from mlxops.jobs.data import DataSpec
-from mlxops.jobs.jobdirs import job_dir, list_jobs, record_path  # noqa: F401 - their old home
+from mlxops.jobs.jobdirs import job_dir, list_jobs, record_path
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.servespec import ServeSpec
 from mlxops.jobs.spec import JobSpec, RestartPolicy

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from mlxops.jobs.record import job_dir
+from mlxops.jobs.jobdirs import job_dir
 
 METRICS, SAMPLES, STATE, LOCK = "metrics.jsonl", "samples.jsonl", "mirror.json", "mirror.lock"
 

@@ -31,7 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from mlxops import events
 from mlxops.errors import MlxopsError
-from mlxops.jobs.record import list_jobs
+from mlxops.jobs.jobdirs import list_jobs
 from mlxops.monitor import bench
 from mlxops.node.protocol.vocab import JOB_STATES, RANK_STATES
 

@@ -34,7 +34,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from mlxops.errors import MlxopsError
-from mlxops.jobs.record import list_jobs, load_record
+from mlxops.jobs.jobdirs import list_jobs
+from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import NAME
 from mlxops.monitor import bench, files, prom
 from mlxops.monitor.data import MirrorReader, document
