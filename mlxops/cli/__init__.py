@@ -4,9 +4,9 @@ Each command group lives in its own module here and exposes one click object nam
 ``command`` (or a list, ``commands``); :data:`COMMANDS` maps every command's name to its
 module, and a module is imported only when one of its commands runs (click's documented
 lazy group), so a command pays only for what it uses. ``mlxops --help`` imports none:
-it lists each command with its one-line summary from :data:`SUMMARIES` (a unit test holds
+it lists each command with its one-line summary from :data:`COMMANDS` (a unit test holds
 each equal to the command's own first sentence). To add a command: its module here, one
-line in :data:`COMMANDS`, its summary in :data:`SUMMARIES`, a section in docs/cli.md.
+line in :data:`COMMANDS` (module and summary), a section in docs/cli.md.
 
 User errors (:class:`MlxopsError`) become one line on stderr and their exit code
 (docs/cli.md, "Exit codes"), never a traceback. Any other exception is a bug: ``mlxops:
@@ -21,6 +21,7 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Iterator, MutableMapping
+from typing import NamedTuple
 
 import click
 
@@ -35,75 +36,69 @@ from mlxops.errors import (
     describe,
 )
 
-#: Every command's name -> the module under mlxops.cli that defines it (as ``command`` or
-#: in ``commands``). Imported only when the command runs: keep one line per command.
-COMMANDS: dict[str, str] = {
-    "run": "run",
-    "trust": "trust",
-    "sandbox": "sandbox",
-    "hostfile": "hostfile",
-    "provision": "provision",
-    "launch": "jobs",
-    "resume": "jobs",
-    "watch": "jobs",
-    "status": "jobs",
-    "logs": "jobs",
-    "stop": "jobs",
-    "fetch": "fetch",
-    "plan": "plan",
-    "check": "check",
-    "bench": "bench",
-    "monitor": "monitor",
-    "dashboard": "monitor",
-    "report": "monitor",
-    "events": "events",
-    "selftest": "selftest",
-    "data": "data",
-    "serve": "serve",
-    "export": "serve",
-}
+
+class Entry(NamedTuple):
+    """A command's line in :data:`COMMANDS`."""
+
+    module: str   # under mlxops.cli: defines it (as ``command`` or in ``commands``)
+    summary: str  # its line in ``mlxops --help``: the first sentence of its own help
 
 
-#: Every command's one-line summary in ``mlxops --help``: the first sentence of its help,
-#: as click would take it from the command (tests/unit/test_cli_summaries.py holds them
-#: equal), so that listing the commands imports none of their modules.
-SUMMARIES: dict[str, str] = {
-    "run": "Run COMMAND on every selected host, in parallel, and show each host's output.",
-    "trust": ("Show each host's SSH host-key fingerprint, and its jump hosts', and record the "
-              "new ones in known_hosts."),
-    "sandbox": "Fake Mac nodes on Linux (network namespaces + sshd); needs root.",
-    "hostfile": "Render the hostfile of the selected hosts for BACKEND (one entry per rank).",
-    "provision": "Make every selected Mac ready to train: facts, env, Python+MLX, hostfiles, code.",
-    "launch": "Start JOB on its hosts and follow it (Ctrl-C detaches, never kills).",
-    "resume": "Relaunch job NAME from the newest checkpoint that every node has.",
-    "watch": "Follow job NAME and supervise it: restart on a dead or stalled rank.",
-    "status": "Where job NAME is: per rank host, pid, state, step, loss, tokens/s, heartbeat.",
-    "logs": "The ranks' output, merged, each line prefixed with host and rank.",
-    "stop": "Stop every rank of job NAME and verify nothing of it runs (safe to repeat).",
-    "fetch": ("Bring fine-tuning job NAME's adapters (or full weights) to this machine, in "
-              "mlx-lm's layout: mlx_lm.generate --adapter-path DIR takes them as they are."),
-    "plan": ("Per node: parameters, gradients, optimizer state and activations of one rank, "
-             "and the micro-batch, accumulation and checkpointing that fit its memory."),
-    "check": "Check that every selected host is ready to train, and print a host x check table.",
-    "bench": ("Measure every link (latency, bandwidth), a real all-reduce, and find the ring "
-              "order whose slowest link is fastest."),
-    "monitor": ("Live terminal view of job NAME: per rank state, step, loss, tokens/s, memory, "
-                "heartbeat; cluster totals, restarts and alerts."),
-    "dashboard": ("Serve a local web page of every job: state, loss and tokens/s curves "
-                  "updating live, compute/all-reduce split, memory, restarts, per-node "
-                  "health, the last bench."),
-    "report": ("One self-contained HTML file of job NAME (opens offline): loss and tokens/s "
-               "curves, tokens/s per rank, restarts, config, plan and bench figures."),
-    "events": ("The timeline of job NAME: launch, each restart and its reason, stops, "
-               "resumes, alerts and the notifications sent, oldest first."),
-    "selftest": ("Run on your own nodes what mlxops' tests run: trust status, provision, "
-                 "check, a short bench, a job with one rank killed (kill -9) and recovered by "
-                 "the watchdog, stop."),
-    "data": "Corpora for the bundled trainer: token shards and their manifest.",
-    "serve": "Forward a local port to serve job NAME's server and print its base URL.",
-    "export": ("Write job RUN's bundled-trainer checkpoint in mlx-lm's layout (config.json, "
-               "safetensors, a byte-level tokenizer.json): mlx_lm.load, generate and server "
-               "read it."),
+#: Every command: its module, imported only when the command runs, and its one-line
+#: summary, which ``mlxops --help`` lists without importing the module (as click would
+#: take it from the command: tests/unit/test_cli_summaries.py holds them equal). One line
+#: per command.
+COMMANDS: dict[str, Entry] = {
+    "run": Entry("run", ("Run COMMAND on every selected host, in parallel, and show each host's "
+                         "output.")),
+    "trust": Entry("trust", ("Show each host's SSH host-key fingerprint, and its jump hosts', and "
+                             "record the new ones in known_hosts.")),
+    "sandbox": Entry("sandbox", ("Fake Mac nodes on Linux (network namespaces + sshd); needs "
+                                 "root.")),
+    "hostfile": Entry("hostfile", ("Render the hostfile of the selected hosts for BACKEND (one "
+                                   "entry per rank).")),
+    "provision": Entry("provision", ("Make every selected Mac ready to train: facts, env, "
+                                     "Python+MLX, hostfiles, code.")),
+    "launch": Entry("jobs", ("Start JOB on its hosts and follow it (Ctrl-C detaches, never "
+                             "kills).")),
+    "resume": Entry("jobs", "Relaunch job NAME from the newest checkpoint that every node has."),
+    "watch": Entry("jobs", "Follow job NAME and supervise it: restart on a dead or stalled rank."),
+    "status": Entry("jobs", ("Where job NAME is: per rank host, pid, state, step, loss, tokens/s, "
+                             "heartbeat.")),
+    "logs": Entry("jobs", "The ranks' output, merged, each line prefixed with host and rank."),
+    "stop": Entry("jobs", ("Stop every rank of job NAME and verify nothing of it runs (safe to "
+                           "repeat).")),
+    "fetch": Entry("fetch", ("Bring fine-tuning job NAME's adapters (or full weights) to this "
+                             "machine, in mlx-lm's layout: mlx_lm.generate --adapter-path DIR "
+                             "takes them as they are.")),
+    "plan": Entry("plan", ("Per node: parameters, gradients, optimizer state and activations of "
+                           "one rank, and the micro-batch, accumulation and checkpointing that "
+                           "fit its memory.")),
+    "check": Entry("check", ("Check that every selected host is ready to train, and print a host "
+                             "x check table.")),
+    "bench": Entry("bench", ("Measure every link (latency, bandwidth), a real all-reduce, and "
+                             "find the ring order whose slowest link is fastest.")),
+    "monitor": Entry("monitor", ("Live terminal view of job NAME: per rank state, step, loss, "
+                                 "tokens/s, memory, heartbeat; cluster totals, restarts and "
+                                 "alerts.")),
+    "dashboard": Entry("monitor", ("Serve a local web page of every job: state, loss and tokens/s "
+                                   "curves updating live, compute/all-reduce split, memory, "
+                                   "restarts, per-node health, the last bench.")),
+    "report": Entry("monitor", ("One self-contained HTML file of job NAME (opens offline): loss "
+                                "and tokens/s curves, tokens/s per rank, restarts, config, plan "
+                                "and bench figures.")),
+    "events": Entry("events", ("The timeline of job NAME: launch, each restart and its reason, "
+                               "stops, resumes, alerts and the notifications sent, oldest "
+                               "first.")),
+    "selftest": Entry("selftest", ("Run on your own nodes what mlxops' tests run: trust status, "
+                                   "provision, check, a short bench, a job with one rank killed "
+                                   "(kill -9) and recovered by the watchdog, stop.")),
+    "data": Entry("data", "Corpora for the bundled trainer: token shards and their manifest."),
+    "serve": Entry("serve", ("Forward a local port to serve job NAME's server and print its base "
+                             "URL.")),
+    "export": Entry("serve", ("Write job RUN's bundled-trainer checkpoint in mlx-lm's layout "
+                              "(config.json, safetensors, a byte-level tokenizer.json): "
+                              "mlx_lm.load, generate and server read it.")),
 }
 
 
@@ -117,11 +112,11 @@ def short_help(summary: str, limit: int) -> str:
 
 def load_command(name: str) -> click.Command:
     """Command ``name`` (a key of :data:`COMMANDS`), its module imported now."""
-    module = importlib.import_module(f"mlxops.cli.{COMMANDS[name]}")
+    module = importlib.import_module(f"mlxops.cli.{COMMANDS[name].module}")
     for command in getattr(module, "commands", None) or [module.command]:
         if command.name == name:
             return command
-    raise LookupError(f"mlxops.cli.{COMMANDS[name]} defines no command {name!r}")
+    raise LookupError(f"mlxops.cli.{COMMANDS[name].module} defines no command {name!r}")
 
 
 class CommandTable(MutableMapping[str, click.Command]):
@@ -156,11 +151,11 @@ class CommandTable(MutableMapping[str, click.Command]):
 
     def summary(self, name: str, limit: int) -> str | None:
         """Command ``name``'s line in the group's ``--help``, cut to ``limit``; None for a
-        hidden command. From :data:`SUMMARIES` while its module is not imported."""
+        hidden command. From :data:`COMMANDS` while its module is not imported."""
         if name in self._loaded:
             command = self._loaded[name]
             return None if command.hidden else command.get_short_help_str(limit)
-        return short_help(SUMMARIES[name], limit)
+        return short_help(COMMANDS[name].summary, limit)
 
 
 class _Main(click.Group):
