@@ -12,13 +12,22 @@ PY := $(VENV)/bin/python
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
 	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools prometheus
 
-.PHONY: demo test test-unit test-quick lint venv system-deps clean
+.PHONY: demo test test-unit test-quick lint venv venv-test system-deps clean
 
-venv: $(VENV)/.installed
+# Two stamps, so `make demo` installs the package alone (its dependencies: mlx, numpy,
+# fabric, click...) and `make test` adds the test extras on top (ansible-core, datasets,
+# pyarrow, mlx-lm, openai...), which were most of a fresh clone's `make demo` time
+# (benchmarks/README.md, "make demo in a fresh clone").
+venv: $(VENV)/.package
+venv-test: $(VENV)/.test-extras
 
-$(VENV)/.installed: pyproject.toml setup.py
-	$(PYTHON) -m venv $(VENV)
+$(VENV)/.package: pyproject.toml setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test-extras: $(VENV)/.package
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
@@ -49,21 +58,21 @@ PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
 REST_WORKERS ?= 2
 REST := -n $(REST_WORKERS) --dist loadfile --durations=30
 
-test: venv system-deps
+test: venv-test system-deps
 	@$(PY) -m pytest -q -ra tests/unit $(PARALLEL); unit=$$?; \
 	$(PY) -m pytest -q -ra --ignore=tests/unit $(REST); rest=$$?; \
 	if [ $$unit != 0 ]; then exit $$unit; fi; exit $$rest
 
-test-unit: venv
+test-unit: venv-test
 	$(PY) -m pytest -q tests/unit -m "not tools" $(PARALLEL)
 
 # A developer's quick subset: no sandbox, no slow scenario, no package index or linter.
-test-quick: venv
+test-quick: venv-test
 	@$(PY) -m pytest -q tests/unit -m "not slow and not tools" $(PARALLEL); unit=$$?; \
 	$(PY) -m pytest -q --ignore=tests/unit -m "not integration and not slow and not tools"; \
 	rest=$$?; if [ $$unit != 0 ]; then exit $$unit; fi; exit $$rest
 
-lint: venv
+lint: venv-test
 	$(VENV)/bin/ruff check .
 
 clean:
