@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from mlxops.devtools.local_ranks import run_ranks
+from mlxops.node import protocol
+from mlxops.node.protocol.metrics import read_line
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,10 +62,12 @@ def run_finetune(config: Path, *args: str, ranks: int = 1, env: dict | None = No
 
 def curve(out: Path) -> dict[int, tuple[float, float | None]]:
     """Step -> (training loss, validation loss or None), from metrics.jsonl."""
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in recs]
+    lines = (out / protocol.METRICS).read_text().splitlines()
+    recs = [read_line(line) for line in lines]  # the protocol's reader, as the monitor's
+    assert None not in recs, f"an unreadable metrics line: {lines[recs.index(None)]!r}"
+    steps = [r.step for r in recs]
     assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: (r["loss"], r["val_loss"]) for r in recs}
+    return {r.step: (r.loss, r.val_loss) for r in recs}
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

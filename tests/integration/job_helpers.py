@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -10,17 +9,24 @@ from pathlib import Path
 import yaml
 
 from mlxops.errors import UserError
+from mlxops.inventory import variables
 from mlxops.jobs.logs import fetch, prefixed
 from mlxops.jobs.record import JobRecord, load_record
 from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.mirror import Feeder
+from mlxops.node import protocol
 from mlxops.node.protocol import RUNNING, STALLED
+from mlxops.node.protocol.metrics import read_lines
 
 
 def run_dir(sandbox, node: str, name: str) -> Path:
-    """The job's run directory on a node, as this machine sees it."""
-    return Path(sandbox.node_home(node)) / ".mlxops" / "runs" / name
+    """The job's run directory on a node, as this machine sees it: ``runs/<name>`` under
+    the default ``mlxops_root`` (the sandbox inventory sets none), both spelt by the code
+    that places it (the inventory's variable, the node protocol's layout)."""
+    root = variables.default("mlxops_root")
+    assert root.startswith("~/"), root  # the node's home, as the sandbox mounts it
+    return Path(sandbox.node_home(node)) / root[2:] / protocol.run_path(name)
 
 
 def inventory_with_slots(sandbox, tmp_path: Path, slots: dict[str, int]) -> Path:
@@ -35,11 +41,8 @@ def inventory_with_slots(sandbox, tmp_path: Path, slots: dict[str, int]) -> Path
 
 def losses(sandbox, name: str) -> dict[int, float]:
     """step -> loss from rank 0's metrics (node1); a re-done step keeps its last value."""
-    out = {}
-    for line in (run_dir(sandbox, "node1", name) / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]
-    return out
+    text = (run_dir(sandbox, "node1", name) / protocol.METRICS).read_text()
+    return {rec.step: rec.loss for rec in read_lines(text)}
 
 
 def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from mlxops.devtools.local_ranks import run_ranks
+from mlxops.node import protocol
+from mlxops.node.protocol.metrics import MetricsLine, read_line
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +54,19 @@ def run_script(cmd: list[str], ranks: int = 1, env: dict | None = None,
                           cwd=ROOT, stdin=subprocess.DEVNULL)
 
 
-def losses(out: Path) -> dict[int, float]:
-    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in recs]
+def metrics(out: Path) -> list[MetricsLine]:
+    """Rank 0's ``metrics.jsonl`` under ``out``, read by the protocol's reader; every line
+    must be a record (a test's run has no torn line) and no step logged twice."""
+    lines = (out / protocol.METRICS).read_text().splitlines()
+    recs = [read_line(line) for line in lines]
+    assert None not in recs, f"an unreadable metrics line: {lines[recs.index(None)]!r}"
+    steps = [r.step for r in recs]
     assert len(steps) == len(set(steps)), "a step was logged twice"
-    return {r["step"]: r["loss"] for r in recs}
+    return recs
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {r.step: r.loss for r in metrics(out)}
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -114,7 +114,7 @@ def answers(tmp_path: Path, hosts: dict[str, Any], procs: Processes
         if host is None:
             unreachable[name] = "timed out"
             continue
-        run_dir = tmp_path / name / "runs" / "j"
+        run_dir = tmp_path / name / protocol.run_path("j")
         make_run_dir(run_dir, host, procs)
         got[name] = node_status(run_dir)
     return got, unreachable
