@@ -1,6 +1,6 @@
 """Ship the top-level templates/ and playbooks/ inside the wheel, as mlxops/_data/.
 
-The repository keeps them at the top of the checkout (README.md, "Layout"), where a person
+The repository keeps them at the top of the checkout (docs/architecture.md), where a person
 finds them; an installed mlxops finds them through mlxops.paths either way.
 """
 

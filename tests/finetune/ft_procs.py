@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: validation and a checkpoint every 4 steps, every step logged. At lr 1e-3 training is
 #: stable: another split of the batch (only another order of summation) stays within 3e-7
 #: of the loss over 12 steps; at 2e-3 the same 1-ulp start grew to 4e-3 by step 12
-#: (README, "Fine-tuning a model").
+#: (docs/finetune.md, "How it trains, and how it is tested").
 TINY = {
     "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
     "data": {"mask_prompt": True},

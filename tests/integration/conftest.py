@@ -1,7 +1,7 @@
 """The integration test cluster: one sandbox of 8 fake nodes for the whole session.
 
-Each node is a network namespace with its own address, sshd and home (README.md,
-"Testing without Macs"); tests reach them exactly as mlxops reaches Macs. The sandbox
+Each node is a network namespace with its own address, sshd and home (docs/testing.md,
+"The sandbox"); tests reach them exactly as mlxops reaches Macs. The sandbox
 gets its own dir, name prefix and subnet, so it never collides with a user's
 ``mlxops sandbox`` or with another test session, and it is always torn down: on
 success, failure, Ctrl-C (finally), SIGTERM (turned into SystemExit) and interpreter
