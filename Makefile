@@ -1,4 +1,4 @@
-# The README's two commands: `make demo` and `make test`. Both work on a fresh machine.
+# The README's commands: `make demo`, `make test`, `make test-quick`. All work on a fresh machine.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
