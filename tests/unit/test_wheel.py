@@ -1,4 +1,4 @@
-"""An installed mlxops finds templates/ and playbooks/ without a checkout (README.md, "Layout")."""
+"""An installed mlxops finds templates/ and playbooks/ without a checkout (docs/architecture.md)."""
 
 from __future__ import annotations
 
