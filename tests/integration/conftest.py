@@ -41,8 +41,7 @@ import pytest
 
 from mlxops.sandbox import Sandbox, prerequisites
 from mlxops.sandbox.kernels import user_cache as kernels_user_cache
-from mlxops.sandbox.layout import SHELL_USERS
-from mlxops.sandbox.netns import free_subnet as netns_free_subnet
+from mlxops.sandbox.layout import SHELL_USERS, SubnetPool
 from mlxops.sandbox.nodes import ensure_node_tmp
 
 NODES = 8
@@ -81,9 +80,11 @@ def _reap_stale_sandboxes() -> None:
             pass
 
 
-def _free_subnet(pid: int) -> str:
-    """A /24 in 10.232-239.x.0 no address of this machine is in (pid-spread)."""
-    return netns_free_subnet(range(232, 240), pid)
+def _subnet_pool(seed: int) -> SubnetPool:
+    """A /24 in 10.232-239.x.0 that nothing of this machine uses, tried from ``seed`` on;
+    ``up`` picks it under the machine's sandbox lock, so two workers' sandboxes never get
+    the same one."""
+    return SubnetPool(range(232, 240), seed)
 
 
 # The variable only that shell sets: non-empty in what sshd ran means it ran under it.
@@ -116,15 +117,15 @@ def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int,
     path = f"{_DIR_PREFIX}{tag}-{pid}"
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o755)  # the node user reads its home under it
-    box = Sandbox(path, prefix=f"mx{tag}{pid % 10**7}", subnet=_free_subnet(pid + subnet_offset),
-                  login_shell=login_shell, flavour=flavour)
+    box = Sandbox(path, prefix=f"mx{tag}{pid % 10**7}", login_shell=login_shell,
+                  flavour=flavour)
 
     atexit.register(box.down)
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        box.up(nodes)
+        box.up(nodes, subnet_pool=_subnet_pool(pid + subnet_offset))
         for node in box.nodes:
             assert login_shell_version(box, node), f"{node} does not log in to {login_shell}"
         yield box
@@ -179,9 +180,9 @@ def mac_sandbox():
 
 
 @pytest.fixture(scope="session")
-def free_subnet():
-    """``free_subnet()`` -> a /24 no address here is in: for a test's own extra sandbox."""
-    return lambda: _free_subnet(os.getpid() + 1000)
+def subnet_pool():
+    """Where a test's own extra sandbox picks its subnet: ``box.up(n, subnet_pool=it)``."""
+    return _subnet_pool(os.getpid() + 1000)
 
 
 @pytest.fixture
