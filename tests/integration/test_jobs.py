@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record, wait_for_step
+from job_helpers import (
+    BackgroundWatchdog,
+    Hold,
+    losses,
+    run_dir,
+    wait_for_record,
+    wait_for_step,
+)
 
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
@@ -40,13 +47,16 @@ TRAINER = {
 
 
 def write_job(tmp_path: Path, sandbox, name: str, *, steps: int = 60,
-              restart: dict | None = None, global_batch: int = 8) -> Path:
+              restart: dict | None = None, global_batch: int = 8,
+              env: dict[str, str] | None = None) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"]["steps"] = steps
     trainer["train"]["global_batch"] = global_batch
     job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
            "backend": "ring", "trainer": trainer,
            "restart": restart or {"max_restarts": 2, "stall_timeout": 30}}
+    if env:
+        job["env"] = env
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -209,51 +219,58 @@ def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connecto
 
 def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
         sandbox, tmp_path, connector):
-    path = write_job(tmp_path, sandbox, "t-detach", steps=80)
-    env = dict(os.environ)
-    cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        record = wait_for_record("t-detach")
-        wait_for_step(record, connector, 5)
-    finally:
-        cli.kill()  # SIGKILL: no chance to clean anything up
-        cli.wait()
-    step_then = job_status(record, connector).step or 0
-    wait_for_step(record, connector, step_then + 2)  # trains on with nobody watching
-    status = job_status(record, connector)
-    assert status.state == "running" and status.step > step_then
-    out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],
-                         capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
-    assert doc["name"] == "t-detach" and doc["state"] == "running"
-    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
-    watch = subprocess.run([sys.executable, "-m", "mlxops", "watch", "t-detach"],
-                           capture_output=True, text=True, env=env, timeout=240)
+    # Held at step 2, then let on to 10 with nobody watching: the job is running when
+    # it is read, however fast the machine is (an 80-step run had already finished).
+    with Hold(sandbox, "t-detach", HOSTS, at=2) as hold:
+        path = write_job(tmp_path, sandbox, "t-detach", steps=40, env=hold.env)
+        env = dict(os.environ)
+        cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            record = wait_for_record("t-detach")
+            wait_for_step(record, connector, 2)
+        finally:
+            cli.kill()  # SIGKILL: no chance to clean anything up
+            cli.wait()
+        assert job_status(record, connector).step == 2
+        hold.at(10)
+        wait_for_step(record, connector, 10)  # trains on with nobody watching
+        status = job_status(record, connector)
+        assert status.state == "running" and status.step == 10
+        out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["name"] == "t-detach" and doc["state"] == "running"
+        assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+        hold.release()
+        watch = subprocess.run([sys.executable, "-m", "mlxops", "watch", "t-detach"],
+                               capture_output=True, text=True, env=env, timeout=240)
     assert watch.returncode == 0, watch.stderr
     assert "finished" in watch.stdout
     assert job_processes("t-detach") == []
 
 
 def test_ctrl_c_while_following_detaches_and_never_kills(sandbox, tmp_path, connector):
-    path = write_job(tmp_path, sandbox, "t-ctrlc", steps=200)
-    cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        record = wait_for_record("t-ctrlc")
-        wait_for_step(record, connector, 3)
-        cli.send_signal(signal.SIGINT)
-        out, err = cli.communicate(timeout=30)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-    assert cli.returncode == 0, err
-    assert "detached" in err and "mlxops watch t-ctrlc" in err
-    before = job_status(record, connector)
-    assert before.state == "running"
-    wait_for_step(record, connector, (before.step or 0) + 2)
-    assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0
+    with Hold(sandbox, "t-ctrlc", HOSTS, at=3) as hold:
+        path = write_job(tmp_path, sandbox, "t-ctrlc", steps=40, env=hold.env)
+        cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            record = wait_for_record("t-ctrlc")
+            wait_for_step(record, connector, 3)
+            cli.send_signal(signal.SIGINT)
+            out, err = cli.communicate(timeout=30)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+        assert cli.returncode == 0, err
+        assert "detached" in err and "mlxops watch t-ctrlc" in err
+        before = job_status(record, connector)
+        assert before.state == "running" and before.step == 3
+        hold.at(5)
+        wait_for_step(record, connector, 5)
+        assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0
     assert job_processes("t-ctrlc") == []
 
 
