@@ -117,10 +117,11 @@ def test_launch_runs_to_finished_with_falling_loss(login_sandbox, tmp_path, conn
     assert steps == list(range(1, 11))
 
 
-#: The uninterrupted run the stop/resume scenarios compare with: long enough that a stop
-#: lands mid-run however fast the steps are (the fused step and OpenBLAS made 30 steps end
-#: before a stop at step 12 could land); a global batch that 4 ranks and 3 both divide.
-REFERENCE_STEPS, REFERENCE_BATCH = 120, 12
+#: The uninterrupted run the stop/resume scenarios compare with; they hold their job
+#: (:class:`Hold`) where they stop it, so it need not be long for the stop to land mid-run
+#: (a count "long enough" raced the machine: the fused step and OpenBLAS made 30 steps end
+#: before a stop at step 12 could land). A global batch that 4 ranks and 3 both divide.
+REFERENCE_STEPS, REFERENCE_BATCH = 40, 12
 
 
 @pytest.fixture(scope="session")
@@ -143,11 +144,13 @@ def reference_losses(sandbox, tmp_path_factory) -> dict[int, float]:
 def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
         login_sandbox, tmp_path, connector, reference_losses):
     sandbox = login_sandbox
+    hold = Hold(sandbox, "t-resume", HOSTS, at=24)
     spec = load_job(write_job(tmp_path, sandbox, "t-resume", steps=REFERENCE_STEPS,
-                              global_batch=REFERENCE_BATCH))
+                              global_batch=REFERENCE_BATCH, env=hold.env))
     record = launch(spec, connector)
-    wait_for_step(record, connector, 24)
-    results = stop_job(record, connector)
+    with hold:
+        wait_for_step(record, connector, 24)
+        results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
     assert job_processes("t-resume") == []
     assert job_status(load_record("t-resume"), connector).state == "stopped"
@@ -168,11 +171,13 @@ def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connect
                                                       reference_losses):
     """--exclude: 4 ranks -> 3, the same global batches, losses within 1e-4 relative."""
     steps = REFERENCE_STEPS
+    hold = Hold(sandbox, "t-narrow", HOSTS, at=12)
     spec = load_job(write_job(tmp_path, sandbox, "t-narrow", steps=steps,
-                              global_batch=REFERENCE_BATCH))
+                              global_batch=REFERENCE_BATCH, env=hold.env))
     record = launch(spec, connector)
-    wait_for_step(record, connector, 12)
-    assert stop_job(record, connector).exit_code == 0
+    with hold:
+        wait_for_step(record, connector, 12)
+        assert stop_job(record, connector).exit_code == 0
     resumed = launch(spec, connector, resume=True, exclude=["node4"],
                      previous=load_record("t-narrow"))
     assert resumed.world_size == 3 and resumed.excluded == ["node4"]
@@ -188,12 +193,14 @@ def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connect
 def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
         login_sandbox, tmp_path, connector):
     sandbox = login_sandbox
-    spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=80))
+    hold = Hold(sandbox, "t-kill", HOSTS, at=12)
+    spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=40, env=hold.env))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 12)
-    killed_at = time.time()
-    os.kill(trainer_pid(sandbox, "t-kill", 2, "node3"), signal.SIGKILL)
+    with hold:  # released once the rank is killed: the restart runs to the end
+        wait_for_step(record, connector, 12)
+        killed_at = time.time()
+        os.kill(trainer_pid(sandbox, "t-kill", 2, "node3"), signal.SIGKILL)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
     restarts = load_record("t-kill").restarts
@@ -204,12 +211,14 @@ def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
 
 
 def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connector):
-    spec = load_job(write_job(tmp_path, sandbox, "t-stall", steps=60,
+    hold = Hold(sandbox, "t-stall", HOSTS, at=12)
+    spec = load_job(write_job(tmp_path, sandbox, "t-stall", steps=40, env=hold.env,
                               restart={"max_restarts": 2, "stall_timeout": 6}))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 12)
-    os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
+    with hold:
+        wait_for_step(record, connector, 12)
+        os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
     reasons = [r.reason for r in load_record("t-stall").restarts]
@@ -279,15 +288,18 @@ def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
     """restart.exclude_unreachable: node4's link goes down; the ranks stall, the watchdog
     stops them, finds node4 unreachable and resumes on 3 nodes, same global batch."""
     sandbox = sandbox_mut
-    spec = load_job(write_job(tmp_path, sandbox, "t-down", steps=60, global_batch=12,
+    hold = Hold(sandbox, "t-down", HOSTS, at=12)
+    spec = load_job(write_job(tmp_path, sandbox, "t-down", steps=40, global_batch=12,
+                              env=hold.env,
                               restart={"max_restarts": 1, "stall_timeout": 6,
                                        "exclude_unreachable": True}))
     with Connector(ConnectOptions(connect_timeout=2)) as connector:
         record = launch(spec, connector)
         watchdog = BackgroundWatchdog(record, connector)
         events = watchdog.events
-        wait_for_step(record, connector, 12)
-        sandbox.disconnect_node("node4")
+        with hold:
+            wait_for_step(record, connector, 12)
+            sandbox.disconnect_node("node4")
         try:
             final = watchdog.result(timeout=240)
             assert final.state == "finished", (final.to_dict(), events)
