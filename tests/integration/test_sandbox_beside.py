@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from mlxops.errors import UserError
+from mlxops.errors import MlxopsError, UserError
 from mlxops.sandbox import Sandbox, hostlock
 from mlxops.sandbox.layout import SubnetPool
 from mlxops.sandbox.netns import link_exists, netns_exists, pick_subnet, pid_alive
@@ -227,3 +227,38 @@ def test_a_sandbox_beside_another_programs_namespace_and_sshd_leaves_them_alone(
     finally:
         box.down()
         foreign.stop()
+
+
+def test_a_refused_login_fails_up_naming_why_with_the_sshd_log(sandbox, monkeypatch):
+    """A node whose home is not the account's (as the raced uid left them): `up` says
+    which step failed, which node refused, why, and what its sshd logged; and leaves
+    nothing behind."""
+    from mlxops.sandbox import nodes
+
+    stale = 54321  # a uid no account has
+    prepare = nodes.prepare_node
+
+    def prepare_then_chown(files, node, *args, **kwargs):
+        prepare(files, node, *args, **kwargs)
+        if node.name == "node2":
+            os.chown(files.home, stale, stale)
+
+    monkeypatch.setattr(nodes, "prepare_node", prepare_then_chown)
+    pid = os.getpid()
+    path = f"/tmp/mlxops-test-sandbox-r-{pid}"
+    box = Sandbox(path, prefix=f"mxr{pid % 10**5}")
+    try:
+        with pytest.raises(MlxopsError) as failed:
+            box.up(2, python=sandbox.python, subnet_pool=SubnetPool(range(232, 240), pid + 3500))
+        made = box.layout
+    finally:
+        Sandbox(path).down()
+    message = str(failed.value)
+    assert message.startswith(f"sandbox up: logging in as {box.user}: 1 of 2 nodes refused\n"
+                              "node2: ssh said: "), message
+    assert "Permission denied (publickey)" in message
+    assert f"why: {path}/nodes/node2/home belongs to uid {stale}, which no account has, not " \
+           f"to the node account {box.user}" in message
+    assert f"sshd log ({path}/nodes/node2/sshd.log): " in message
+    assert "Authentication refused: bad ownership or modes for directory" in message
+    assert not link_exists(made.bridge) and not os.path.exists(path)
