@@ -21,7 +21,7 @@ adapters.safetensors + adapter_config.json, for mlx_lm.generate --adapter-path D
 
 environment and test hooks: those of python -m mlxops.trainer ({_VAR["world_size"]},
 {_VAR["local_rank"]}, {_VAR["backend"]}, {_VAR["host"]}, MLXOPS_TRAINER_FAKE_OOM,
-MLXOPS_TRAINER_FAKE_SLOW, MLXOPS_TRAINER_CKPT_DELAY).
+MLXOPS_TRAINER_FAKE_SLOW, MLXOPS_TRAINER_CKPT_DELAY, MLXOPS_TRAINER_HOLD).
 
 exit codes: 0 all steps done (or patience ran out); 2 bad config or arguments; 1 any
 other failure.

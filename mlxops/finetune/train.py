@@ -267,6 +267,7 @@ class FineTuner:
             patience = val is not None and self.validation.exhausted
             if step == self.stop or patience or (t.save_every and step % t.save_every == 0):
                 self._checkpoint(self.out / protocol.CKPT_DIR, keep=t.keep)
+            hooks.hold(step, lambda: self._progress(*self._last, protocol.RUNNING))
             if patience:
                 best = self.validation.state
                 self._log(f"patience: {best.stale} validations without a loss below "

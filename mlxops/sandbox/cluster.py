@@ -11,13 +11,34 @@ failed ``up`` and a later ``down`` (from any process) remove exactly what was ma
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from mlxops.errors import UserError
-from mlxops.sandbox import cgroups, clientfiles, darwin, freezer, kernels, netns, nodes
+from mlxops.errors import MlxopsError, UserError
+from mlxops.sandbox import (
+    accounts,
+    cgroups,
+    clientfiles,
+    darwin,
+    freezer,
+    hostlock,
+    kernels,
+    logins,
+    netns,
+    nodes,
+)
 from mlxops.sandbox.faults import Faults
-from mlxops.sandbox.layout import LOGIN_SHELLS, NodeLayout, node_rates, parse_rate
+from mlxops.sandbox.layout import (
+    LOGIN_SHELLS,
+    Layout,
+    NodeLayout,
+    SubnetPool,
+    node_rates,
+    parse_rate,
+)
 from mlxops.sandbox.python import node_python
 from mlxops.sandbox.state import STATE_VERSION, SandboxInfo
 
@@ -41,11 +62,17 @@ class Sandbox(Faults):
     # -- up / down -----------------------------------------------------------------------
 
     def up(self, nodes: int, rate: str | None = None, python: str | None = None,
-           rates: tuple[str, ...] = ()) -> SandboxInfo:
+           rates: tuple[str, ...] = (), subnet_pool: SubnetPool | None = None
+           ) -> SandboxInfo:
         """Create ``nodes`` nodes. Refuses when a sandbox already runs in this dir.
 
         ``rate`` shapes every node's link; ``rates`` are ``--rate`` values, ``RATE`` or
-        ``NODE=RATE`` (that node's own, winning over ``rate``)."""
+        ``NODE=RATE`` (that node's own, winning over ``rate``). ``subnet_pool``: choose the
+        subnet from it, under the machine's sandbox lock (:mod:`.hostlock`), instead of
+        the one given (what concurrent callers, the test sessions, want).
+
+        A step that fails is named in the error (``sandbox up: <step>: ...``); a node that
+        refuses the login says why (:mod:`.logins`) with its sshd log."""
         require_root()
         if self.is_mac and darwin.prerequisite():
             raise UserError(f"--flavour macos: {darwin.prerequisite()}")
@@ -58,57 +85,98 @@ class Sandbox(Faults):
             )
         if self._state:
             self.down()  # leftovers of a crashed run: nothing alive, clear the files
-        self._check_free(layouts)
+        if subnet_pool is None:
+            self._check_free(layouts)  # before the interpreter's build: bad input first
         self._make_dir()
         node_py = python or node_python(log=self._log)
-
-        self._state = {
-            "version": STATE_VERSION, "prefix": self.layout.prefix,
-            "subnet": str(self.layout.subnet), "bridge": self.layout.bridge,
-            "user": self.user, "login_shell": self.login_shell, "flavour": self.flavour,
-            "python": node_py,
-            "rate": rate or next((r for r in rates if "=" not in r), None),
-            "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
-                       "sshd_pid": None, "rate": shaped[n.name]} for n in layouts],
-        }
-        self._save()
+        rate_bits = {name: parse_rate(r) if r else None for name, r in shaped.items()}
         try:
-            self._create(layouts, {name: parse_rate(r) if r else None
-                                for name, r in shaped.items()})
+            with hostlock.held():
+                layouts = self._claim(nodes, subnet_pool, shaped, node_py,
+                                      rate or next((r for r in rates if "=" not in r), None))
+                with _step("making the node account"):
+                    account = accounts.ensure_user(self.user, LOGIN_SHELLS[self.login_shell])
+                with _step(f"making the bridge {self.layout.bridge}"):
+                    self._log(f"creating bridge {self.layout.bridge} ({self.controller_ip})")
+                    netns.create_bridge(self.layout)  # its address: the subnet is taken
+            self._create(layouts, rate_bits, account)
         except BaseException:
             # Also on KeyboardInterrupt: never leave half a sandbox behind.
             self.down()
             raise
         return self.info
 
-    def _create(self, layouts: list[NodeLayout], rate_bits: dict[str, int | None]) -> None:
-        account = nodes.ensure_user(self.user, LOGIN_SHELLS[self.login_shell])
-        keygens = [nodes.keygen(self.key_path, "mlxops-sandbox")]
+    def _claim(self, count: int, pool: SubnetPool | None, shaped: dict[str, str | None],
+               node_py: str, rate: str | None) -> list[NodeLayout]:
+        """Under the machine's lock: the subnet (chosen from ``pool``) checked free, and
+        state.json written before anything is made. ``rate``: every node's, if one."""
+        if pool is not None:
+            self.layout = Layout.make(self.layout.prefix, str(netns.pick_subnet(pool)))
+        layouts = self.layout.nodes(count)
+        self._check_free(layouts)
+        self._state = {
+            "version": STATE_VERSION, "prefix": self.layout.prefix,
+            "subnet": str(self.layout.subnet), "bridge": self.layout.bridge,
+            "user": self.user, "login_shell": self.login_shell, "flavour": self.flavour,
+            "python": node_py, "rate": rate,
+            "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
+                       "sshd_pid": None, "rate": shaped[n.name]} for n in layouts],
+        }
+        self._save()
+        return layouts
+
+    def _create(self, layouts: list[NodeLayout], rate_bits: dict[str, int | None],
+                account: pwd.struct_passwd) -> None:
+        with _step("generating keys"):
+            keygens = [nodes.keygen(self.key_path, "mlxops-sandbox")]
+            for node in layouts:
+                files = self._files(node.name)
+                files.dir.mkdir(parents=True, exist_ok=True)
+                keygens.append(nodes.keygen(files.host_key, f"{node.name}@mlxops-sandbox"))
         for node in layouts:
-            files = self._files(node.name)
-            files.dir.mkdir(parents=True, exist_ok=True)
-            keygens.append(nodes.keygen(files.host_key, f"{node.name}@mlxops-sandbox"))
-        self._log(f"creating bridge {self.layout.bridge} ({self.controller_ip})")
-        netns.create_bridge(self.layout)
-        for node in layouts:
-            netns.create_node_net(self.layout, node, rate_bits[node.name], self.iface)
-        nodes.wait_all(keygens, "ssh-keygen")
-        self.key_path.chmod(0o600)
+            with _step(f"making the network of {node.name}"):
+                netns.create_node_net(self.layout, node, rate_bits[node.name], self.iface)
+        with _step("generating keys"):
+            nodes.wait_all(keygens, "ssh-keygen")
+            self.key_path.chmod(0o600)
         known = self._nodes_known_hosts(layouts)
         if self.is_mac:
-            darwin.install(self.dir, self.python)
+            with _step("installing the Mac tools"):
+                darwin.install(self.dir, self.python)
         for node in layouts:
-            nodes.prepare_node(self._files(node.name), node, account, self.key_path, known,
-                               session_env=self.session_env())
-            kernels.link_node_cache(self._files(node.name).home, account)
-            if self.is_mac:
-                darwin.prepare_node(self.dir, node.name, account)
-        for node in layouts:
-            self._entry(node.name)["sshd_pid"] = nodes.start_sshd(
-                node, self._files(node.name), self.user, darwin=self._darwin_mounts(node.name))
-        self._save()
-        self._wait_listening(layouts)
+            with _step(f"preparing the home of {node.name}"):
+                nodes.prepare_node(self._files(node.name), node, account, self.key_path,
+                                   known, session_env=self.session_env())
+                kernels.link_node_cache(self._files(node.name).home, account)
+                if self.is_mac:
+                    darwin.prepare_node(self.dir, node.name, account)
+        with _step("starting sshd"):
+            for node in layouts:
+                self._entry(node.name)["sshd_pid"] = nodes.start_sshd(
+                    node, self._files(node.name), self.user,
+                    darwin=self._darwin_mounts(node.name))
+            self._save()
+        with _step("waiting for sshd to listen"):
+            self._wait_listening(layouts)
         self._write_client_files()
+        self._check_logins([n.name for n in layouts])
+
+    def _check_logins(self, names: list[str]) -> None:
+        """Log in to every node as a client will; a refusal names why (:mod:`.logins`)."""
+        refused = logins.refused_logins(self.ssh_config_path, names)
+        if not refused:
+            return
+        lines = []
+        for name, said in refused.items():
+            why = logins.login_problems(self.user, self._files(name).home, self.key_path)
+            said = " | ".join(line for line in said.splitlines() if not line.startswith("@"))
+            lines.append(f"{name}: ssh said: {said}\n  why: "
+                         + ("; ".join(why) or "nothing found in the account, the home or the "
+                            "keys")
+                         + f"\n  sshd log ({self._files(name).log}): "
+                         + nodes.tail(self._files(name).log, 6))
+        raise MlxopsError(f"sandbox up: logging in as {self.user}: {len(refused)} of "
+                          f"{len(names)} nodes refused\n" + "\n".join(lines))
 
     def _write_client_files(self) -> None:
         info = self.info
@@ -176,6 +244,17 @@ class Sandbox(Faults):
                 raise UserError(
                     f"--dir: {self.dir}: {parent} is not traversable by other users "
                     "(the node user must reach its home under it)")
+
+
+@contextmanager
+def _step(what: str) -> Iterator[None]:
+    """Name the step of ``up`` that failed: ``sandbox up: <what>: <why>``."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (MlxopsError, OSError) as exc:
+        raise MlxopsError(f"sandbox up: {what}: {exc}") from exc
 
 
 def require_root() -> None:

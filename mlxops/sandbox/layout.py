@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mlxops.errors import UserError
@@ -80,6 +81,25 @@ class Layout:
         if count < 1:
             raise UserError(f"--nodes: {count}: want at least 1")
         return [self.node(i) for i in range(1, count + 1)]
+
+
+@dataclass(frozen=True)
+class SubnetPool:
+    """Where ``up`` picks its subnet itself (under the machine's sandbox lock): the first
+    ``10.<o>.<n>.0/24`` (``o`` in ``second_octets``) that nothing here uses, trying them
+    from ``seed`` on (a pid: concurrent callers start apart)."""
+
+    second_octets: range
+    seed: int
+
+    def candidates(self) -> Iterator[ipaddress.IPv4Network]:
+        count = len(self.second_octets) * 250
+        for step in range(count):
+            n = (self.seed + step) % count
+            yield ipaddress.IPv4Network(f"10.{self.second_octets[n // 250]}.{n % 250}.0/24")
+
+    def describe(self) -> str:
+        return f"10.{self.second_octets[0]}-{self.second_octets[-1]}.x.0/24"
 
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$", re.IGNORECASE)

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from mlxops.errors import MlxopsError
-from mlxops.sandbox.layout import Layout, NodeLayout, tbf_burst_bytes
+from mlxops.sandbox.layout import Layout, NodeLayout, SubnetPool, tbf_burst_bytes
 from mlxops.transport.connection import failure_line
 
 
@@ -45,17 +45,45 @@ def netns_usable() -> str | None:
 
 
 def subnet_in_use(layout: Layout) -> str | None:
-    """An existing root-namespace address inside the sandbox subnet, if any."""
-    out = run(["ip", "-j", "-4", "addr", "show"]).stdout
-    for link in json.loads(out or "[]"):
+    """What of this machine already uses the sandbox subnet, if anything (see
+    :func:`conflict`)."""
+    return conflict(layout.subnet, taken())
+
+
+def taken() -> list[tuple[ipaddress.IPv4Network, bool, str]]:
+    """The root namespace's IPv4 addresses and routes: (network, is an address, what).
+
+    Routes count as well as addresses: another program's network namespace is reached
+    through a route (``10.232.5.0/24 via 10.99.0.2``, or ``dev`` its veth) that needs no
+    address of that subnet here; a sandbox bridge on the same subnet would add a second
+    route for it, and the kernel takes the first: our nodes' packets would go there.
+    """
+    out = []
+    for link in json.loads(run(["ip", "-j", "-4", "addr", "show"]).stdout or "[]"):
         for addr in link.get("addr_info", []):
-            if addr.get("local") and _in(layout, addr["local"]):
-                return f"{addr['local']} on {link.get('ifname')}"
+            if addr.get("local"):
+                net = ipaddress.IPv4Interface(f"{addr['local']}/{addr.get('prefixlen', 32)}")
+                out.append((net.network, True, f"{addr['local']} on {link.get('ifname')}"))
+    routes = run(["ip", "-j", "-4", "route", "show", "table", "all"]).stdout
+    for route in json.loads(routes or "[]"):
+        dst = route.get("dst", "default")
+        if dst == "default" or route.get("type") in ("local", "broadcast"):
+            continue  # default: less specific than any sandbox's; local: its address
+        where = " ".join(f"{word} {route[key]}" for key, word in
+                         (("gateway", "via"), ("dev", "dev"), ("table", "table")) if route.get(key))
+        out.append((ipaddress.IPv4Network(dst, strict=False), False, f"route {dst} {where}"))
+    return out
+
+
+def conflict(subnet: ipaddress.IPv4Network,
+             used: list[tuple[ipaddress.IPv4Network, bool, str]]) -> str | None:
+    """The first thing in ``used`` (:func:`taken`) that the subnet collides with: an
+    address whose network overlaps it, or a route as specific as the subnet's own or more,
+    inside it (a wider route, a default or a VPN's 10.0.0.0/8, loses to the bridge's)."""
+    for net, is_address, what in used:
+        if net.overlaps(subnet) if is_address else net.subnet_of(subnet):
+            return what
     return None
-
-
-def _in(layout: Layout, ip: str) -> bool:
-    return ipaddress.IPv4Address(ip) in layout.subnet
 
 
 def create_bridge(layout: Layout) -> None:
@@ -181,17 +209,18 @@ def pid_alive(pid: int) -> bool:
 
 
 def free_subnet(second_octets: range, seed: int) -> str:
-    """A /24 ``10.<o>.<n>.0/24`` (``o`` in ``second_octets``) that no address here is in.
+    """A /24 ``10.<o>.<n>.0/24`` (``o`` in ``second_octets``) that nothing here uses.
 
-    ``seed`` (a pid, say) spreads concurrent callers over different subnets.
+    ``seed`` (a pid, say) spreads concurrent callers over different subnets; only
+    :meth:`mlxops.sandbox.Sandbox.up` with a :class:`~mlxops.sandbox.layout.SubnetPool`
+    chooses and takes one under the machine's lock (two callers of this may get the same).
     """
-    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    used = [ipaddress.IPv4Interface(w).network for w in out.split()
-            if w[:1].isdigit() and "/" in w]
-    count = len(second_octets) * 250
-    for step in range(count):
-        n = (seed + step) % count
-        net = ipaddress.IPv4Network(f"10.{second_octets[n // 250]}.{n % 250}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return str(net)
-    raise MlxopsError(f"no free 10.{second_octets[0]}-{second_octets[-1]}.x.0/24 subnet")
+    return str(pick_subnet(SubnetPool(second_octets, seed)))
+
+
+def pick_subnet(pool: SubnetPool) -> ipaddress.IPv4Network:
+    used = taken()
+    for net in pool.candidates():
+        if conflict(net, used) is None:
+            return net
+    raise MlxopsError(f"no free {pool.describe()} subnet")

@@ -21,7 +21,7 @@ from pathlib import Path
 from mlxops.errors import MlxopsError
 from mlxops.sandbox import kernels
 from mlxops.sandbox.layout import NODE_USER, NodeLayout
-from mlxops.sandbox.netns import pid_alive, run, send_signal
+from mlxops.sandbox.netns import pid_alive, send_signal
 from mlxops.sandbox.python import CACHE_DIR
 
 SSHD = "/usr/sbin/sshd"
@@ -42,32 +42,6 @@ _NAME_BIND_HIDE_PROC_AND_EXEC = (
     'printf %s "$1" > /proc/sys/kernel/hostname && mount --bind "$2" "$3" && '
     'mount --bind "$4" "$5" && mount --bind /proc "$5/proc" && '
     'mount -t tmpfs -o ro,mode=755 tmpfs /proc && shift 5 && exec "$@"')
-
-
-def ensure_user(user: str, login_shell: str = "/bin/bash") -> pwd.struct_passwd:
-    """The shared node account: created if missing, with ``login_shell`` (set again if
-    an earlier sandbox made it with another), and unlocked for key-only login."""
-    if not os.access(login_shell, os.X_OK):
-        raise MlxopsError(f"login shell {login_shell} is not installed (apt-get install "
-                          f"{os.path.basename(login_shell)})")
-    try:
-        entry = pwd.getpwnam(user)
-        if entry.pw_shell != login_shell:
-            run(["usermod", "--shell", login_shell, user])
-            entry = pwd.getpwnam(user)
-    except KeyError:
-        made = run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{user}",
-                    "--shell", login_shell, user], check=False)
-        try:
-            entry = pwd.getpwnam(user)  # a concurrent `up` may have just made it
-        except KeyError:
-            raise MlxopsError(f"useradd {user}: {made.stderr.strip()}") from None
-    # useradd leaves the account locked ("!"), and sshd with UsePAM no refuses locked
-    # accounts even for public keys; "*" means no password but not locked.
-    run(["usermod", "-p", "*", user])
-    Path(entry.pw_dir).mkdir(parents=True, exist_ok=True)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
-    return entry
 
 
 def keygen(path: Path, comment: str) -> subprocess.Popen:
@@ -260,8 +234,7 @@ def wait_listening(nodes: list[NodeLayout], pids: dict[str, int], files: dict[st
     while pending:
         for node in list(pending):
             if not pid_alive(pids[node.name]):
-                tail = _tail(files[node.name].log)
-                raise MlxopsError(f"sshd of {node.name} exited: {tail}")
+                raise MlxopsError(f"sshd of {node.name} exited: {tail(files[node.name].log)}")
             try:
                 with socket.create_connection((node.ip, 22), timeout=0.5):
                     pending.remove(node)
@@ -306,7 +279,8 @@ def _reap() -> None:
             _reapers.remove(proc)
 
 
-def _tail(path: Path, lines: int = 3) -> str:
+def tail(path: Path, lines: int = 3) -> str:
+    """The last ``lines`` lines of a log, joined by " | "."""
     try:
         return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
     except OSError:

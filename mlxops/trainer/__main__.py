@@ -39,7 +39,9 @@ environment:
                       MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP makes that rank's weights drift
                       after that step (train.consistency_every repairs it);
                       MLXOPS_TRAINER_FAKE_SLOW=RANK:SECONDS slows that rank's compute by
-                      SECONDS per sequence (train.balance: auto measures it)
+                      SECONDS per sequence (train.balance: auto measures it);
+                      MLXOPS_TRAINER_HOLD=PATH: after a step, wait (heartbeat going on)
+                      while the file PATH holds a step number at most that one
 
 exit codes: 0 all steps done; 2 bad config or arguments; 1 any other failure.
 """

@@ -7,7 +7,11 @@ Each is read when it may fire and does nothing when unset (docs/trainer.md, Envi
 - ``MLXOPS_TRAINER_FAKE_SLOW=RANK:SECONDS``: that rank's compute takes SECONDS longer per
   sequence, as on a slower machine (``train.balance: auto``);
 - ``MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP``: after that step, that rank's first parameter
-  array moves by 0.01, as a bit flip or a bug would make it (``train.consistency_every``).
+  array moves by 0.01, as a bit flip or a bug would make it (``train.consistency_every``);
+- ``MLXOPS_TRAINER_HOLD=PATH``: after a step (its checkpoint written), while the file PATH
+  (``~``: the rank's home) holds a step number at most this one, the rank waits, its
+  heartbeat going on: a test holds a job at a step however fast the machine is, and lets
+  it go on by writing a later step into the file (atomically) or removing it.
 (``MLXOPS_TRAINER_CKPT_DELAY`` lives where it acts, in checkpoint.py.)
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -51,3 +56,26 @@ def fake_diverge(rank: int, step: int, model: nn.Module) -> None:
         name, value = tree_flatten(model.parameters())[0]
         model.update(tree_unflatten([(name, value + 0.01)]))
         mx.eval(model.parameters())
+
+
+HOLD_POLL = 0.1  # seconds between two reads of the hold file
+
+
+def hold(step: int, beat: Callable[[], None]) -> None:
+    """Wait here while ``MLXOPS_TRAINER_HOLD``'s file holds a step <= ``step``, calling
+    ``beat`` (the progress heartbeat) at every read. A file being written (not a number
+    yet) still holds."""
+    path = os.environ.get("MLXOPS_TRAINER_HOLD", "")
+    if not path:
+        return
+    path = os.path.expanduser(path)
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            return  # no file: go on
+        if text.isdigit() and int(text) > step:
+            return
+        beat()
+        time.sleep(HOLD_POLL)

@@ -306,6 +306,8 @@ class Trainer:
             if t.checkpoint_every and (step % t.checkpoint_every == 0 or step == stop
                                        or ended):
                 self._checkpoint()
+            hooks.hold(step, lambda: self._progress(self._last_loss, self._last_tps,
+                                                    protocol.RUNNING))
         self.prefetch.close()
         self._progress(self._last_loss, self._last_tps, protocol.FINISHED)
         self._log(f"done: {self.step} steps")

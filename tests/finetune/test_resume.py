@@ -73,10 +73,13 @@ def test_kill_9_and_resume_is_bitwise(straight, tiny, tmp_path):
     out = tmp_path / "killed"
     config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])
     result = {}
-    # Rank 1 made slower (sleeps, no change to the numbers) so that the kill lands between
-    # checkpoint 4 and the end.
+    # The ranks wait after step 5 while this file says 5 (the trainer's hold hook; no
+    # change to the numbers): the kill lands between checkpoint 4 and the end however fast
+    # the machine is (a rank slowed by a sleep raced it).
+    hold = tmp_path / "hold"
+    hold.write_text("5\n")
     runner = threading.Thread(target=lambda: result.update(proc=run_finetune(
-        config, ranks=2, env={"MLXOPS_TRAINER_FAKE_SLOW": "1:0.5"})))
+        config, ranks=2, env={"MLXOPS_TRAINER_HOLD": str(hold)})))
     runner.start()
     progress = out / protocol.progress_file(1)
     deadline = time.time() + 240
@@ -93,6 +96,7 @@ def test_kill_9_and_resume_is_bitwise(straight, tiny, tmp_path):
 
         os.kill(signal_pid, signal.SIGKILL)
     finally:
+        hold.unlink(missing_ok=True)  # rank 0 goes on, finds its peer gone
         runner.join()
     assert result["proc"].returncode != 0
     assert max(curve(out)) < 8

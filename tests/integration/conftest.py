@@ -2,8 +2,10 @@
 
 Each node is a network namespace with its own address, sshd and home (docs/testing.md,
 "The sandbox"); tests reach them exactly as mlxops reaches Macs. The sandbox
-gets its own dir, name prefix and subnet, so it never collides with a user's
-``mlxops sandbox`` or with another test session, and it is always torn down: on
+gets its own dir, name prefix and subnet (``up`` picks a free one from a pool under the
+machine's sandbox lock, as it makes the node account: docs/testing.md), so it never
+collides with a user's ``mlxops sandbox``, another test session or another program's
+namespaces, and it is always torn down: on
 success, failure, Ctrl-C (finally), SIGTERM (turned into SystemExit) and interpreter
 exit (atexit). Sandboxes left behind by a SIGKILLed session are removed at start.
 
@@ -41,8 +43,7 @@ import pytest
 
 from mlxops.sandbox import Sandbox, prerequisites
 from mlxops.sandbox.kernels import user_cache as kernels_user_cache
-from mlxops.sandbox.layout import SHELL_USERS
-from mlxops.sandbox.netns import free_subnet as netns_free_subnet
+from mlxops.sandbox.layout import SHELL_USERS, SubnetPool
 from mlxops.sandbox.nodes import ensure_node_tmp
 
 NODES = 8
@@ -81,9 +82,11 @@ def _reap_stale_sandboxes() -> None:
             pass
 
 
-def _free_subnet(pid: int) -> str:
-    """A /24 in 10.232-239.x.0 no address of this machine is in (pid-spread)."""
-    return netns_free_subnet(range(232, 240), pid)
+def _subnet_pool(seed: int) -> SubnetPool:
+    """A /24 in 10.232-239.x.0 that nothing of this machine uses, tried from ``seed`` on;
+    ``up`` picks it under the machine's sandbox lock, so two workers' sandboxes never get
+    the same one."""
+    return SubnetPool(range(232, 240), seed)
 
 
 # The variable only that shell sets: non-empty in what sshd ran means it ran under it.
@@ -116,15 +119,15 @@ def _session_sandbox(tag: str, nodes: int, login_shell: str, subnet_offset: int,
     path = f"{_DIR_PREFIX}{tag}-{pid}"
     os.makedirs(path, exist_ok=True)
     os.chmod(path, 0o755)  # the node user reads its home under it
-    box = Sandbox(path, prefix=f"mx{tag}{pid % 10**7}", subnet=_free_subnet(pid + subnet_offset),
-                  login_shell=login_shell, flavour=flavour)
+    box = Sandbox(path, prefix=f"mx{tag}{pid % 10**7}", login_shell=login_shell,
+                  flavour=flavour)
 
     atexit.register(box.down)
     previous = signal.getsignal(signal.SIGTERM)
     if previous in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        box.up(nodes)
+        box.up(nodes, subnet_pool=_subnet_pool(pid + subnet_offset))
         for node in box.nodes:
             assert login_shell_version(box, node), f"{node} does not log in to {login_shell}"
         yield box
@@ -179,9 +182,9 @@ def mac_sandbox():
 
 
 @pytest.fixture(scope="session")
-def free_subnet():
-    """``free_subnet()`` -> a /24 no address here is in: for a test's own extra sandbox."""
-    return lambda: _free_subnet(os.getpid() + 1000)
+def subnet_pool():
+    """Where a test's own extra sandbox picks its subnet: ``box.up(n, subnet_pool=it)``."""
+    return _subnet_pool(os.getpid() + 1000)
 
 
 @pytest.fixture

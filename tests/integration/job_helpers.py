@@ -106,3 +106,40 @@ class BackgroundWatchdog:
         if "error" in self._outcome:
             raise self._outcome["error"]
         return self._outcome["status"]
+
+
+class Hold:
+    """A job held at a step on every node, however fast or slow the machine is: the
+    trainer's ``MLXOPS_TRAINER_HOLD`` hook (mlxops/trainer/hooks.py), whose file is
+    ``~/.hold-<name>`` in each node's home. Put :attr:`env` in the job's ``env:``;
+    :meth:`at` holds the ranks after that step (held ranks go on to it), :meth:`release`
+    lets them run to the end. A context manager: released on exit, however the test ends.
+
+    A test that acts on a running job (stop it, kill a rank, put a node to sleep) holds it
+    first, where a step count "that will not be reached yet" raced the machine's speed."""
+
+    def __init__(self, sandbox, name: str, hosts: str | list[str], at: int | None = None):
+        self._sandbox = sandbox
+        self._rel = f".hold-{name}"
+        self._hosts = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+        self.env = {"MLXOPS_TRAINER_HOLD": f"~/{self._rel}"}
+        if at is not None:
+            self.at(at)
+
+    def at(self, step: int) -> None:
+        for node in self._hosts:
+            path = Path(self._sandbox.node_home(node)) / self._rel
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(f"{step}\n")
+            tmp.chmod(0o644)
+            tmp.replace(path)  # whole: a rank never reads half a number
+
+    def release(self) -> None:
+        for node in self._hosts:
+            (Path(self._sandbox.node_home(node)) / self._rel).unlink(missing_ok=True)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

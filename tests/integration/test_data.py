@@ -22,7 +22,7 @@ from pydoc_data.topics import topics
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
+from job_helpers import BackgroundWatchdog, Hold, losses, run_dir, wait_for_step
 from test_jobs import trainer_pid
 
 from mlxops.devtools.local_ranks import run_ranks
@@ -159,17 +159,18 @@ def test_the_corpus_trains_on_two_nodes_and_a_killed_rank_recovers_bitwise(
                "train": {"steps": 30, "global_batch": 4, "micro_batch": 2, "lr": 3e-3,
                          "warmup": 3, "eval_every": 10, "eval_batches": 2,
                          "checkpoint_every": 10, "keep": 3, "log_every": 1}}
+    # Held at step 13 until rank 1 is killed (the numbers are the same): the kill lands
+    # mid-run however fast the machine is (on a quiet one the run ended before it).
+    hold = Hold(sandbox, name, HOSTS, at=13)
     job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
-           "trainer": trainer, "data": str(directory), "blas": "off",
-           # rank 1 a tenth of a second slower a sequence (a sleep: the numbers are the
-           # same): on a quiet machine the run would end before the kill lands
-           "env": {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.1"},
+           "trainer": trainer, "data": str(directory), "blas": "off", "env": hold.env,
            "restart": {"max_restarts": 2, "stall_timeout": 60}}
     (tmp_path / f"{name}.yml").write_text(yaml.safe_dump(job))
     record = launch(load_job(tmp_path / f"{name}.yml"), connector)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 13)
-    os.kill(trainer_pid(sandbox, name, 1, "node2"), signal.SIGKILL)
+    with hold:
+        wait_for_step(record, connector, 13)
+        os.kill(trainer_pid(sandbox, name, 1, "node2"), signal.SIGKILL)
     final = watchdog.result(timeout=300)
     assert final.state == "finished", final.to_dict()
     assert [r.reason.split(":")[0] for r in load_record(name).restarts] == [

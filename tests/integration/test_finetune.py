@@ -14,8 +14,9 @@ nodes through pre-flight (hash-checked, under each node root). Three runs of the
   example, so the split changes only the order of summation; see TOLERANCE).
 
 Then ``mlxops fetch --best`` brings the adapters, which ``mlx_lm.generate`` loads.
-Rank 1 sleeps a little each step (MLXOPS_TRAINER_FAKE_SLOW; the numbers do not change)
-so that a stop or a kill lands mid-run.
+The runs that are stopped or killed are held at that step first (MLXOPS_TRAINER_HOLD,
+:class:`job_helpers.Hold`; the numbers do not change), so that the stop or the kill lands
+mid-run however fast the machine is (a rank slowed by a sleep raced it).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, run_dir, wait_for_step
+from job_helpers import BackgroundWatchdog, Hold, run_dir, wait_for_step
 
 from mlxops.jobs.content import Content
 from mlxops.jobs.launch import launch
@@ -56,7 +57,6 @@ FINETUNE = {
     "train": {"steps": STEPS, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
               "eval_batches": 1, "save_every": 2, "keep": 2, "log_every": 1},
 }
-SLOW = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.4"}
 
 
 def write_job(tmp: Path, sandbox, name: str, model: Path, data: Path, **extra) -> Path:
@@ -110,27 +110,31 @@ def runs(sandbox, tmp_path_factory):
         out["straight_s"] = time.monotonic() - started
 
         # Stop mid-run, resume; then kill -9 a rank and let the watchdog recover it.
-        spec = load_job(write_job(tmp, sandbox, "ft-interrupted", model, data, env=SLOW))
+        hold = Hold(sandbox, "ft-interrupted", HOSTS, at=4)
+        spec = load_job(write_job(tmp, sandbox, "ft-interrupted", model, data,
+                                  env=hold.env))
         record = launch(spec, connector)
-        wait_for_step(record, connector, 4, timeout=180)
-        out["stop"] = stop_job(record, connector).exit_code
-        resumed = launch(spec, connector, resume=True,
-                         previous=load_record("ft-interrupted"))
-        out["resumed_from"] = resumed.message
-        watchdog = BackgroundWatchdog(resumed, connector)
-        wait_for_step(resumed, connector, 8, timeout=180)
-        os.kill(rank_pid(sandbox, "ft-interrupted", 1, "node2"), signal.SIGKILL)
+        with hold:
+            wait_for_step(record, connector, 4, timeout=180)
+            out["stop"] = stop_job(record, connector).exit_code
+            hold.at(8)  # the resumed run is held there for the kill
+            resumed = launch(spec, connector, resume=True,
+                             previous=load_record("ft-interrupted"))
+            out["resumed_from"] = resumed.message
+            watchdog = BackgroundWatchdog(resumed, connector)
+            wait_for_step(resumed, connector, 8, timeout=180)
+            os.kill(rank_pid(sandbox, "ft-interrupted", 1, "node2"), signal.SIGKILL)
         out["interrupted"] = watchdog.result(timeout=300)
         out["restarts"] = load_record("ft-interrupted").restarts
 
-        # Unequal nodes, then on without node2.
-        # Slower still: the stop must land early enough for one rank to run a few steps.
-        spec = load_job(write_job(tmp, sandbox, "ft-uneven", model, data,
-                                  env={"MLXOPS_TRAINER_FAKE_SLOW": "1:1.0"},
+        # Unequal nodes, then on without node2, stopped at step 2: one rank runs the rest.
+        hold = Hold(sandbox, "ft-uneven", HOSTS, at=2)
+        spec = load_job(write_job(tmp, sandbox, "ft-uneven", model, data, env=hold.env,
                                   balance={"node1": 3, "node2": 1}))
         record = launch(spec, connector)
-        wait_for_step(record, connector, 2, timeout=180)
-        stop_job(record, connector)
+        with hold:
+            wait_for_step(record, connector, 2, timeout=180)
+            stop_job(record, connector)
         alone = launch(spec, connector, resume=True, exclude=["node2"],
                        previous=load_record("ft-uneven"))
         out["alone"] = alone

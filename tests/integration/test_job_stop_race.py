@@ -23,8 +23,8 @@ import sys
 import time
 
 import pytest
-from job_helpers import BackgroundWatchdog
-from test_jobs import job_processes, trainer_pid, wait_for_step, write_job
+from job_helpers import BackgroundWatchdog, Hold
+from test_jobs import HOSTS, job_processes, trainer_pid, wait_for_step, write_job
 
 from mlxops.jobs import watch
 from mlxops.jobs.launch import launch
@@ -59,12 +59,14 @@ def test_stop_during_a_restart_stays_stopped(sandbox, tmp_path, connector, monke
     monkeypatch.setattr(watch, "stop_job", watchdog_stop)
     monkeypatch.setattr(watch, "launch", watchdog_launch)
 
-    spec = load_job(write_job(tmp_path, sandbox, name, steps=400,
+    hold = Hold(sandbox, name, HOSTS, at=12)  # the kill lands mid-run, however fast
+    spec = load_job(write_job(tmp_path, sandbox, name, steps=400, env=hold.env,
                               restart={"max_restarts": 3, "stall_timeout": 30}))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 12)
-    os.kill(trainer_pid(sandbox, name, 2, "node3"), signal.SIGKILL)
+    with hold:
+        wait_for_step(record, connector, 12)
+        os.kill(trainer_pid(sandbox, name, 2, "node3"), signal.SIGKILL)
 
     final = watchdog.result(timeout=240)
     events = watchdog.events

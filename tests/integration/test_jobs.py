@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_record, wait_for_step
+from job_helpers import (
+    BackgroundWatchdog,
+    Hold,
+    losses,
+    run_dir,
+    wait_for_record,
+    wait_for_step,
+)
 
 from mlxops.inventory import load_inventory
 from mlxops.jobs.launch import launch
@@ -40,13 +47,16 @@ TRAINER = {
 
 
 def write_job(tmp_path: Path, sandbox, name: str, *, steps: int = 60,
-              restart: dict | None = None, global_batch: int = 8) -> Path:
+              restart: dict | None = None, global_batch: int = 8,
+              env: dict[str, str] | None = None) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"]["steps"] = steps
     trainer["train"]["global_batch"] = global_batch
     job = {"name": name, "inventory": str(sandbox.inventory_path), "hosts": HOSTS,
            "backend": "ring", "trainer": trainer,
            "restart": restart or {"max_restarts": 2, "stall_timeout": 30}}
+    if env:
+        job["env"] = env
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -107,10 +117,11 @@ def test_launch_runs_to_finished_with_falling_loss(login_sandbox, tmp_path, conn
     assert steps == list(range(1, 11))
 
 
-#: The uninterrupted run the stop/resume scenarios compare with: long enough that a stop
-#: lands mid-run however fast the steps are (the fused step and OpenBLAS made 30 steps end
-#: before a stop at step 12 could land); a global batch that 4 ranks and 3 both divide.
-REFERENCE_STEPS, REFERENCE_BATCH = 120, 12
+#: The uninterrupted run the stop/resume scenarios compare with; they hold their job
+#: (:class:`Hold`) where they stop it, so it need not be long for the stop to land mid-run
+#: (a count "long enough" raced the machine: the fused step and OpenBLAS made 30 steps end
+#: before a stop at step 12 could land). A global batch that 4 ranks and 3 both divide.
+REFERENCE_STEPS, REFERENCE_BATCH = 40, 12
 
 
 @pytest.fixture(scope="session")
@@ -133,11 +144,13 @@ def reference_losses(sandbox, tmp_path_factory) -> dict[int, float]:
 def test_stop_mid_run_leaves_nothing_and_resume_matches_an_uninterrupted_run(
         login_sandbox, tmp_path, connector, reference_losses):
     sandbox = login_sandbox
+    hold = Hold(sandbox, "t-resume", HOSTS, at=24)
     spec = load_job(write_job(tmp_path, sandbox, "t-resume", steps=REFERENCE_STEPS,
-                              global_batch=REFERENCE_BATCH))
+                              global_batch=REFERENCE_BATCH, env=hold.env))
     record = launch(spec, connector)
-    wait_for_step(record, connector, 24)
-    results = stop_job(record, connector)
+    with hold:
+        wait_for_step(record, connector, 24)
+        results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
     assert job_processes("t-resume") == []
     assert job_status(load_record("t-resume"), connector).state == "stopped"
@@ -158,11 +171,13 @@ def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connect
                                                       reference_losses):
     """--exclude: 4 ranks -> 3, the same global batches, losses within 1e-4 relative."""
     steps = REFERENCE_STEPS
+    hold = Hold(sandbox, "t-narrow", HOSTS, at=12)
     spec = load_job(write_job(tmp_path, sandbox, "t-narrow", steps=steps,
-                              global_batch=REFERENCE_BATCH))
+                              global_batch=REFERENCE_BATCH, env=hold.env))
     record = launch(spec, connector)
-    wait_for_step(record, connector, 12)
-    assert stop_job(record, connector).exit_code == 0
+    with hold:
+        wait_for_step(record, connector, 12)
+        assert stop_job(record, connector).exit_code == 0
     resumed = launch(spec, connector, resume=True, exclude=["node4"],
                      previous=load_record("t-narrow"))
     assert resumed.world_size == 3 and resumed.excluded == ["node4"]
@@ -178,12 +193,14 @@ def test_resume_without_a_node_keeps_the_global_batch(sandbox, tmp_path, connect
 def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
         login_sandbox, tmp_path, connector):
     sandbox = login_sandbox
-    spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=80))
+    hold = Hold(sandbox, "t-kill", HOSTS, at=12)
+    spec = load_job(write_job(tmp_path, sandbox, "t-kill", steps=40, env=hold.env))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 12)
-    killed_at = time.time()
-    os.kill(trainer_pid(sandbox, "t-kill", 2, "node3"), signal.SIGKILL)
+    with hold:  # released once the rank is killed: the restart runs to the end
+        wait_for_step(record, connector, 12)
+        killed_at = time.time()
+        os.kill(trainer_pid(sandbox, "t-kill", 2, "node3"), signal.SIGKILL)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
     restarts = load_record("t-kill").restarts
@@ -194,12 +211,14 @@ def test_kill_9_of_one_rank_stops_the_rest_and_resumes_to_completion(
 
 
 def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connector):
-    spec = load_job(write_job(tmp_path, sandbox, "t-stall", steps=60,
+    hold = Hold(sandbox, "t-stall", HOSTS, at=12)
+    spec = load_job(write_job(tmp_path, sandbox, "t-stall", steps=40, env=hold.env,
                               restart={"max_restarts": 2, "stall_timeout": 6}))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 12)
-    os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
+    with hold:
+        wait_for_step(record, connector, 12)
+        os.kill(trainer_pid(sandbox, "t-stall", 1, "node2"), signal.SIGSTOP)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
     reasons = [r.reason for r in load_record("t-stall").restarts]
@@ -209,51 +228,58 @@ def test_sigstop_of_one_rank_is_a_stall_and_recovers(sandbox, tmp_path, connecto
 
 def test_controller_killed_mid_run_job_keeps_running_and_watch_reattaches(
         sandbox, tmp_path, connector):
-    path = write_job(tmp_path, sandbox, "t-detach", steps=80)
-    env = dict(os.environ)
-    cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        record = wait_for_record("t-detach")
-        wait_for_step(record, connector, 5)
-    finally:
-        cli.kill()  # SIGKILL: no chance to clean anything up
-        cli.wait()
-    step_then = job_status(record, connector).step or 0
-    wait_for_step(record, connector, step_then + 2)  # trains on with nobody watching
-    status = job_status(record, connector)
-    assert status.state == "running" and status.step > step_then
-    out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],
-                         capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout)
-    assert doc["name"] == "t-detach" and doc["state"] == "running"
-    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
-    watch = subprocess.run([sys.executable, "-m", "mlxops", "watch", "t-detach"],
-                           capture_output=True, text=True, env=env, timeout=240)
+    # Held at step 2, then let on to 10 with nobody watching: the job is running when
+    # it is read, however fast the machine is (an 80-step run had already finished).
+    with Hold(sandbox, "t-detach", HOSTS, at=2) as hold:
+        path = write_job(tmp_path, sandbox, "t-detach", steps=40, env=hold.env)
+        env = dict(os.environ)
+        cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            record = wait_for_record("t-detach")
+            wait_for_step(record, connector, 2)
+        finally:
+            cli.kill()  # SIGKILL: no chance to clean anything up
+            cli.wait()
+        assert job_status(record, connector).step == 2
+        hold.at(10)
+        wait_for_step(record, connector, 10)  # trains on with nobody watching
+        status = job_status(record, connector)
+        assert status.state == "running" and status.step == 10
+        out = subprocess.run([sys.executable, "-m", "mlxops", "status", "t-detach", "--json"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert doc["name"] == "t-detach" and doc["state"] == "running"
+        assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+        hold.release()
+        watch = subprocess.run([sys.executable, "-m", "mlxops", "watch", "t-detach"],
+                               capture_output=True, text=True, env=env, timeout=240)
     assert watch.returncode == 0, watch.stderr
     assert "finished" in watch.stdout
     assert job_processes("t-detach") == []
 
 
 def test_ctrl_c_while_following_detaches_and_never_kills(sandbox, tmp_path, connector):
-    path = write_job(tmp_path, sandbox, "t-ctrlc", steps=200)
-    cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        record = wait_for_record("t-ctrlc")
-        wait_for_step(record, connector, 3)
-        cli.send_signal(signal.SIGINT)
-        out, err = cli.communicate(timeout=30)
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-    assert cli.returncode == 0, err
-    assert "detached" in err and "mlxops watch t-ctrlc" in err
-    before = job_status(record, connector)
-    assert before.state == "running"
-    wait_for_step(record, connector, (before.step or 0) + 2)
-    assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0
+    with Hold(sandbox, "t-ctrlc", HOSTS, at=3) as hold:
+        path = write_job(tmp_path, sandbox, "t-ctrlc", steps=40, env=hold.env)
+        cli = subprocess.Popen([sys.executable, "-m", "mlxops", "launch", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            record = wait_for_record("t-ctrlc")
+            wait_for_step(record, connector, 3)
+            cli.send_signal(signal.SIGINT)
+            out, err = cli.communicate(timeout=30)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+        assert cli.returncode == 0, err
+        assert "detached" in err and "mlxops watch t-ctrlc" in err
+        before = job_status(record, connector)
+        assert before.state == "running" and before.step == 3
+        hold.at(5)
+        wait_for_step(record, connector, 5)
+        assert stop_job(load_record("t-ctrlc"), connector).exit_code == 0
     assert job_processes("t-ctrlc") == []
 
 
@@ -262,15 +288,18 @@ def test_a_node_going_down_mid_run_is_left_behind_when_the_job_allows_it(
     """restart.exclude_unreachable: node4's link goes down; the ranks stall, the watchdog
     stops them, finds node4 unreachable and resumes on 3 nodes, same global batch."""
     sandbox = sandbox_mut
-    spec = load_job(write_job(tmp_path, sandbox, "t-down", steps=60, global_batch=12,
+    hold = Hold(sandbox, "t-down", HOSTS, at=12)
+    spec = load_job(write_job(tmp_path, sandbox, "t-down", steps=40, global_batch=12,
+                              env=hold.env,
                               restart={"max_restarts": 1, "stall_timeout": 6,
                                        "exclude_unreachable": True}))
     with Connector(ConnectOptions(connect_timeout=2)) as connector:
         record = launch(spec, connector)
         watchdog = BackgroundWatchdog(record, connector)
         events = watchdog.events
-        wait_for_step(record, connector, 12)
-        sandbox.disconnect_node("node4")
+        with hold:
+            wait_for_step(record, connector, 12)
+            sandbox.disconnect_node("node4")
         try:
             final = watchdog.result(timeout=240)
             assert final.state == "finished", (final.to_dict(), events)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import BackgroundWatchdog, inventory_with_slots, losses, run_dir
+from job_helpers import BackgroundWatchdog, Hold, inventory_with_slots, losses, run_dir
 
 from mlxops.jobs.launch import launch
 from mlxops.jobs.logs import fetch, prefixed
@@ -52,12 +52,15 @@ def inventory(sandbox, tmp_path) -> Path:
 
 
 def write_job(tmp_path: Path, inventory: Path, name: str, backend: str, steps: int,
-              max_restarts: int = 0, stall_timeout: float = 60) -> Path:
+              max_restarts: int = 0, stall_timeout: float = 60,
+              env: dict[str, str] | None = None) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"]["steps"] = steps
     job = {"name": name, "inventory": str(inventory), "hosts": HOSTS, "backend": backend,
            "trainer": trainer, "stop_grace": 3,
            "restart": {"max_restarts": max_restarts, "stall_timeout": stall_timeout}}
+    if env:
+        job["env"] = env
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path
@@ -156,19 +159,22 @@ def test_mpi_job_finishes_with_the_losses_of_the_same_ring_job(
 
 def test_stop_mid_run_leaves_no_process_on_any_node_and_resume_finishes(
         sandbox, tmp_path, inventory, connector):
-    spec = load_job(write_job(tmp_path, inventory, "m-stop", "mpi", 30))
+    # Held at step 5 until stopped: it is running when stopped, however fast the machine.
+    hold = Hold(sandbox, "m-stop", HOSTS, at=5)
+    spec = load_job(write_job(tmp_path, inventory, "m-stop", "mpi", 30, env=hold.env))
     record = launch(spec, connector)
-    deadline = time.monotonic() + 60
-    while (job_status(record, connector).step or 0) < 5:
-        status = job_status(record, connector)
-        assert status.state == "running", (status.to_dict(), logs(record, connector))
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.3)
-    running = leftovers(sandbox, "m-stop")  # seen while it runs: ranks, orted, mpirun
-    assert any("orted" in p for p in running) and any("mpirun" in p for p in running), (
-        running, subprocess.run(["pgrep", "-a", "orted|mpirun|rank-"], capture_output=True,
-                                text=True).stdout)
-    results = stop_job(record, connector)
+    with hold:
+        deadline = time.monotonic() + 60
+        while (job_status(record, connector).step or 0) < 5:
+            status = job_status(record, connector)
+            assert status.state == "running", (status.to_dict(), logs(record, connector))
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.3)
+        running = leftovers(sandbox, "m-stop")  # seen while it runs: ranks, orted, mpirun
+        assert any("orted" in p for p in running) and any("mpirun" in p for p in running), (
+            running, subprocess.run(["pgrep", "-a", "orted|mpirun|rank-"],
+                                    capture_output=True, text=True).stdout)
+        results = stop_job(record, connector)
     assert results.exit_code == 0, {h: r.message for h, r in results.items()}
     assert no_leftovers(sandbox, "m-stop", within=1.0) == []
     status = job_status(load_record("m-stop"), connector)
@@ -196,15 +202,17 @@ def mpi_trainer_pid(sandbox, name: str, rank: int, node: str) -> int:
 ])
 def test_a_dead_or_stuck_mpi_rank_is_restarted_by_the_watchdog(
         sandbox, tmp_path, inventory, connector, sig, name, stall_timeout, reason):
+    hold = Hold(sandbox, name, HOSTS, at=6)  # released once the rank is hit
     spec = load_job(write_job(tmp_path, inventory, name, "mpi", 40, max_restarts=1,
-                              stall_timeout=stall_timeout))
+                              stall_timeout=stall_timeout, env=hold.env))
     record = launch(spec, connector)
     watchdog = BackgroundWatchdog(record, connector)
-    deadline = time.monotonic() + 60
-    while (job_status(record, connector).step or 0) < 6:
-        assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.3)
-    os.kill(mpi_trainer_pid(sandbox, name, 3, "node3"), sig)
+    with hold:
+        deadline = time.monotonic() + 60
+        while (job_status(record, connector).step or 0) < 6:
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.3)
+        os.kill(mpi_trainer_pid(sandbox, name, 3, "node3"), sig)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", (final.to_dict(), watchdog.events,
                                        logs(record, connector))

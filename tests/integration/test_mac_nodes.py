@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_helpers import mlxops
-from job_helpers import BackgroundWatchdog, losses, run_dir, wait_for_step
+from job_helpers import BackgroundWatchdog, Hold, losses, run_dir, wait_for_step
 
 from mlxops.hostfacts import MacState
 from mlxops.inventory import load_inventory
@@ -118,24 +118,30 @@ def test_provision_tunes_the_mac_with_become_and_check_holds_it(mac_sandbox, bec
 
 def test_a_job_runs_stops_and_recovers_through_bsd_ps(mac_sandbox, become_inventory,
                                                       tmp_path, connector):
-    spec = load_job(_write_job(tmp_path, become_inventory, "m-kill", steps=60, slow=True))
+    # Held at step 8 (then at 5) however fast the machine is: the job is running when
+    # the test reads it and acts.
+    hold = Hold(mac_sandbox, "m-kill", MAC_HOSTS, at=8)
+    spec = load_job(_write_job(tmp_path, become_inventory, "m-kill", steps=60, env=hold.env))
     record = launch(spec, connector, fresh=True)
     watchdog = BackgroundWatchdog(record, connector)
-    wait_for_step(record, connector, 8, timeout=240)   # a cold kernel cache: g++ runs
-    status = job_status(record, connector)   # pids read through the ps shim: no /proc there
-    assert status.state == "running" and all(r.pid and r.state == "running"
-                                             for r in status.ranks), status.to_dict()
-    os.kill(_trainer_pid(mac_sandbox, "m-kill", 1, "node2"), signal.SIGKILL)
+    with hold:
+        wait_for_step(record, connector, 8, timeout=240)   # a cold kernel cache: g++ runs
+        status = job_status(record, connector)   # pids read through the ps shim: no /proc
+        assert status.state == "running" and all(r.pid and r.state == "running"
+                                                 for r in status.ranks), status.to_dict()
+        os.kill(_trainer_pid(mac_sandbox, "m-kill", 1, "node2"), signal.SIGKILL)
     final = watchdog.result(timeout=180)
     assert final.state == "finished", final.to_dict()
     assert "rank 1 on node2" in load_record("m-kill").restarts[0].reason
     assert losses(mac_sandbox, "m-kill")[60] < losses(mac_sandbox, "m-kill")[1]
     assert _job_processes("m-kill") == []
 
-    spec = load_job(_write_job(tmp_path, become_inventory, "m-stop", steps=400, slow=True))
+    hold = Hold(mac_sandbox, "m-stop", MAC_HOSTS, at=5)
+    spec = load_job(_write_job(tmp_path, become_inventory, "m-stop", steps=40, env=hold.env))
     record = launch(spec, connector, fresh=True)
-    wait_for_step(record, connector, 5)
-    assert stop_job(record, connector).exit_code == 0
+    with hold:
+        wait_for_step(record, connector, 5)
+        assert stop_job(record, connector).exit_code == 0
     assert _job_processes("m-stop") == []
     assert job_status(load_record("m-stop"), connector).state == "stopped"
     assert supervise(load_record("m-stop"), connector).state == "stopped"
@@ -185,23 +191,26 @@ def _results(proc: subprocess.CompletedProcess) -> list[dict]:
     return json.loads(proc.stdout)["results"]
 
 
+MAC_HOSTS = "node1,node2"
+
+
 def _write_job(tmp_path: Path, inventory: Path, name: str, *, steps: int,
-               backend: str = "ring", slow: bool = False) -> Path:
-    """``slow``: rank 1 takes 0.1 s more a step (the trainer's test hook), so that a test
-    acting at step 8 finds the job still running however fast the machine is."""
+               backend: str = "ring", env: dict[str, str] | None = None) -> Path:
+    """``env``: the job's ``env:`` (a :class:`Hold`'s, for a test that acts on the job
+    while it runs)."""
     trainer = {
         "model": {"dims": 32, "layers": 1, "heads": 2, "vocab_size": 256, "seq_len": 32},
         "data": {"source": "synthetic", "seed": 0},
         "train": {"steps": steps, "global_batch": 4, "micro_batch": 2, "lr": 3e-3,
                   "checkpoint_every": 10, "keep": 2, "log_every": 1},
     }
-    job = {"name": name, "inventory": str(inventory), "hosts": "node1,node2",
+    job = {"name": name, "inventory": str(inventory), "hosts": MAC_HOSTS,
            "backend": backend, "trainer": trainer,
            # the watchdog looks twice a second (the selftest's pace), not every 2 s as a
            # 120 s stall timeout would have it: the tests wait on what it sees
            "restart": {"max_restarts": 2, "stall_timeout": 120, "poll_interval": 0.5}}
-    if slow:
-        job["env"] = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.05"}
+    if env:
+        job["env"] = env
     path = tmp_path / f"{name}.yml"
     path.write_text(yaml.safe_dump(job))
     return path

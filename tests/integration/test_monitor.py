@@ -218,6 +218,11 @@ def test_the_dashboard_page_requests_nothing_outside_its_origin(recorded, tmp_pa
     assert all(u.startswith(origin + "/") for u in page), page
 
 
+#: A job these tests watch grow: it never ends on its own while they look (they stop it),
+#: however fast the machine; 300-400 steps raced the looks (a Chromium start is seconds).
+ENDLESS = 100_000
+
+
 def three_node_job(tmp_path: Path, sandbox, name: str, steps: int):
     """A small trainer job on node1..node3 (3 ranks: a light load on 2 cores)."""
     spec = load_job(write_job(tmp_path, sandbox, name, steps=steps, global_batch=6))
@@ -254,7 +259,7 @@ def look(dashboard: Dashboard, *flags: str) -> str:
 @needs_chromium
 def test_a_running_job_in_the_dashboard_grows_and_marks_its_restart(sandbox, tmp_path,
                                                                     connector):
-    record = launch(three_node_job(tmp_path, sandbox, "t-dash", steps=400), connector)
+    record = launch(three_node_job(tmp_path, sandbox, "t-dash", steps=ENDLESS), connector)
     # The watchdog restarts the job and is what feeds its mirror (here every second
     # rather than every 5 s, and at once when a rank dies): the dashboard only reads it
     # (its own looks: a unit test).
@@ -314,7 +319,7 @@ def node_samples(name: str) -> list[dict]:
 def test_the_monitor_follows_a_running_job_in_a_real_terminal(login_sandbox, tmp_path,
                                                               connector):
     sandbox = login_sandbox
-    record = launch(three_node_job(tmp_path, sandbox, "t-mon", steps=300), connector)
+    record = launch(three_node_job(tmp_path, sandbox, "t-mon", steps=ENDLESS), connector)
     socket_name = f"mlxops-test-{os.getpid()}"
     tmux = ["tmux", "-L", socket_name]
     command = shlex.join(["env", f"MLXOPS_HOME={os.environ['MLXOPS_HOME']}",
@@ -330,7 +335,7 @@ def test_the_monitor_follows_a_running_job_in_a_real_terminal(login_sandbox, tmp
                                   capture_output=True, text=True).stdout
 
         def step_shown(text: str) -> int:
-            found = re.search(r"t-mon\s+running\s+step (\d+)/300", text)
+            found = re.search(rf"t-mon\s+running\s+step (\d+)/{ENDLESS}", text)
             return int(found.group(1)) if found else -1
 
         deadline = time.monotonic() + 60

@@ -72,15 +72,17 @@ def test_a_killed_rank_is_restarted_on_the_timeline_notified_once_and_scraped(ru
     heard = tmp_path / "heard.txt"
     command = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'a').write("
                "os.environ['MLXOPS_EVENT_KIND'] + '\\n')", str(heard)]
+    # The ranks wait after step 12 while this file says 12 (the trainer's test hook,
+    # docs/trainer.md "Environment"): rank 1 is killed mid-run however fast the machine is.
+    hold = tmp_path / "hold"
+    hold.write_text("12\n")
     job = tmp_path / "job.yml"
     job.write_text(yaml.safe_dump({
         "name": NAME, "inventory": str(inventory), "backend": "ring",
         "trainer": {"model": {"dims": 32, "layers": 1, "heads": 2, "seq_len": 32},
                     "train": {"steps": STEPS, "global_batch": 4, "micro_batch": 2,
                               "checkpoint_every": 10, "log_every": 1}},
-        # rank 0 a tenth of a second slower per sequence: the run lasts long enough to be
-        # killed mid-way (the trainer's test hook, docs/trainer.md "Environment")
-        "env": {"MLXOPS_TRAINER_FAKE_SLOW": "0:0.1"},
+        "env": {"MLXOPS_TRAINER_HOLD": str(hold)},
         "restart": {"max_restarts": 1, "stall_timeout": 120},
         "notify": {"webhook": hook.url, "command": command, "timeout": 120,
                    "events": ["started", "restarted", "finished"]}}))
@@ -118,6 +120,7 @@ def test_a_killed_rank_is_restarted_on_the_timeline_notified_once_and_scraped(ru
             return int(child.stdout.split()[0]) if child.stdout.split() else None
 
         os.kill(wait_until(rank1_past_step_12, 180, "step 12"), signal.SIGKILL)
+        hold.unlink()  # the restart runs to the end
         out, _ = launch.communicate(timeout=300)
     finally:
         if launch.poll() is None:
