@@ -16,7 +16,7 @@ from mlxops.devtools.webhook import Receiver
 from mlxops.errors import UserError
 from mlxops.jobs.notifying import job_notify
 from mlxops.notify import config as notify_config
-from mlxops.notify.config import NotifyConfig
+from mlxops.notify.config import NotifyConfig, parse_section
 from mlxops.notify.deliver import GAVE_UP, SENDING, SENT, Ledger, Notifier
 
 
@@ -162,17 +162,18 @@ DEFAULT = notify_config.parse_default({"webhook": "https://hooks.example.com/T0/
 def test_a_jobs_section_is_read_over_the_inventory_default_key_by_key(tmp_path):
     hosts = [host("n1", DEFAULT), host("n2", DEFAULT)]
     job = tmp_path / "job.yml"
-    config = job_notify(job, {"events": ["failed"]}, hosts, tmp_path / "inv.yml")
+    config = job_notify(job, parse_section({"events": ["failed"]}), hosts, tmp_path / "inv.yml")
     assert config == NotifyConfig(webhook="https://hooks.example.com/T0/B0", events=("failed",))
     assert job_notify(job, None, hosts, tmp_path / "inv.yml") == DEFAULT
-    assert job_notify(job, False, hosts, tmp_path / "inv.yml") is None
+    assert job_notify(job, parse_section(False), hosts, tmp_path / "inv.yml") is None
     assert job_notify(job, None, [host("n1", None)], tmp_path / "inv.yml") is None
 
 
 def test_a_section_that_names_no_target_or_hosts_that_disagree_are_refused(tmp_path):
     job, inventory = tmp_path / "job.yml", tmp_path / "inv.yml"
     with pytest.raises(UserError) as no_target:
-        job_notify(job, {"events": ["failed"]}, [host("n1", None)], inventory)
+        job_notify(job, parse_section({"events": ["failed"]}), [host("n1", None)],
+                   inventory)
     assert str(no_target.value) == (f"{job}: notify: says where to send nothing: give "
                                     "command: or webhook:")
     with pytest.raises(UserError) as differ:
