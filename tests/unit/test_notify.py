@@ -180,3 +180,32 @@ def test_a_section_that_names_no_target_or_hosts_that_disagree_are_refused(tmp_p
         job_notify(job, None, [host("n1", DEFAULT), host("n2", None)], inventory)
     assert str(differ.value) == (f"{inventory}: mlxops_notify: differs between the hosts of "
                                  "one job (n1, n2): set it once, under all: vars")
+
+
+def test_a_jobs_section_is_parsed_once_and_the_record_keeps_it_typed(tmp_path, monkeypatch):
+    """``notify:`` is a typed value on the spec (parsed at load), kept in the record as
+    the job file wrote it and read back as the same value for the watchdog."""
+    import yaml
+
+    from mlxops.jobs.record import JobRecord, launched_job
+    from mlxops.jobs.spec import load_job
+    from mlxops.notify.config import NotifySection
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump({"all": {"hosts": {"a": {}}}}))
+    for section, want in [
+            ({"command": "notify-send 'job' ", "events": ["failed", "failed"], "retries": 0},
+             NotifySection(command=("notify-send", "job"), events=("failed",), retries=0)),
+            (False, NotifySection(off=True)), (None, None)]:
+        (tmp_path / "job.yml").write_text(yaml.safe_dump(
+            {"name": "j", "inventory": "inv.yml", "command": "true", "notify": section}))
+        spec = load_job(tmp_path / "job.yml")
+        assert spec.notify == want
+        record = JobRecord(name="j", job_file=str(spec.path), inventory=str(spec.inventory),
+                           backend="ring", hosts=[], ranks=[], job=launched_job(spec))
+        again = JobRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+        assert again.job_spec().notify == want
+    assert notify_config.resolve(NotifySection(webhook="https://h.example.com/x"), DEFAULT
+                                 ) == NotifyConfig(webhook="https://h.example.com/x")
+    with pytest.raises(notify_config.NotifyError, match="says where to send nothing"):
+        notify_config.resolve(NotifySection(events=("failed",)), None)
