@@ -104,9 +104,9 @@ class Planner(ABC):
     def checkpoints(self) -> tuple[int, int]:
         """Bytes of one checkpoint, and how many a run keeps on disk at most."""
 
+    @abstractmethod
     def step_work(self, plan: Any) -> tuple[int, int]:
-        """Tokens of one rank's step and the bytes its all-reduce carries."""
-        raise NotImplementedError
+        """Tokens of one rank's step (of ``plan``) and the bytes its all-reduce carries."""
 
     def attention(self, tokens: int) -> tuple[float, int] | None:
         """Attention's GFLOP for ``tokens`` and the keys a query attends, where the plan

@@ -9,8 +9,9 @@ document.addEventListener("DOMContentLoaded", () => {
   const drawn = MlxopsView.job(root, doc);
 
   root.append(el("h3", { text: "Config (as launched)" }));
-  const config = doc.job.trainer ? { trainer: doc.job.trainer }
-    : doc.job.serve ? { serve: doc.job.serve } : { command: doc.job.command };
+  // The job's kind of work: the one of these keys that is not null (jobs/workloads/).
+  const kind = ["trainer", "finetune", "serve", "command"].find((k) => doc.job[k]) || "command";
+  const config = { [kind]: doc.job[kind] };
   config.restart = doc.job.restart;
   config.alerts = doc.job.alerts;
   root.append(el("pre", { class: "config", text: JSON.stringify(config, null, 2) }));
