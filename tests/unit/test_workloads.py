@@ -172,3 +172,24 @@ def test_data_and_workdir_go_with_the_kinds_that_take_them(tmp_path):
     with pytest.raises(UserError, match=r"job\.yml: data: goes with 'trainer:' .*a server "
                                         "reads its own data"):
         load_job(write(tmp_path, serve={"model": "/m"}, data="corpus"))
+
+
+
+def test_no_code_outside_the_workloads_tests_which_kind_a_job_is():
+    """No ``spec.serve``-style test of a job's kind, and no ``.get("serve")``-style read of
+    the record's job mapping, outside ``mlxops/jobs/workloads/`` (the monitor's own job
+    document, which names the kind's section, is not the record)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    kind = "(trainer|finetune|serve|command)"
+    tests = re.compile(rf"\b(spec|job|record|workload)\.{kind}\b"
+                       rf"|\bjob\b[^\n]*\.get\(\"{kind}\"\)|\bjob\[\"{kind}\"\]")
+    found = []
+    for path in sorted((root / "mlxops").rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if not name.startswith("mlxops/jobs/workloads/"):
+            found += [f"{name}:{n}: {line.strip()}"
+                      for n, line in enumerate(path.read_text().splitlines(), 1)
+                      if tests.search(line)]
+    assert found == []
