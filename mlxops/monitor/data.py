@@ -198,7 +198,8 @@ def job_info(record: JobRecord) -> dict[str, Any]:
             "attempt": record.attempt, "created": record.created, "updated": record.updated,
             "message": record.message, "job_file": record.job_file,
             "inventory": record.inventory, "excluded": record.excluded,
-            # what it runs, under its kind's key; the other kinds' keys null
+            # what it runs: its kind, and its section under the kind's key (others null)
+            "kind": record.workload.kind if record.workload else None,
             **dict.fromkeys(KINDS), **_workload(record.workload),
             "restart": {"max_restarts": record.restart.max_restarts,
                         "stall_timeout": record.restart.stall_timeout},

@@ -9,8 +9,8 @@ document.addEventListener("DOMContentLoaded", () => {
   const drawn = MlxopsView.job(root, doc);
 
   root.append(el("h3", { text: "Config (as launched)" }));
-  // The job's kind of work: the one of these keys that is not null (jobs/workloads/).
-  const kind = ["trainer", "finetune", "serve", "command"].find((k) => doc.job[k]) || "command";
+  // The job's kind of work (jobs/workloads/), its section under the kind's key.
+  const kind = doc.job.kind || "command";
   const config = { [kind]: doc.job[kind] };
   config.restart = doc.job.restart;
   config.alerts = doc.job.alerts;
