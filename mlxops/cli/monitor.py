@@ -88,6 +88,7 @@ def dashboard(port, bind, interval, offline, metrics_only, connect):
     compute/all-reduce split, memory, restarts, per-node health, the last bench."""
     from mlxops.monitor import server as dashboard_server  # http.server: only here
 
+    say = console.err.print  # rich's console made now: once listening, the lines come at once
     try:
         server = dashboard_server.make_server(bind, port, metrics_only=metrics_only)
     except OSError as exc:
@@ -100,7 +101,7 @@ def dashboard(port, bind, interval, offline, metrics_only, connect):
                             ) from None
         raise MlxopsError(f"cannot listen on {bind}:{port}: {exc}") from None
     try:  # from here a Ctrl-C ends the dashboard cleanly, even before it serves
-        _serve_dashboard(server, bind, port, interval, offline, metrics_only, connect)
+        _serve_dashboard(server, say, bind, port, interval, offline, metrics_only, connect)
     except KeyboardInterrupt:
         pass
     finally:
@@ -149,14 +150,13 @@ def report_command(name, output, refresh, as_json, connect):
 commands = [monitor, dashboard, report_command]
 
 
-def _serve_dashboard(server, bind: str, port: int, interval: float, offline: bool,
+def _serve_dashboard(server, say, bind: str, port: int, interval: float, offline: bool,
                      metrics_only: bool, connect) -> None:
     """Say where the dashboard is, and serve until interrupted (the caller closes it)."""
     from mlxops.monitor import server as dashboard_server
     from mlxops.transport import Connector
 
     shown = f"[{bind}]" if ":" in bind else bind
-    say = console.err.print
     say(f"mlxops dashboard: http://{shown}:{port}/{'metrics' if metrics_only else ''}  "
         f"(Ctrl-C stops; Prometheus: http://{shown}:{port}/metrics)", soft_wrap=True)
     if dashboard_server.is_loopback(bind):
