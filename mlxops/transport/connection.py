@@ -20,8 +20,9 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, TypeVar
 
 from mlxops import shell
 from mlxops.transport.hostkeys import (
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from mlxops.transport.jumps import JumpHost
 
 Stdin = bytes | IO[bytes] | None
+T = TypeVar("T")
 
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
 
@@ -88,6 +90,9 @@ class Connection(Protocol):
             stdin: Stdin = None) -> CommandResult: ...
 
     def stream(self, command: str) -> LineStream: ...
+
+    def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
+                    timeout: float | None = None) -> tuple[T, CommandResult]: ...
 
     def close(self) -> None: ...
 
@@ -141,6 +146,13 @@ class LocalConnection:
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True, cwd=os.path.expanduser("~"))
         return LocalLineStream(proc)
+
+    def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
+                    timeout: float | None = None) -> tuple[T, CommandResult]:
+        """``consume(stdout)`` as it comes, never held whole (:mod:`.output`)."""
+        from mlxops.transport.output import read_local
+
+        return read_local(self, command, consume, timeout)
 
     def close(self) -> None:
         pass
@@ -287,6 +299,14 @@ class SSHConnection:
             self._conn.close()
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return SSHLineStream(self.name, channel)
+
+    def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
+                    timeout: float | None = None) -> tuple[T, CommandResult]:
+        """``consume(stdout)`` as it comes, never held whole; ``timeout``: seconds without
+        a byte (:mod:`.output`)."""
+        from mlxops.transport.output import read_ssh
+
+        return read_ssh(self, command, consume, timeout)
 
     def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> paramiko.Channel:
         """A TCP connection to ``address``:``port`` as the host sees it (``127.0.0.1``: its
