@@ -9,6 +9,10 @@ login shell, zsh on a Mac).
 SSH commands run on a raw paramiko channel of the Fabric connection rather than through
 Fabric's ``run``: invoke's runner decodes stdin as text (our sync archives are binary) and
 polls with sleeps, which costs milliseconds per command on every host.
+
+Past 400 lines: the two kinds of connection and the protocol they share are read together
+(each method's two implementations side by side); reading a large output as a stream is
+apart, in :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -92,7 +96,8 @@ class Connection(Protocol):
     def stream(self, command: str) -> LineStream: ...
 
     def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
-                    timeout: float | None = None) -> tuple[T, CommandResult]: ...
+                    timeout: float | None = None) -> tuple[T, CommandResult]:
+        """``consume(stdout)`` as it comes, never held whole (:mod:`.output`)."""
 
     def close(self) -> None: ...
 
@@ -119,14 +124,21 @@ class LocalConnection:
     def run(self, command: str, *, timeout: float | None = None,
             stdin: Stdin = None) -> CommandResult:
         start = time.monotonic()
-        data = stdin if isinstance(stdin, bytes) or stdin is None else stdin.read()
+        # A stream (a tar made as it is read) is fed from a thread through a pipe of our
+        # own, a chunk at a time, never read whole; bytes go through communicate().
+        streamed = stdin is not None and not isinstance(stdin, bytes)
+        pipe = os.pipe() if streamed else None
         # Own session: on timeout the whole process group goes, not just the shell.
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, cwd=os.path.expanduser("~"),
+            ["/bin/sh", "-c", command], stdin=pipe[0] if pipe else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            cwd=os.path.expanduser("~"),
         )
+        if pipe:
+            os.close(pipe[0])
+            threading.Thread(target=_feed_fd, args=(pipe[1], stdin), daemon=True).start()
         try:
-            out, err = proc.communicate(data or b"", timeout=timeout)
+            out, err = proc.communicate(None if pipe else (stdin or b""), timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -149,8 +161,7 @@ class LocalConnection:
 
     def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
                     timeout: float | None = None) -> tuple[T, CommandResult]:
-        """``consume(stdout)`` as it comes, never held whole (:mod:`.output`)."""
-        from mlxops.transport.output import read_local
+        from mlxops.transport.output import read_local  # see there
 
         return read_local(self, command, consume, timeout)
 
@@ -302,9 +313,7 @@ class SSHConnection:
 
     def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
                     timeout: float | None = None) -> tuple[T, CommandResult]:
-        """``consume(stdout)`` as it comes, never held whole; ``timeout``: seconds without
-        a byte (:mod:`.output`)."""
-        from mlxops.transport.output import read_ssh
+        from mlxops.transport.output import read_ssh  # see there
 
         return read_ssh(self, command, consume, timeout)
 
@@ -367,6 +376,15 @@ def _split_pgid(err: bytes) -> tuple[int | None, bytes]:
     if head.startswith(b"MLXOPS_PGID=") and head[12:].isdigit():
         return int(head[12:]), rest
     return None, err
+
+
+def _feed_fd(fd: int, stdin: Stdin) -> None:
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            for chunk in _chunks(stdin):
+                pipe.write(chunk)
+    except (BrokenPipeError, ValueError):
+        pass  # the command exited early; its exit status tells what happened
 
 
 def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:
