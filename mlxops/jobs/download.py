@@ -4,8 +4,8 @@ and ``mlxops export``.
 The node runs ``python -m mlxops.node send`` (:mod:`mlxops.node.protocol.send`): one answer
 line naming the directory, the files and their sizes (or why there is nothing), then the
 files as a tar. Here both are read as they come off the connection
-(:meth:`Connection.read_output`): each file is written to disk a buffer at a time, never
-held whole, never as text (a model of 15 GB costs the controller a few MB of memory).
+(:func:`mlxops.transport.output.read_output`): each file is written to disk a buffer at a
+time, never held whole, never as text (a 15 GB model costs the controller a few MB).
 
 What is accepted: exactly the files the answer named, each a regular file of the size it
 named, with a plain relative name (no ``..``, no absolute path, no link): anything else,
@@ -27,6 +27,7 @@ from mlxops.node import protocol
 from mlxops.node.protocol.send import SEND, SendAnswer
 from mlxops.transport import CommandResult, Connection
 from mlxops.transport.nodecmd import node_command
+from mlxops.transport.output import read_output
 
 #: Lines the node may print before the send answer (an exporter's own answer line).
 MAX_LINES_BEFORE = 20
@@ -109,8 +110,8 @@ def download(conn: Connection, command: str, into: Path, *,
     ``into``: what came, and the command's result (its exit code and stderr; a failure
     before the answer leaves ``answer`` None). A stream cut short or damaged, or silent for
     ``timeout`` seconds, is :class:`DownloadError`."""
-    got, result = conn.read_output(command, lambda out: receive(conn.name, out, into),
-                                   timeout=timeout)
+    got, result = read_output(conn, command, lambda out: receive(conn.name, out, into),
+                              timeout=timeout)
     if result.timed_out:
         raise DownloadError(f"{conn.name}: no byte for {timeout:g}s: download given up")
     if not result.ok and got.answer is not None and not got.answer.missing:

@@ -9,10 +9,7 @@ login shell, zsh on a Mac).
 SSH commands run on a raw paramiko channel of the Fabric connection rather than through
 Fabric's ``run``: invoke's runner decodes stdin as text (our sync archives are binary) and
 polls with sleeps, which costs milliseconds per command on every host.
-
-Past 400 lines: the two kinds of connection and the protocol they share are read together
-(each method's two implementations side by side); reading a large output as a stream is
-apart, in :mod:`.output`.
+Reading a large output as a stream (either kind): :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -24,9 +21,8 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlxops import shell
 from mlxops.transport.hostkeys import (
@@ -49,7 +45,6 @@ if TYPE_CHECKING:
     from mlxops.transport.jumps import JumpHost
 
 Stdin = bytes | IO[bytes] | None
-T = TypeVar("T")
 
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
 
@@ -94,10 +89,6 @@ class Connection(Protocol):
             stdin: Stdin = None) -> CommandResult: ...
 
     def stream(self, command: str) -> LineStream: ...
-
-    def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
-                    timeout: float | None = None) -> tuple[T, CommandResult]:
-        """``consume(stdout)`` as it comes, never held whole (:mod:`.output`)."""
 
     def close(self) -> None: ...
 
@@ -158,12 +149,6 @@ class LocalConnection:
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 start_new_session=True, cwd=os.path.expanduser("~"))
         return LocalLineStream(proc)
-
-    def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
-                    timeout: float | None = None) -> tuple[T, CommandResult]:
-        from mlxops.transport.output import read_local  # see there
-
-        return read_local(self, command, consume, timeout)
 
     def close(self) -> None:
         pass
@@ -310,12 +295,6 @@ class SSHConnection:
             self._conn.close()
             raise HostUnreachable(self.name, f"connection lost: {exc}") from None
         return SSHLineStream(self.name, channel)
-
-    def read_output(self, command: str, consume: Callable[[IO[bytes]], T], *,
-                    timeout: float | None = None) -> tuple[T, CommandResult]:
-        from mlxops.transport.output import read_ssh  # see there
-
-        return read_ssh(self, command, consume, timeout)
 
     def open_tunnel(self, address: str, port: int, timeout: float = 10.0) -> paramiko.Channel:
         """A TCP connection to ``address``:``port`` as the host sees it (``127.0.0.1``: its

@@ -1,7 +1,7 @@
 """A command's output read as a stream, for output too large to hold: a node sending files
 (``python -m mlxops.node send``: an answer line, then a tar; :mod:`mlxops.jobs.download`).
 
-:meth:`Connection.read_output` hands the command's stdout to a ``consume`` function as a
+:func:`read_output` hands the command's stdout to a ``consume`` function as a
 binary file, read as ``consume`` reads it: over SSH, paramiko's window (2 MB) is all that is
 ever buffered, so a 15 GB model crosses the controller's memory a buffer at a time. What
 ``consume`` leaves unread is read and dropped (so the command is not blocked on a full
@@ -34,6 +34,8 @@ from mlxops.transport.connection import (
     _REPORT_PGID,
     TIMED_OUT,
     CommandResult,
+    Connection,
+    LocalConnection,
     _exec,
     _split_pgid,
 )
@@ -42,11 +44,21 @@ from mlxops.transport.hostkeys import HostUnreachable
 if TYPE_CHECKING:
     import paramiko
 
-    from mlxops.transport.connection import LocalConnection, SSHConnection
+    from mlxops.transport.connection import SSHConnection
 
 T = TypeVar("T")
 Consume = Callable[[IO[bytes]], T]
 _CHUNK = 1 << 16
+
+
+def read_output(conn: Connection, command: str, consume: Consume[T], *,
+                timeout: float | None = None) -> tuple[T, CommandResult]:
+    """Run ``command`` on ``conn``; ``consume(its stdout)`` as it comes, never held whole.
+    ``(what consume returned, the result)``; ``timeout``: over SSH, seconds without a byte
+    (locally, the whole command's)."""
+    if isinstance(conn, LocalConnection):
+        return read_local(conn, command, consume, timeout)
+    return read_ssh(conn, command, consume, timeout)  # type: ignore[arg-type]
 
 
 class OutputTimedOut(Exception):
