@@ -125,12 +125,17 @@ class Finding:
     host: str
     subject: str                   # "mlx", "python", "macos_build"
     found: str                     # "mlx 0.31.0"
-    against: str                   # "controller 0.32.4", "others 0.32.4"
+    against: str                   # "controller 0.32.4", "others 0.32.4"; "": nothing
     fix: str
 
     @property
     def line(self) -> str:
-        return f"{self.host}: {self.found}, {self.against}: {self.fix}"
+        return f"{self.host}: {self.said}: {self.fix}"
+
+    @property
+    def said(self) -> str:
+        """What was found, and against what when there is something to compare with."""
+        return f"{self.found}, {self.against}" if self.against else self.found
 
 
 def mlx_findings(node: Versions, pin: str | None = None, source: str = "controller"
@@ -207,8 +212,8 @@ def findings_of(findings: Sequence[Finding], host: str) -> list[Finding]:
     return [f for f in findings if f.host == host]
 
 
-def joined(findings: Sequence[Finding]) -> tuple[str, str]:
+def joined(findings: Sequence[Finding], sep: str = ", ") -> tuple[str, str]:
     """One host's findings as one ``(found, fix)``: what ``mlxops check`` reports."""
-    found = ", ".join(f"{f.found}, {f.against}" for f in findings)
+    found = sep.join(f.said for f in findings)
     fixes = list(dict.fromkeys(f.fix for f in findings))
     return found, "; ".join(fixes)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxops import render
 from mlxops.errors import UserError, bad_input
+from mlxops.hostready import Questions, questions
 from mlxops.ignore import Ignore
 from mlxops.inventory import Host, Inventory, load_inventory
 from mlxops.inventory.backend import hosts_backend
@@ -67,6 +68,14 @@ class Target:
 
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
+
+    def questions(self, host: Host) -> Questions:
+        """What ``host``'s ``ready`` is asked: pre-flight's questions
+        (:func:`mlxops.hostready.questions`), the job's server port on rank 0's host."""
+        serve = self.job.serve if self.job is not None else None
+        rank0 = self.planned[0].name if self.planned else self.first
+        at = (serve.bind, serve.port) if serve is not None and host.name == rank0 else None
+        return questions(self.backend, host.ip, self.ports.get(host.name, ()), at)
 
     @functools.cached_property
     def hostfile_sets(self) -> list[tuple[str, tuple[Host, ...]]]:

@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxops.errors import MlxopsError
+from mlxops.hostready import HostSaid, Questions
+from mlxops.hostready import findings as host_findings
+from mlxops.hostready import questions as host_questions
 from mlxops.jobs import finetune
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.content import PlaceReport, place
@@ -42,6 +45,7 @@ class HostPrep:
     root: str
     python: str
     answer: protocol.PreflightAnswer
+    asked: Questions = field(default_factory=Questions)  # what it was asked
     data: PlaceReport | None = None   # the job's data: on this node (where, what was sent)
     data_problems: list[str] = field(default_factory=list)
     # A copy of the job's content (a fine-tuning model, its data) that still differs.
@@ -60,13 +64,11 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
     def work(host) -> HostPrep:
         conn = connector.connect(host)
         host_ranks = [r for r in ranks if r.host == host.name]
-        ports = [r.port for r in host_ranks] if spec.backend == protocol.RING else []
-        questions = {"ip": host.ip if ports else "", "ports": ports,
-                     "mpi": spec.backend == protocol.MPI}
-        if spec.serve is not None and host_ranks and host_ranks[0].rank == 0:
-            # The server's own port, where it will listen (the ring port of rank 0 of a
-            # serve job is asked on the same address: one address per question).
-            questions.update(ip=spec.serve.bind, ports=[spec.serve.port, *ports])
+        ports = [r.port for r in host_ranks]
+        serve = (spec.serve.bind, spec.serve.port) if (
+            spec.serve is not None and host_ranks and host_ranks[0].rank == 0) else None
+        asked = host_questions(spec.backend, host.ip, ports, serve)
+        questions = {"ip": asked.ip, "ports": list(asked.ports), "mpi": asked.mpi}
         # One round trip when the code is current: resolve, manifest and the questions
         # (asked in <root>, so of the run directory relative to it).
         result = conn.run(nodecmd.preflight_command(
@@ -82,7 +84,7 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
             # The answer came from missing or older helpers: ask the ones just synced.
             answer = nodecmd.run_node(conn, python, paths.code,
                                       protocol.preflight_args(paths.run_dir, **questions))
-        prep = HostPrep(host, root, python, answer)
+        prep = HostPrep(host, root, python, answer, asked)
         if content is not None:
             prep.data, prep.data_problems = place(conn, python, root, content, wanted)
         if contents:
@@ -105,23 +107,12 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     if spec.needs_mlx_lm:
         # Refused, not installed: software is provision's business (docs/job-file.md).
         problems += [f.line for f in mlx_lm_findings(versions)]
-    for name, prep in preps.items():
-        if prep.answer.leftovers:
-            pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)
-            problems.append(f"{name}: ranks of job {spec.name!r} still run (pids {pids}); "
-                            f"run 'mlxops stop {spec.name}'")
-        elif spec.serve is not None and spec.serve.port in prep.answer.ports_busy:
-            problems.append(f"{name}: serve.port {spec.serve.port} is in use on "
-                            f"{spec.serve.bind} (another server?)")
-        elif prep.answer.ports_busy:
-            ports = ", ".join(map(str, prep.answer.ports_busy))
-            problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "
-                            f"{spec.path.name})")
-        if spec.backend in protocol.JACCL_BACKENDS and prep.answer.system != "Darwin":
-            problems.append(f"{name}: the {spec.backend} backend needs macOS with RDMA over "
-                            "Thunderbolt 5; this node runs " + str(prep.answer.system))
-    if spec.backend == protocol.MPI and ranks:
-        problems += mpi_problems(preps, ranks[0].host)
+    # Nothing in the way, and what the backend needs (mlxops.hostready: check reports
+    # the same rules per host).
+    said = {name: HostSaid.from_preflight(name, spec.name, p.answer) for name, p in preps.items()}
+    problems += [f.line for f in host_findings(
+        said, {name: p.asked for name, p in preps.items()}, spec.backend,
+        ranks[0].host if ranks else None, spec.path.name)]
     problems += [line for prep in preps.values() for line in prep.data_problems]
     problems += [line for prep in preps.values() for line in prep.content_problems]
     if problems:
@@ -138,18 +129,3 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     common = set.intersection(*steps) if steps else set()
     return max(common) if common else None
 
-
-def mpi_problems(preps: dict[str, HostPrep], launcher: str) -> list[str]:
-    """mpirun on the launcher host, and Open MPI at the same place on every other node
-    (mpirun's ``--prefix`` tells the remote orted where it is)."""
-    mpirun = preps[launcher].answer.mpirun
-    if not mpirun:
-        return [f"mpirun not found on {launcher}: install Open MPI (brew install open-mpi)"]
-    problems = []
-    for name, prep in preps.items():
-        theirs = prep.answer.mpirun
-        if name != launcher and theirs != mpirun:
-            problems.append(f"{name}: Open MPI must be installed at the same path on every "
-                            f"node: mpirun on {launcher} is {mpirun}, here "
-                            f"{theirs or 'not found'}")
-    return problems
