@@ -11,16 +11,18 @@ from dataclasses import replace
 import pytest
 
 from mlxops.checks import when
-from mlxops.hostready import HostSaid, backend_findings, mpi_findings
 from mlxops.node import protocol
 from mlxops.readiness import (
+    HostSaid,
     Versions,
     agreement,
+    backend_findings,
     findings_of,
     joined,
     mlx_lm_findings,
     mlx_lm_pin,
     mlx_lm_pin_source,
+    mpi_findings,
     pinned_version,
 )
 

@@ -1,7 +1,7 @@
 """Each host has room for the job and nothing in its way: disk and memory for the job's
 plan (``--job``), its ring ports (and a serve job's port) free, no rank of any job still
 running, a clock that agrees with the controller's. Ports and ranks are judged by the
-rules pre-flight refuses on (:mod:`mlxops.hostready`).
+rules pre-flight refuses on (:mod:`mlxops.readiness`).
 
 Disk and memory follow the job's own plan: the bundled trainer's
 (:mod:`mlxops.trainer.plan`) for a ``trainer:`` job, fine-tuning's
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from mlxops.checks import when
 from mlxops.finetune.plan import plan_disk, plan_finetune
-from mlxops.hostready import HostSaid, leftover_findings, port_findings
 from mlxops.jobs.balance import largest_share
 from mlxops.jobs.content import missing_bytes
-from mlxops.readiness import joined
+from mlxops.readiness import HostSaid, joined, leftover_findings, port_findings
 from mlxops.trainer.plan import count_params, plan_memory
 
 GB = 1024**3
@@ -102,7 +101,7 @@ def check_memory(node, cluster):
 
 
 def _said(node) -> HostSaid:
-    """The host's ``ready`` answer as the rules read it (:mod:`mlxops.hostready`)."""
+    """The host's ``ready`` answer as the rules read it (:mod:`mlxops.readiness`)."""
     ready = node.need(node.ready, NODE_ANSWER)
     return HostSaid.from_ready(node.name, node.facts.system, ready)
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from mlxops import render
 from mlxops.errors import UserError, bad_input
-from mlxops.hostready import Questions, questions
 from mlxops.ignore import Ignore
 from mlxops.inventory import Host, Inventory, load_inventory
 from mlxops.inventory.backend import hosts_backend
@@ -28,6 +27,7 @@ from mlxops.jobs.spec import JobSpec, load_job
 from mlxops.node import protocol
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook
+from mlxops.readiness import Questions, questions
 from mlxops.sync import bundle
 from mlxops.tasks.hostfiles import render_all
 from mlxops.transport import ConnectOptions
@@ -71,7 +71,7 @@ class Target:
 
     def questions(self, host: Host) -> Questions:
         """What ``host``'s ``ready`` is asked: pre-flight's questions
-        (:func:`mlxops.hostready.questions`), the job's server port on rank 0's host."""
+        (:func:`mlxops.readiness.questions`), the job's server port on rank 0's host."""
         serve = self.job.serve if self.job is not None else None
         rank0 = self.planned[0].name if self.planned else self.first
         at = (serve.bind, serve.port) if serve is not None and host.name == rank0 else None

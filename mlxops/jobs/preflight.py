@@ -18,9 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxops.errors import MlxopsError
-from mlxops.hostready import HostSaid, Questions
-from mlxops.hostready import findings as host_findings
-from mlxops.hostready import questions as host_questions
 from mlxops.jobs import finetune
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.content import PlaceReport, place
@@ -28,7 +25,9 @@ from mlxops.jobs.data import files_for_node
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec
 from mlxops.node import protocol
-from mlxops.readiness import Versions, agreement, mlx_findings, mlx_lm_findings
+from mlxops.readiness import HostSaid, Questions, Versions, agreement, mlx_findings, mlx_lm_findings
+from mlxops.readiness import findings as host_findings
+from mlxops.readiness import questions as host_questions
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
@@ -107,7 +106,7 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     if spec.needs_mlx_lm:
         # Refused, not installed: software is provision's business (docs/job-file.md).
         problems += [f.line for f in mlx_lm_findings(versions)]
-    # Nothing in the way, and what the backend needs (mlxops.hostready: check reports
+    # Nothing in the way, and what the backend needs (mlxops.readiness: check reports
     # the same rules per host).
     said = {name: HostSaid.from_preflight(name, spec.name, p.answer) for name, p in preps.items()}
     problems += [f.line for f in host_findings(

@@ -35,7 +35,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("trainer",),
     ("finetune",),  # fine-tuning, synced beside the trainer: it builds on it (and mlx-lm)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
-     "devtools", "hostfacts", "readiness", "hostready", "events", "notify", "dataprep"),
+     "devtools", "hostfacts", "readiness", "events", "notify", "dataprep"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
     ("render",),  # renders an inventory's hosts (and their ring order) into hostfiles

@@ -133,7 +133,7 @@ def test_classify_an_mpi_job_with_its_launcher(name, tmp_path):
 
 
 def test_preflight_wants_mpirun_on_the_first_host_and_at_the_same_path_everywhere():
-    from mlxops.hostready import HostSaid, mpi_findings
+    from mlxops.readiness import HostSaid, mpi_findings
 
     def said(**mpiruns):
         return {n: HostSaid.from_preflight(n, "j", preflight_answer(mpirun=m))

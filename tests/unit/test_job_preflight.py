@@ -8,7 +8,6 @@ import pytest
 from node_answers import preflight_answer
 
 from mlxops.errors import UserError
-from mlxops.hostready import questions
 from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory.model import Host
 from mlxops.jobs.placement import place_ranks
@@ -16,6 +15,7 @@ from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight
 from mlxops.jobs.selection import rdma_devices
 from mlxops.jobs.spec import JobSpec
 from mlxops.node.protocol import Leftover
+from mlxops.readiness import questions
 from mlxops.trainer.config import TrainerConfig
 
 # A job's parsed finetune: section; pre-flight asks only whether there is one.

@@ -1,4 +1,4 @@
-"""One readiness rule set (mlxops/hostready.py): everything pre-flight refuses a host for
+"""One readiness rule set (mlxops/readiness.py, its host rules): everything pre-flight refuses a host for
 is what ``mlxops check --job`` reports on that host, with the same line.
 
 Both sides read the node's own answers, asked here as a node answers them (its real
