@@ -1,5 +1,5 @@
-"""One readiness rule set (mlxops/readiness.py, its host rules): everything pre-flight refuses a host for
-is what ``mlxops check --job`` reports on that host, with the same line.
+"""One readiness rule set (mlxops/readiness.py, its host rules): everything pre-flight
+refuses a host for is what ``mlxops check --job`` reports on that host, with the same line.
 
 Both sides read the node's own answers, asked here as a node answers them (its real
 ``preflight`` and ``ready`` commands, tests/unit/node_answers.py): a rank of the job left
