@@ -75,7 +75,7 @@ def test_the_job_document_places_events_on_the_curves(tmp_path, monkeypatch):
     events.start_run(events.make("tiny-lm", events.STARTED, "3 ranks", now=lines[0].time - 5))
     events.record("tiny-lm", events.RESTARTED, "rank 2 killed", now=at_150 + 0.5, attempt=1)
     doc = document(reader.read())
-    assert [(e["kind"], e["step"]) for e in doc["events"]] == [("started", None),
+    assert [(e["kind"], e["step"]) for e in doc.events] == [("started", None),
                                                                ("restarted", 150)]
 
 
