@@ -148,7 +148,7 @@ def test_the_monitor_shows_a_serve_jobs_figures_with_their_trend():
                {"time": 11.0, "serve": {"requests": 5, "tokens_per_sec": 100.0,
                                         "latency": 0.04}}]
     doc = serving(samples)
-    assert doc["history"]["latency"] == [0.02, 0.04] and doc["last"]["requests"] == 5
+    assert doc.history["latency"] == [0.02, 0.04] and doc.last["requests"] == 5
     assert str(serving_line(doc)) == ("serving: requests 5   tokens/s 100 (canary) █▁   "
                                       "latency 40 ms ▁█")
     assert serving([{"time": 1.0}]) is None
