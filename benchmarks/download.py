@@ -76,6 +76,8 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--subnet", default="10.244.13.0/24")
+    parser.add_argument("--ways", default="stream,base64,scp",
+                        help="which of stream, base64, scp (scp is the ratios' base)")
     parser.add_argument("--child", nargs=6, default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
@@ -93,7 +95,9 @@ def main() -> None:
     box = Sandbox(work / "sandbox", prefix="mxdl", subnet=opts.subnet)
     print("starting 1 sandbox node ...", file=sys.stderr)
     box.up(1)
-    runs: dict[str, list[dict]] = {"stream": [], "base64": [], "scp": []}
+    runs: dict[str, list[dict]] = {way: [] for way in opts.ways.split(",")}
+    if "scp" not in runs:
+        sys.exit("--ways: scp is the base of the ratios")
     try:
         with Connector() as connector:
             conn = connector.connect(load_inventory(box.inventory_path).hosts["node1"])

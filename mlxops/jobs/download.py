@@ -33,6 +33,8 @@ from mlxops.transport.output import read_output
 MAX_LINES_BEFORE = 20
 #: A line longer than this is no answer line (a binary stream gone wrong).
 MAX_LINE = 1 << 20
+#: Bytes read from the stream and written to disk at a time.
+CHUNK = 1 << 20
 #: Seconds without a byte after which a download is given up.
 IDLE_TIMEOUT = 600.0
 
@@ -79,7 +81,7 @@ def receive(host: str, out: IO[bytes], into: Path) -> Downloaded:
     if answer.missing:
         return got
     try:
-        with tarfile.open(fileobj=out, mode="r|") as tar:
+        with tarfile.open(fileobj=out, mode="r|", bufsize=CHUNK) as tar:
             for member in tar:
                 name = member.name
                 if not member.isfile() or not _safe(name) or name not in answer.files \
@@ -94,7 +96,7 @@ def receive(host: str, out: IO[bytes], into: Path) -> Downloaded:
                 source = tar.extractfile(member)
                 assert source is not None  # a regular file
                 with open(target, "wb") as sink:
-                    shutil.copyfileobj(source, sink, 1 << 20)
+                    shutil.copyfileobj(source, sink, CHUNK)
                 got.written[name] = target.stat().st_size
     except tarfile.TarError as exc:
         raise DownloadError(f"{host}: the files came back damaged: {exc}") from None
