@@ -1,6 +1,7 @@
-"""Readiness rules: one answer to "is this host's software what a job needs?".
+"""Readiness rules: one answer to "is this host's software what a job needs?" and one to
+"would launch refuse this host?" (the host rules, below).
 
-Three places ask: a job's pre-flight (which raises on the findings, before anything
+Three places ask the first: a job's pre-flight (which raises on the findings, before anything
 starts), ``mlxops check`` (which reports them per host) and provision's ``skew`` task. They
 read the answer from different sources (the pre-flight answer, the facts), so each turns
 what it read into :class:`Versions` and asks the same pure rules:
