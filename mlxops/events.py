@@ -11,8 +11,11 @@ know what to deliver (:mod:`mlxops.notify`).
 The policy:
 
 * **Append-only, one ``write`` per line** (``O_APPEND``): writers in several processes
-  never interleave a line, and a reader never needs a lock; a torn last line (a writer
-  killed mid-write) is skipped by :func:`read`.
+  never interleave a line, and a reader never needs a lock.
+* **A torn line costs only itself.** A writer killed mid-write leaves a last line without
+  its newline; the next append starts on a new line (else it would be glued to the torn
+  one and lost with it: a lost ``failed`` is a notification never sent), and a reader
+  skips the torn line and says so (:func:`read`'s ``on_skip``).
 * **One run per file**: a fresh launch of the name (not a resume, not a restart) starts the
   file over (:func:`start_run`), so a timeline is one run's from its launch.
 * **Every event has an id** (unique, never reused): what the notifier keys "delivered
@@ -21,10 +24,13 @@ The policy:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,13 +87,22 @@ def _line(event: Event) -> bytes:
     return (json.dumps(event.to_dict(), separators=(",", ":")) + "\n").encode()
 
 
+def _ends_torn(fd: int) -> bool:
+    """Whether the file open at ``fd`` ends inside a line (a writer killed mid-write)."""
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
 def append(event: Event) -> Event:
-    """Add ``event`` to its job's timeline (one ``write`` with ``O_APPEND``)."""
+    """Add ``event`` to its job's timeline (one ``write`` with ``O_APPEND``), on a line of
+    its own even after a torn one. Writers take the file's lock for the look and the write
+    (a line being written by another process would look torn); readers take none."""
     target = path(event.job)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, _line(event))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, (b"\n" if _ends_torn(fd) else b"") + _line(event))
     finally:
         os.close(fd)
     return event
@@ -112,20 +127,36 @@ def start_run(event: Event) -> Event:
     return event
 
 
-def parse(text: str) -> list[Event]:
-    """The events of complete, well-formed lines (a torn or foreign line is skipped)."""
+#: Told of each line skipped: its number (from 1) and the line, cut to 80 characters.
+OnSkip = Callable[[int, str], None]
+
+
+def parse(text: str, on_skip: OnSkip | None = None) -> list[Event]:
+    """The events of well-formed lines; a torn or foreign line is skipped, and
+    ``on_skip`` told of it (empty lines are passed over silently)."""
     out = []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             out.append(Event.from_dict(json.loads(line)))
         except (ValueError, ProtocolError):
-            continue
+            if on_skip is not None:
+                on_skip(number, line[:80])
     return out
 
 
-def read(name: str) -> list[Event]:
+def read(name: str, on_skip: OnSkip | None = None) -> list[Event]:
     """The job's timeline, oldest first; empty when it has none yet."""
     try:
-        return parse(path(name).read_text())
+        return parse(path(name).read_text(errors="replace"), on_skip)
     except FileNotFoundError:
         return []
+
+
+def skip_note(name: str) -> OnSkip:
+    """An ``on_skip`` for a command's stderr: one line per skipped line, naming the file."""
+    def note(number: int, line: str) -> None:
+        print(f"mlxops: {path(name)}: line {number} is not an event (torn by a crash?), "
+              f"skipped: {line!r}", file=sys.stderr)
+    return note

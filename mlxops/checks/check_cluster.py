@@ -13,13 +13,16 @@ import pytest
 from mlxops.checks import when
 from mlxops.node import protocol
 from mlxops.readiness import (
+    HostSaid,
     Versions,
     agreement,
+    backend_findings,
     findings_of,
     joined,
     mlx_lm_findings,
     mlx_lm_pin,
     mlx_lm_pin_source,
+    mpi_findings,
     pinned_version,
 )
 
@@ -118,18 +121,25 @@ def check_all_sum(node, all_sum):
 @when(lambda cluster, node: cluster.target.backend == protocol.MPI)
 def check_mpirun(node, cluster):
     """mpirun on the host of rank 0, and at the same path on every other host (mpirun's
-    ``--prefix`` tells the others' orted where Open MPI is)."""
+    ``--prefix`` tells the others' orted where Open MPI is), as pre-flight requires."""
     ready = node.need(node.ready, "the node's answer (mlxops.node ready)")
     first = cluster.target.first
-    if node.name == first:
-        if not ready.mpirun:
-            raise node.fail("mpirun not found (PATH, /opt/homebrew/bin, /usr/local/bin, "
-                            "/opt/local/bin)", "install Open MPI: brew install open-mpi")
-        return
-    launcher = cluster.states[first].ready
-    if not isinstance(launcher, protocol.ReadyAnswer):
-        pytest.skip(f"{first} (rank 0, where mpirun starts) did not answer")
-    if ready.mpirun != launcher.mpirun:
-        raise node.fail(f"mpirun {ready.mpirun or 'not found'}, on {first} (rank 0) "
-                        f"{launcher.mpirun or 'not found'}",
-                        "install Open MPI at the same path on every node")
+    said = {node.name: HostSaid.from_ready(node.name, node.facts.system, ready)}
+    if node.name != first:
+        launcher = cluster.states[first].ready
+        if not isinstance(launcher, protocol.ReadyAnswer):
+            pytest.skip(f"{first} (rank 0, where mpirun starts) did not answer")
+        said[first] = HostSaid.from_ready(first, None, launcher)
+    findings = findings_of(mpi_findings(said, first), node.name)
+    if findings:
+        raise node.fail(*joined(findings))
+
+
+@when(lambda cluster, node: cluster.target.backend in protocol.JACCL_BACKENDS)
+def check_backend_system(node, cluster):
+    """The host can run the backend: jaccl and jaccl-ring need macOS (RDMA over
+    Thunderbolt 5), as pre-flight requires."""
+    findings = backend_findings(HostSaid(node.name, node.facts.system),
+                                cluster.target.backend)
+    if findings:
+        raise node.fail(*joined(findings))

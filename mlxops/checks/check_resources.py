@@ -1,6 +1,7 @@
 """Each host has room for the job and nothing in its way: disk and memory for the job's
-plan (``--job``), its ring ports free, no rank of any job still running, a clock that
-agrees with the controller's.
+plan (``--job``), its ring ports (and a serve job's port) free, no rank of any job still
+running, a clock that agrees with the controller's. Ports and ranks are judged by the
+rules pre-flight refuses on (:mod:`mlxops.readiness`).
 
 Disk and memory follow the job's own plan, its workload's planner
 (:meth:`mlxops.jobs.workloads.Workload.planner`): the bundled trainer's
@@ -14,7 +15,7 @@ from __future__ import annotations
 from mlxops.checks import when
 from mlxops.jobs.balance import largest_share
 from mlxops.jobs.content import missing_bytes
-from mlxops.node import protocol
+from mlxops.readiness import HostSaid, joined, leftover_findings, port_findings
 
 GB = 1024**3
 #: Room for logs, metrics and the code, on top of the checkpoints.
@@ -86,32 +87,43 @@ def check_memory(node, cluster):
                         f"(mlxops plan {job.path.name})")
 
 
+def _said(node) -> HostSaid:
+    """The host's ``ready`` answer as the rules read it (:mod:`mlxops.readiness`)."""
+    ready = node.need(node.ready, NODE_ANSWER)
+    return HostSaid.from_ready(node.name, node.facts.system, ready)
+
+
+def _port_findings(node, cluster, subject: str) -> list:
+    job = cluster.target.job
+    found = port_findings(_said(node), cluster.target.questions(node.host),
+                          job.path.name if job is not None else None)
+    return [f for f in found if f.subject == subject]
+
+
 @when(lambda cluster, node: bool(cluster.target.ports.get(node.name)))
 def check_ring_ports(node, cluster):
     """The host's ring ports (the job's, else mlx.launch's from 32323) are free on its
-    ``mlxops_ip``."""
-    ready = node.need(node.ready, NODE_ANSWER)
-    if ready.ports_busy:
-        ports = ", ".join(map(str, ready.ports_busy))
-        plural = "s" if len(ready.ports_busy) > 1 else ""
-        job = cluster.target.job
-        fix = "stop what holds them (another job? mlxops status)"
-        if job is not None:
-            fix += f", or set another port: in {job.path.name}"
-        raise node.fail(f"ring port{plural} {ports} on {node.host.ip} in use", fix)
+    ``mlxops_ip`` (a serve job's rank 0: on ``serve.bind``), as pre-flight requires."""
+    findings = _port_findings(node, cluster, "ring_ports")
+    if findings:
+        raise node.fail(*joined(findings))
+
+
+@when(lambda cluster, node: cluster.target.questions(node.host).serve_port is not None)
+def check_serve_port(node, cluster):
+    """A serve job's ``serve.port`` is free on ``serve.bind`` of rank 0's host, as
+    pre-flight requires."""
+    findings = _port_findings(node, cluster, "serve_port")
+    if findings:
+        raise node.fail(*joined(findings))
 
 
 def check_leftover_ranks(node):
-    """No process of any job (a rank, or an mpi job's mpirun) still runs on the host."""
-    ready = node.need(node.ready, NODE_ANSWER)
-    if not ready.running:
-        return
-    jobs: dict[str, list[str]] = {}
-    for r in ready.running:
-        what = "mpirun" if r.rank == protocol.LAUNCHER else f"rank {r.rank}"
-        jobs.setdefault(r.job, []).append(f"{what} (pid {r.pid})")
-    found = "; ".join(f"job {job}: {', '.join(ps)} still running" for job, ps in jobs.items())
-    raise node.fail(found, "; ".join(f"mlxops stop {job}" for job in jobs))
+    """No process of any job (a rank, or an mpi job's mpirun) still runs on the host
+    (pre-flight refuses the job's own)."""
+    findings = leftover_findings(_said(node))
+    if findings:
+        raise node.fail(*joined(findings, "; "))
 
 
 def check_clock(node):

@@ -116,9 +116,8 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     if not (python and root):
         state.ready = "no interpreter to ask"
         return state
-    ports = list(target.ports.get(host.name, ()))
-    args = protocol.ready_args(root, ip=host.ip if ports else "", ports=ports,
-                               mpi=target.backend == protocol.MPI)
+    asked = target.questions(host)   # what pre-flight asks, so both judge alike
+    args = protocol.ready_args(root, ip=asked.ip, ports=asked.ports, mpi=asked.mpi)
     start = time.time()
     try:
         answer = run_node(conn, python, f"{root}/{protocol.CODE_DIR}", args,

@@ -27,6 +27,7 @@ from mlxops.jobs.workloads import Planner
 from mlxops.node import protocol
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook
+from mlxops.readiness import Questions, questions
 from mlxops.sync import bundle
 from mlxops.tasks.hostfiles import render_all
 from mlxops.transport import ConnectOptions
@@ -64,6 +65,14 @@ class Target:
 
     def host(self, name: str) -> Host:
         return self.inventory.hosts[name]
+
+    def questions(self, host: Host) -> Questions:
+        """What ``host``'s ``ready`` is asked: pre-flight's questions
+        (:func:`mlxops.readiness.questions`), the job's server port on rank 0's host."""
+        rank0 = self.planned[0].name if self.planned else self.first
+        at = (self.job.workload.binds()
+              if self.job is not None and host.name == rank0 else None)
+        return questions(self.backend, host.ip, self.ports.get(host.name, ()), at)
 
     @functools.cached_property
     def hostfile_sets(self) -> list[tuple[str, tuple[Host, ...]]]:

@@ -34,7 +34,7 @@ def command(name, kinds, as_json):
     from mlxops.jobs.record import load_record
 
     load_record(name)  # an unknown name: the one-line error with the known jobs
-    found = [e for e in events.read(name) if not kinds or e.kind in kinds]
+    found = [e for e in events.read(name, events.skip_note(name)) if not kinds or e.kind in kinds]
     if as_json:
         console.print_json({"name": name, "events": [e.to_dict() for e in found]})
         sys.exit(EXIT_OK)

@@ -138,7 +138,7 @@ def report_command(name, output, refresh, as_json, connect):
         console.err.print(f"the mirror of {name!r} is empty (nothing looked at the cluster "
                           "while it ran): --refresh looks now", soft_wrap=True)
     if as_json:
-        console.print_json(report.report_document(mirror))
+        console.print_json(report.report_document(mirror).to_dict())
     if output is not None or not as_json:
         target = report.write(report.report_document(mirror, points=report.POINTS),
                               output or Path(f"{name}-report.html"))

@@ -17,7 +17,8 @@ The policy, per node:
   the node's cache while a file is unchanged), then one command that deletes what the
   directory should not hold and unpacks, from stdin, a tar of the missing and differing
   files (:func:`mlxops.sync.apply_command`, the code sync's own), then a second listing of
-  what was sent, which hashes it on the node.
+  what was sent, which hashes it on the node. The tar is made as it is sent
+  (:func:`mlxops.archive.stream`): no copy per node in the controller's temporary space.
 * **Refused.** A node whose copy still differs after that (or, ``shared``, differs at all)
   is a pre-flight problem naming the host, the file and the two hashes: nothing starts.
 """
@@ -202,15 +203,19 @@ def place(conn: Connection, python: str, root: str, content: Content,
     if not report.sent and not report.deleted:
         return report, []
     send = [archive.Entry(name, content.local / name) for name in report.sent]
-    stream = archive.write(send) if send else None
-    if stream is not None:
-        stream.seek(0, os.SEEK_END)
-        report.bytes_sent = stream.tell()
-        stream.seek(0)
+    # Made as it is sent (no copy in the controller's temporary space, per node).
+    stream = archive.stream(send) if send else None
     try:
         dirs = sorted({posixpath.dirname(n) for n in report.deleted} - {""}, reverse=True)
         result = conn.run(apply_command(report.node_dir, report.deleted, dirs, bool(send)),
                           stdin=stream, timeout=None)
+        if stream is not None:
+            report.bytes_sent = stream.sent
+            try:
+                stream.check()
+            except OSError as exc:
+                raise ContentError(f"{conn.name}: cannot place {content.local}: "
+                                   f"{exc}") from None
     finally:
         if stream is not None:
             stream.close()

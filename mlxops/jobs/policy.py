@@ -5,11 +5,13 @@ dies or stalls, and what the monitor, the dashboard, the report and the timeline
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from mlxops.errors import bad_input
+from mlxops.errors import EXIT_BAD_INPUT, bad_input
+from mlxops.node.protocol import FAILED
 
 RESTART_KEYS = {"max_restarts", "stall_timeout", "poll_interval", "exclude_unreachable",
                 "start_timeout"}
@@ -48,6 +50,32 @@ class RestartPolicy:
         if self.poll_interval:
             return self.poll_interval
         return max(0.5, min(2.0, self.stall_timeout / 10))
+
+
+class _Ended(Protocol):
+    """What :func:`not_restarted` reads of a rank (a :class:`jobs.status.RankStatus`)."""
+
+    rank: int
+    host: str
+    state: str
+    exit: int | None
+    failure: str | None
+
+
+def not_restarted(ranks: Iterable[_Ended]) -> str | None:
+    """Why the job fails for good instead of being restarted, or None.
+
+    A rank that exited with code 2 refused its input (the house's exit code for bad input:
+    a config key, a file it names, a model that does not fit the method): the same input
+    would be refused again on every attempt, so restarting only delays the error and uses
+    up ``max_restarts``. The job fails with the rank's own error line.
+    """
+    for r in sorted(ranks, key=lambda r: r.rank):
+        if r.state == FAILED and r.exit == EXIT_BAD_INPUT:
+            said = f": {r.failure}" if r.failure else ""
+            return (f"rank {r.rank} on {r.host} exited with code {EXIT_BAD_INPUT} (bad input, "
+                    f"not restarted){said}")
+    return None
 
 
 def number(path: Path, key: str, value: Any, *, integer: bool = False,

@@ -24,7 +24,9 @@ from mlxops.jobs.data import files_for_node
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec
 from mlxops.node import protocol
-from mlxops.readiness import Versions, agreement, mlx_findings, mlx_lm_findings
+from mlxops.readiness import HostSaid, Questions, Versions, agreement, mlx_findings, mlx_lm_findings
+from mlxops.readiness import findings as host_findings
+from mlxops.readiness import questions as host_questions
 from mlxops.sync import parse_manifest, python_manifest_args
 from mlxops.transport import Connector, Results, nodecmd, run_parallel
 
@@ -41,6 +43,7 @@ class HostPrep:
     root: str
     python: str
     answer: protocol.PreflightAnswer
+    asked: Questions = field(default_factory=Questions)  # what it was asked
     data: PlaceReport | None = None   # the job's data: on this node (where, what was sent)
     data_problems: list[str] = field(default_factory=list)
     # A copy of the job's content (a fine-tuning model, its data) that still differs.
@@ -59,13 +62,12 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
     def work(host) -> HostPrep:
         conn = connector.connect(host)
         host_ranks = [r for r in ranks if r.host == host.name]
-        ports = [r.port for r in host_ranks] if spec.backend == protocol.RING else []
-        questions = {"ip": host.ip if ports else "", "ports": ports,
-                     "mpi": spec.backend == protocol.MPI}
+        ports = [r.port for r in host_ranks]
         # A port of the workload's own (a server's) is asked where it will listen.
-        ip, ports = spec.workload.questions(questions["ip"], ports,
-                                            bool(host_ranks) and host_ranks[0].rank == 0)
-        questions.update(ip=ip, ports=ports)
+        serve = (spec.workload.binds()
+                 if host_ranks and host_ranks[0].rank == 0 else None)
+        asked = host_questions(spec.backend, host.ip, ports, serve)
+        questions = {"ip": asked.ip, "ports": list(asked.ports), "mpi": asked.mpi}
         # One round trip when the code is current: resolve, manifest and the questions
         # (asked in <root>, so of the run directory relative to it).
         result = conn.run(nodecmd.preflight_command(
@@ -81,7 +83,7 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
             # The answer came from missing or older helpers: ask the ones just synced.
             answer = nodecmd.run_node(conn, python, paths.code,
                                       protocol.preflight_args(paths.run_dir, **questions))
-        prep = HostPrep(host, root, python, answer)
+        prep = HostPrep(host, root, python, answer, asked)
         if content is not None:
             prep.data, prep.data_problems = place(conn, python, root, content, wanted)
         if contents:
@@ -104,22 +106,12 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     if spec.needs_mlx_lm:
         # Refused, not installed: software is provision's business (docs/job-file.md).
         problems += [f.line for f in mlx_lm_findings(versions)]
-    for name, prep in preps.items():
-        if prep.answer.leftovers:
-            pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)
-            problems.append(f"{name}: ranks of job {spec.name!r} still run (pids {pids}); "
-                            f"run 'mlxops stop {spec.name}'")
-        elif own := spec.workload.port_problem(name, prep.answer):
-            problems.append(own)
-        elif prep.answer.ports_busy:
-            ports = ", ".join(map(str, prep.answer.ports_busy))
-            problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "
-                            f"{spec.path.name})")
-        if spec.backend in protocol.JACCL_BACKENDS and prep.answer.system != "Darwin":
-            problems.append(f"{name}: the {spec.backend} backend needs macOS with RDMA over "
-                            "Thunderbolt 5; this node runs " + str(prep.answer.system))
-    if spec.backend == protocol.MPI and ranks:
-        problems += mpi_problems(preps, ranks[0].host)
+    # Nothing in the way, and what the backend needs (mlxops.readiness: check reports
+    # the same rules per host).
+    said = {name: HostSaid.from_preflight(name, spec.name, p.answer) for name, p in preps.items()}
+    problems += [f.line for f in host_findings(
+        said, {name: p.asked for name, p in preps.items()}, spec.backend,
+        ranks[0].host if ranks else None, spec.path.name)]
     problems += [line for prep in preps.values() for line in prep.data_problems]
     problems += [line for prep in preps.values() for line in prep.content_problems]
     if problems:
@@ -136,18 +128,3 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     common = set.intersection(*steps) if steps else set()
     return max(common) if common else None
 
-
-def mpi_problems(preps: dict[str, HostPrep], launcher: str) -> list[str]:
-    """mpirun on the launcher host, and Open MPI at the same place on every other node
-    (mpirun's ``--prefix`` tells the remote orted where it is)."""
-    mpirun = preps[launcher].answer.mpirun
-    if not mpirun:
-        return [f"mpirun not found on {launcher}: install Open MPI (brew install open-mpi)"]
-    problems = []
-    for name, prep in preps.items():
-        theirs = prep.answer.mpirun
-        if name != launcher and theirs != mpirun:
-            problems.append(f"{name}: Open MPI must be installed at the same path on every "
-                            f"node: mpirun on {launcher} is {mpirun}, here "
-                            f"{theirs or 'not found'}")
-    return problems

@@ -24,6 +24,7 @@ from mlxops import events
 from mlxops.errors import InternalError, MlxopsError
 from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
 from mlxops.jobs.launch import launch
+from mlxops.jobs.policy import not_restarted
 from mlxops.jobs.record import (
     JobRecord,
     JobStopped,
@@ -203,9 +204,11 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 if not stopping:
                     channels.stop_ranks(record.stop_grace)
                 channels.close()  # the attempt it watched is about to end
-                if len(record.restarts) >= record.restart.max_restarts:
+                final = not_restarted(status.ranks)
+                if final or len(record.restarts) >= record.restart.max_restarts:
                     stop_job(record, connector, mark_stopped=False)
-                    message = f"gave up after {len(record.restarts)} restarts: {problem}"
+                    message = final or (f"gave up after {len(record.restarts)} restarts: "
+                                        f"{problem}")
                     _end(record.name, FAILED, message)
                     on_event(message)
                     return job_status(load_record(record.name), connector, hosts=hosts)

@@ -1,6 +1,6 @@
-"""A job's mirror as one document: what ``mlxops report --json`` prints, what the report
-and the dashboard draw, what the terminal monitor shows (docs/formats.md,
-"mlxops report --json").
+"""A job's mirror as one document (:class:`mlxops.monitor.records.JobDocument`, built
+here once): what ``mlxops report --json`` prints, what the report and the dashboard draw,
+what the terminal monitor shows (docs/formats.md, "mlxops report --json").
 
 Series are columns (``{"step": [...], "loss": [...]}``): compact in a page, and every
 chart reads them the same way. :func:`decimate` thins them for a page; ``--json`` keeps
@@ -20,9 +20,18 @@ from typing import Any
 from mlxops import events
 from mlxops.events import Event
 from mlxops.jobs.record import JobRecord, load_record
-from mlxops.jobs.workloads import KINDS, Workload
+from mlxops.jobs.workloads import KINDS
 from mlxops.monitor import alerts, files
 from mlxops.monitor.files import METRICS, SAMPLES, JsonlTail, MirrorState
+from mlxops.monitor.records import (
+    JobDocument,
+    JobInfo,
+    NodeRow,
+    RankRow,
+    RestartRow,
+    Serving,
+    Summary,
+)
 from mlxops.node.protocol import ENDED_STATES
 from mlxops.node.protocol.metrics import SERIES, MetricsLine, read_lines
 
@@ -99,10 +108,10 @@ def step_at(metrics: Sequence[MetricsLine]) -> Callable[[float], int | None]:
     return lambda when: best[i - 1] if (i := bisect.bisect_right(times, when)) else None
 
 
-def restarts(record: JobRecord, metrics: Sequence[MetricsLine]) -> list[dict[str, Any]]:
+def restarts(record: JobRecord, metrics: Sequence[MetricsLine]) -> list[RestartRow]:
     """The record's restarts, each with the last step logged before it."""
     at = step_at(metrics)
-    return [{**asdict(r), "step": at(r.time)} for r in record.restarts]
+    return [RestartRow(**asdict(r), step=at(r.time)) for r in record.restarts]
 
 
 def timeline(found: Sequence[Event], metrics: Sequence[MetricsLine]) -> list[dict[str, Any]]:
@@ -112,7 +121,7 @@ def timeline(found: Sequence[Event], metrics: Sequence[MetricsLine]) -> list[dic
     return [{**event.to_dict(), "step": at(event.time)} for event in found]
 
 
-def _ranks(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _ranks(samples: Sequence[dict[str, Any]]) -> list[RankRow]:
     """Every rank as the last look saw it, with its tokens/s over the looks."""
     history: dict[int, dict[str, list[Any]]] = {}
     for s in samples:
@@ -122,10 +131,10 @@ def _ranks(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             h["tokens_per_sec"].append(r.get("tokens_per_sec"))
             h["step"].append(r.get("step"))
     last = samples[-1].get("ranks", []) if samples else []
-    return [{**r, "history": history.get(r["rank"], {})} for r in last]
+    return [RankRow.from_sample(r, history.get(r["rank"], {})) for r in last]
 
 
-def _nodes(record: JobRecord, samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _nodes(record: JobRecord, samples: Sequence[dict[str, Any]]) -> list[NodeRow]:
     """Every node as the last look saw it, with memory and load over the looks."""
     order = [h.name for h in record.hosts]
     history: dict[str, dict[str, list[Any]]] = {}
@@ -151,17 +160,16 @@ def _nodes(record: JobRecord, samples: Sequence[dict[str, Any]]) -> list[dict[st
         h = history.get(host, {})
         total = node.get("memory_total")
         used = _numbers(h.get("memory_used", []))
-        out.append({
-            "host": host, "time": node["time"], "error": node.get("error"),
-            "memory_used": node.get("memory_used"), "memory_total": total,
-            "memory_peak_share": max(used) / total if used and total else None,
-            "load": node.get("load"), "cpus": node.get("cpus"), "gpu": node.get("gpu"),
-            "history": h})
+        out.append(NodeRow(
+            host=host, time=node["time"], error=node.get("error"),
+            memory_used=node.get("memory_used"), memory_total=total,
+            memory_peak_share=max(used) / total if used and total else None,
+            load=node.get("load"), cpus=node.get("cpus"), gpu=node.get("gpu"), history=h))
     return out
 
 
 def summary(record: JobRecord, metrics: Sequence[MetricsLine],
-            last: dict[str, Any] | None) -> dict[str, Any]:
+            last: dict[str, Any] | None) -> Summary:
     losses = [m.loss for m in metrics]
     tps = [m.tokens_per_sec for m in metrics]
     recent = metrics[-SPLIT_LINES:]
@@ -173,45 +181,43 @@ def summary(record: JobRecord, metrics: Sequence[MetricsLine],
         step = metrics[-1].step
     evals = [(m.step, m.val_loss) for m in metrics if m.val_loss is not None]
     best = min(evals, key=lambda e: e[1], default=(None, None))
-    return {
-        "step": step, "steps": record.steps,
-        "loss_first": losses[0] if losses else None,
-        "loss_last": losses[-1] if losses else None,
-        "loss_min": min(losses) if losses else None,
-        "val_loss_last": evals[-1][1] if evals else None,
-        "val_loss_min": best[1], "val_loss_best_step": best[0],
-        "tokens_per_sec": tps[-1] if tps else None,
-        "tokens_per_sec_median": statistics.median(tps) if tps else None,
-        "compute_time": compute / len(recent) if recent else None,
-        "comm_time": comm / len(recent) if recent else None,
-        "compute_share": compute / (compute + comm) if compute + comm > 0 else None,
-        "peak_memory": max((m.peak_memory for m in metrics), default=None),
-        "elapsed": max(times) - record.created if times else None,
-        "restarts": len(record.restarts),
-    }
+    return Summary(
+        step=step, steps=record.steps,
+        loss_first=losses[0] if losses else None,
+        loss_last=losses[-1] if losses else None,
+        loss_min=min(losses) if losses else None,
+        val_loss_last=evals[-1][1] if evals else None,
+        val_loss_min=best[1], val_loss_best_step=best[0],
+        tokens_per_sec=tps[-1] if tps else None,
+        tokens_per_sec_median=statistics.median(tps) if tps else None,
+        compute_time=compute / len(recent) if recent else None,
+        comm_time=comm / len(recent) if recent else None,
+        compute_share=compute / (compute + comm) if compute + comm > 0 else None,
+        peak_memory=max((m.peak_memory for m in metrics), default=None),
+        elapsed=max(times) - record.created if times else None,
+        restarts=len(record.restarts),
+    )
 
 
-def job_info(record: JobRecord) -> dict[str, Any]:
+def job_info(record: JobRecord) -> JobInfo:
     job = record.job or {}
-    return {"backend": record.backend, "hosts": [h.name for h in record.hosts],
-            "world_size": record.world_size, "steps": record.steps,
-            "attempt": record.attempt, "created": record.created, "updated": record.updated,
-            "message": record.message, "job_file": record.job_file,
-            "inventory": record.inventory, "excluded": record.excluded,
-            # what it runs: its kind, and its section under the kind's key (others null)
-            "kind": record.workload.kind if record.workload else None,
-            **dict.fromkeys(KINDS), **_workload(record.workload),
-            "restart": {"max_restarts": record.restart.max_restarts,
-                        "stall_timeout": record.restart.stall_timeout},
-            "alerts": alerts.thresholds(job, record.workload)}
-
-
-def _workload(workload: Workload | None) -> dict[str, Any]:
-    return {} if workload is None else {workload.kind: workload.to_record()}
+    workload = record.workload
+    return JobInfo(
+        backend=record.backend, hosts=[h.name for h in record.hosts],
+        world_size=record.world_size, steps=record.steps, attempt=record.attempt,
+        created=record.created, updated=record.updated, message=record.message,
+        job_file=record.job_file, inventory=record.inventory, excluded=record.excluded,
+        kind=workload.kind if workload else None,
+        probed=bool(workload and workload.probed),
+        sections={**dict.fromkeys(KINDS),
+                  **({} if workload is None else {workload.kind: workload.to_record()})},
+        restart={"max_restarts": record.restart.max_restarts,
+                 "stall_timeout": record.restart.stall_timeout},
+        alerts=alerts.thresholds(job, workload))
 
 
 def serving(samples: Sequence[dict[str, Any]], points: int | None = None
-            ) -> dict[str, Any] | None:
+            ) -> Serving | None:
     """A serve job's figures (jobs/serveprobe.py: requests from the server's log, latency
     from the watchdog's probe, tokens/s from its canary): the last, and their history.
 
@@ -236,12 +242,12 @@ def serving(samples: Sequence[dict[str, Any]], points: int | None = None
         totals.append(sum(ended.values()))
     history["requests_total"] = totals
     total = next((t for t in reversed(totals) if t is not None), None)
-    return {"last": rows[-1]["serve"], "requests_total": total,
-            "history": decimate(history, points)}
+    return Serving(last=rows[-1]["serve"], requests_total=total,
+                   history=decimate(history, points))
 
 
 def document(mirror: Mirror, *, points: int | None = None, now: float | None = None,
-             extras: dict[str, Any] | None = None) -> dict[str, Any]:
+             extras: dict[str, Any] | None = None) -> JobDocument:
     """The job document. ``points``: thin each series to about that many rows (pages);
     ``extras``: more top-level fields (the report's plan and bench)."""
     record, metrics, samples = mirror.record, mirror.metrics, mirror.samples
@@ -251,23 +257,23 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
     ranks = _ranks(samples)
     nodes = _nodes(record, samples)
     if points:
-        for item in ranks + nodes:
-            item["history"] = decimate(item["history"], points)
-    return {
-        "name": record.name,
-        "generated": time.time() if now is None else now,
-        "state": _state(record, last),
-        "updated": mirror.state.updated,
-        "mirror_generation": mirror.state.generation,
-        "job": job_info(record),
-        "summary": summary(record, metrics, last),
-        "metrics": decimate(cols, points, always="val_loss"),
-        "metrics_lines": len(metrics),
-        "restarts": restarts(record, metrics),
-        "events": timeline(mirror.events, metrics),
-        "ranks": ranks,
-        "nodes": nodes,
-        "alerts": alerts.evaluate(limits, last, cols["tokens_per_sec"], cols),
-        "serve": serving(samples, points),
-        **(extras or {}),
-    }
+        for item in [*ranks, *nodes]:
+            item.history = decimate(item.history, points)
+    return JobDocument(
+        name=record.name,
+        generated=time.time() if now is None else now,
+        state=_state(record, last),
+        updated=mirror.state.updated,
+        mirror_generation=mirror.state.generation,
+        job=job_info(record),
+        summary=summary(record, metrics, last),
+        metrics=decimate(cols, points, always="val_loss"),
+        metrics_lines=len(metrics),
+        restarts=restarts(record, metrics),
+        events=timeline(mirror.events, metrics),
+        ranks=ranks,
+        nodes=nodes,
+        alerts=alerts.evaluate(limits, last, cols["tokens_per_sec"], cols),
+        serve=serving(samples, points),
+        extras=dict(extras or {}),
+    )

@@ -33,13 +33,14 @@ from mlxops import events
 from mlxops.errors import MlxopsError
 from mlxops.jobs.jobdirs import list_jobs
 from mlxops.monitor import bench
+from mlxops.monitor.records import JobDocument
 from mlxops.node.protocol.vocab import JOB_STATES, RANK_STATES
 
 PREFIX = "mlxops"
 # The text format every Prometheus reads (2.x included, Debian's); the names here are all
 # plain ASCII, so the body is the same in 1.0.0's.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-Documents = Callable[[str], dict[str, Any]]
+Documents = Callable[[str], JobDocument]
 
 
 def _number(value: Any) -> float | None:
@@ -66,62 +67,59 @@ class _Gauges:
         family.add_metric(list(labels.values()), number)
 
 
-def _job(g: _Gauges, doc: dict[str, Any]) -> None:
-    job = {"job_name": doc["name"]}
-    s = doc["summary"]
-    g.add("job_step", "Last step the job reached.", job, s.get("step"))
-    g.add("job_steps", "Steps the job runs in all (when known).", job, s.get("steps"))
-    g.add("job_loss", "Training loss of the last metrics line.", job, s.get("loss_last"))
-    g.add("job_val_loss", "Last validation loss.", job, s.get("val_loss_last"))
+def _job(g: _Gauges, doc: JobDocument) -> None:
+    job = {"job_name": doc.name}
+    s = doc.summary
+    g.add("job_step", "Last step the job reached.", job, s.step)
+    g.add("job_steps", "Steps the job runs in all (when known).", job, s.steps)
+    g.add("job_loss", "Training loss of the last metrics line.", job, s.loss_last)
+    g.add("job_val_loss", "Last validation loss.", job, s.val_loss_last)
     g.add("job_tokens_per_second", "Tokens per second of the last metrics line (all ranks).",
-          job, s.get("tokens_per_sec"))
+          job, s.tokens_per_sec)
     g.add("job_peak_memory_bytes", "Highest peak memory a metrics line reported.", job,
-          s.get("peak_memory"))
-    g.add("job_attempt", "The job's attempt (1 + restarts + resumes).", job,
-          doc["job"].get("attempt"))
-    g.add("job_world_size", "Ranks of the current attempt.", job, doc["job"].get("world_size"))
-    g.add("job_restarts", "Restarts by the watchdog.", job, s.get("restarts"), counter=True)
-    g.add("job_alerts", "Alerts the job shows now.", job, len(doc.get("alerts") or []))
+          s.peak_memory)
+    g.add("job_attempt", "The job's attempt (1 + restarts + resumes).", job, doc.job.attempt)
+    g.add("job_world_size", "Ranks of the current attempt.", job, doc.job.world_size)
+    g.add("job_restarts", "Restarts by the watchdog.", job, s.restarts, counter=True)
+    g.add("job_alerts", "Alerts the job shows now.", job, len(doc.alerts))
     for state in JOB_STATES:
         g.add("job_state", "1 for the job's current state.", {**job, "state": state},
-              int(doc["state"] == state))
+              int(doc.state == state))
     counts: dict[str, int] = {kind: 0 for kind in events.KINDS}
-    for event in doc.get("events") or []:
+    for event in doc.events:
         counts[event["kind"]] = counts.get(event["kind"], 0) + 1
     for kind, count in counts.items():
         g.add("job_events", "Events on the job's timeline, by kind.", {**job, "kind": kind},
               count, counter=True)
-    serve = doc.get("serve")
+    serve = doc.serve
     if serve:  # a serve job's server, as the watchdog last probed it (jobs/serveprobe.py)
         g.add("serve_requests", "Requests the server answered since launch, every attempt "
-              "added up (the watchdog's own not counted).", job, serve.get("requests_total"),
+              "added up (the watchdog's own not counted).", job, serve.requests_total,
               counter=True)
         g.add("serve_tokens_per_second", "Tokens per second of the watchdog's last canary "
-              "completion.", job, serve["last"].get("tokens_per_sec"))
+              "completion.", job, serve.last.get("tokens_per_sec"))
         g.add("serve_latency_seconds", "Round trip of the watchdog's last one-token probe.",
-              job, serve["last"].get("latency"))
-    for r in doc.get("ranks") or []:
-        labels = {**job, "rank": str(r["rank"]), "host": str(r["host"])}
-        g.add("rank_step", "Last step the rank reported.", labels, r.get("step"))
+              job, serve.last.get("latency"))
+    for r in doc.ranks:
+        labels = {**job, "rank": str(r.rank), "host": str(r.host)}
+        g.add("rank_step", "Last step the rank reported.", labels, r.step)
         g.add("rank_heartbeat_age_seconds", "Seconds since the rank's last heartbeat.",
-              labels, r.get("heartbeat_age"))
+              labels, r.heartbeat_age)
         g.add("rank_tokens_per_second", "The rank's tokens per second.", labels,
-              r.get("tokens_per_sec"))
+              r.tokens_per_sec)
         for state in RANK_STATES:
             g.add("rank_state", "1 for the rank's current state.", {**labels, "state": state},
-                  int(r.get("state") == state))
-    for n in doc.get("nodes") or []:
-        labels = {**job, "host": str(n["host"])}
-        g.add("node_up", "1 when the node answered the last look.", labels,
-              int(not n.get("error")))
-        g.add("node_memory_used_bytes", "Memory in use on the node.", labels,
-              n.get("memory_used"))
-        g.add("node_memory_total_bytes", "The node's memory.", labels, n.get("memory_total"))
+                  int(r.state == state))
+    for n in doc.nodes:
+        labels = {**job, "host": str(n.host)}
+        g.add("node_up", "1 when the node answered the last look.", labels, int(not n.error))
+        g.add("node_memory_used_bytes", "Memory in use on the node.", labels, n.memory_used)
+        g.add("node_memory_total_bytes", "The node's memory.", labels, n.memory_total)
         g.add("node_load1", "The node's one-minute load average.", labels,
-              (n.get("load") or [None])[0])
-        g.add("node_cpus", "CPUs the node has.", labels, n.get("cpus"))
+              (n.load or [None])[0])
+        g.add("node_cpus", "CPUs the node has.", labels, n.cpus)
         g.add("node_gpu_utilization", "GPU use the node reports, where known.", labels,
-              (n.get("gpu") or {}).get("utilization"))
+              (n.gpu or {}).get("utilization"))
 
 
 def _links(g: _Gauges, doc: dict[str, Any] | None) -> None:

@@ -17,6 +17,7 @@ from mlxops.errors import UserError
 from mlxops.jobs.record import JobRecord
 from mlxops.monitor import bench
 from mlxops.monitor.data import Mirror, document
+from mlxops.monitor.records import JobDocument
 from mlxops.tasks.facts import load_cached_facts
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -52,7 +53,7 @@ def plan(record: JobRecord) -> list[dict[str, Any]] | None:
     return rows or None
 
 
-def report_document(mirror: Mirror, *, points: int | None = None) -> dict[str, Any]:
+def report_document(mirror: Mirror, *, points: int | None = None) -> JobDocument:
     record = mirror.record
     extras = {"plan": plan(record), "bench": bench.latest([h.name for h in record.hosts])}
     return document(mirror, points=points, extras=extras)
@@ -68,8 +69,8 @@ def _inline(name: str) -> str:
     return (STATIC / name).read_text().replace("</script", "<\\/script")
 
 
-def html_report(doc: dict[str, Any]) -> str:
-    title = html.escape(f"mlxops report: {doc['name']}")
+def html_report(doc: JobDocument) -> str:
+    title = html.escape(f"mlxops report: {doc.name}")
     scripts = "\n".join(f"<script>\n{_inline(name)}\n</script>" for name in SCRIPTS)
     return f"""<!doctype html>
 <html lang="en">
@@ -86,13 +87,13 @@ def html_report(doc: dict[str, Any]) -> str:
 <header><h1>{title}</h1></header>
 <main><section id="report"><noscript>This report draws its plots with JavaScript; the data
 is in the mlxops-data element of this file.</noscript></section></main>
-<script type="application/json" id="mlxops-data">{_script_data(doc)}</script>
+<script type="application/json" id="mlxops-data">{_script_data(doc.to_dict())}</script>
 {scripts}
 </body>
 </html>
 """
 
 
-def write(doc: dict[str, Any], target: Path) -> Path:
+def write(doc: JobDocument, target: Path) -> Path:
     target.write_text(html_report(doc))
     return target

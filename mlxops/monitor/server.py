@@ -40,6 +40,7 @@ from mlxops.jobs.spec import NAME
 from mlxops.monitor import bench, files, prom
 from mlxops.monitor.data import MirrorReader, document
 from mlxops.monitor.mirror import feed
+from mlxops.monitor.records import JobDocument
 from mlxops.node.protocol import ENDED_STATES
 from mlxops.transport import Connector
 
@@ -86,9 +87,9 @@ class Jobs:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._readers: dict[str, MirrorReader] = {}
-        self._docs: dict[tuple[str, int | None], tuple[Any, dict[str, Any]]] = {}
+        self._docs: dict[tuple[str, int | None], tuple[Any, JobDocument]] = {}
 
-    def document(self, name: str, points: int | None) -> dict[str, Any]:
+    def document(self, name: str, points: int | None) -> JobDocument:
         with self._lock:
             reader = self._readers.setdefault(name, MirrorReader(name))
             mirror = reader.read()
@@ -109,16 +110,18 @@ class Jobs:
                 doc = self.document(name, 2)
             except MlxopsError:
                 continue  # a record being rewritten, or unreadable: next poll
-            s = doc["summary"]
-            line = {"name": name, "state": doc["state"], "step": s["step"],
-                    "steps": s["steps"], "loss": s["loss_last"],
-                    "tokens_per_sec": s["tokens_per_sec"],
-                    "attempt": doc["job"]["attempt"], "restarts": s["restarts"],
-                    "alerts": len(doc["alerts"]), "updated": doc["updated"]}
-            if doc["job"]["serve"] is not None:  # no steps nor loss: its server's figures
-                figures = doc["serve"] or {"last": {}, "requests_total": None}
-                line.update(serve=True, requests=figures["requests_total"],
-                            tokens_per_sec=figures["last"].get("tokens_per_sec"))
+            s = doc.summary
+            line = {"name": name, "state": doc.state, "step": s.step,
+                    "steps": s.steps, "loss": s.loss_last,
+                    "tokens_per_sec": s.tokens_per_sec,
+                    "attempt": doc.job.attempt, "restarts": s.restarts,
+                    "alerts": len(doc.alerts), "updated": doc.updated}
+            if doc.serves:  # no steps nor loss: its server's figures
+                figures = doc.serve
+                line.update(serve=True,
+                            requests=figures.requests_total if figures else None,
+                            tokens_per_sec=figures.last.get("tokens_per_sec")
+                            if figures else None)
             lines.append(line)
         return {"now": time.time(), "jobs": lines, "bench": bench.latest()}
 
@@ -232,7 +235,7 @@ def handler(jobs: Jobs, pages: dict[str, tuple[bytes, str]], bound: str,
             except ValueError:
                 self._error(HTTPStatus.BAD_REQUEST, "points: a number")
                 return
-            self._json(jobs.document(name, points))
+            self._json(jobs.document(name, points).to_dict())
 
     return Handler
 

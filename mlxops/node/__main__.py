@@ -18,6 +18,7 @@ from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
 from mlxops.node.protocol import bench as benchproto
 from mlxops.node.protocol import content as contentproto
+from mlxops.node.protocol import send as sendproto
 from mlxops.node.protocol.calibration import READ_CALIBRATION
 from mlxops.node.reach import reach
 from mlxops.node.ready import ready
@@ -90,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         from mlxops.node.watch import watch
 
         return watch(Path(args.run_dir), tick=args.tick, beat=args.beat)
+    if args.cmd == sendproto.SEND:  # an answer line, then a tar of files
+        from mlxops.node.send import send
+
+        return send(sys.stdout.buffer, directory=args.dir, run_dir=args.run_dir,
+                    where=args.where, step=args.step, names=args.files)
     sys.stdout.write(protocol.answer_line(answer(argv)) + "\n")
     return 0
 

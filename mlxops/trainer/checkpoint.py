@@ -29,9 +29,9 @@ from mlxops.node.protocol import (
     CKPT_OPTIMIZER,
     CKPT_STATE,
     LATEST,
-    checkpoint_complete,
     checkpoint_name,
     complete_checkpoints,
+    newest_checkpoint,
 )
 
 
@@ -111,18 +111,8 @@ def list_complete(ckpt_dir: Path) -> list[Path]:
 
 
 def find_latest(ckpt_dir: Path) -> Path | None:
-    """The ``latest`` pointer if it names a complete checkpoint, else the newest complete."""
-    pointer = ckpt_dir / LATEST
-    try:
-        target = ckpt_dir / pointer.read_text().strip()
-        if checkpoint_complete(target):
-            newest = list_complete(ckpt_dir)
-            # A newer complete directory can exist if we died between rename and pointer.
-            return newest[-1] if newest and newest[-1].name > target.name else target
-    except OSError:
-        pass
-    found = list_complete(ckpt_dir)
-    return found[-1] if found else None
+    """The checkpoint a run resumes from: :func:`protocol.layout.newest_checkpoint`."""
+    return newest_checkpoint(ckpt_dir)
 
 
 def load(path: Path) -> tuple[dict[str, mx.array], dict[str, mx.array], dict[str, Any]]:

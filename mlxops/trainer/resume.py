@@ -18,7 +18,6 @@ state (the RNG key, the data cursor, the validation state) is each loop's own.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import mlx.optimizers as optim
 from mlx.utils import tree_unflatten
 
 from mlxops.node import protocol
-from mlxops.node.protocol.metrics import step_of
+from mlxops.node.protocol.metrics import kept_through
 
 from . import checkpoint
 from .checkpoint import write_atomic
@@ -76,9 +75,8 @@ def restore_optimizer(optimizer: optim.Optimizer, saved: dict[str, mx.array],
 
 
 def truncate_metrics(out: Path, step: int) -> None:
-    """Drop the metrics lines logged after ``step``: a resume from it redoes them."""
+    """Drop the metrics lines logged after ``step`` (a resume from it redoes them) and a
+    line torn by the crash it resumes from (:func:`protocol.metrics.kept_through`)."""
     path = out / protocol.METRICS
     if path.exists():
-        kept = [line for line in path.read_text().splitlines()
-                if line.strip() and (step_of(json.loads(line)) or 0) <= step]
-        write_atomic(path, "".join(line + "\n" for line in kept))
+        write_atomic(path, kept_through(path.read_text(errors="replace"), step))

@@ -9,6 +9,7 @@ login shell, zsh on a Mac).
 SSH commands run on a raw paramiko channel of the Fabric connection rather than through
 Fabric's ``run``: invoke's runner decodes stdin as text (our sync archives are binary) and
 polls with sleeps, which costs milliseconds per command on every host.
+Reading a large output as a stream (either kind): :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -114,14 +115,21 @@ class LocalConnection:
     def run(self, command: str, *, timeout: float | None = None,
             stdin: Stdin = None) -> CommandResult:
         start = time.monotonic()
-        data = stdin if isinstance(stdin, bytes) or stdin is None else stdin.read()
+        # A stream (a tar made as it is read) is fed from a thread through a pipe of our
+        # own, a chunk at a time, never read whole; bytes go through communicate().
+        streamed = stdin is not None and not isinstance(stdin, bytes)
+        pipe = os.pipe() if streamed else None
         # Own session: on timeout the whole process group goes, not just the shell.
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, cwd=os.path.expanduser("~"),
+            ["/bin/sh", "-c", command], stdin=pipe[0] if pipe else subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            cwd=os.path.expanduser("~"),
         )
+        if pipe:
+            os.close(pipe[0])
+            threading.Thread(target=_feed_fd, args=(pipe[1], stdin), daemon=True).start()
         try:
-            out, err = proc.communicate(data or b"", timeout=timeout)
+            out, err = proc.communicate(None if pipe else (stdin or b""), timeout=timeout)
             timed_out = False
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -347,6 +355,15 @@ def _split_pgid(err: bytes) -> tuple[int | None, bytes]:
     if head.startswith(b"MLXOPS_PGID=") and head[12:].isdigit():
         return int(head[12:]), rest
     return None, err
+
+
+def _feed_fd(fd: int, stdin: Stdin) -> None:
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            for chunk in _chunks(stdin):
+                pipe.write(chunk)
+    except (BrokenPipeError, ValueError):
+        pass  # the command exited early; its exit status tells what happened
 
 
 def _feed(channel: paramiko.Channel, stdin: Stdin) -> None:

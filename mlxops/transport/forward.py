@@ -9,10 +9,15 @@ chunks arrive, never buffered.
 
 :func:`http_exchange` sends one HTTP/1.1 request over any such stream and reads the whole
 answer, with a deadline: the watchdog's probe (``jobs/serveprobe.py``) and nothing else.
+HTTP itself is the standard library's (``http.client``, its connection's socket being the
+stream): status line, headers, ``Content-Length`` and chunked bodies are read as any
+client reads them; only the deadline over the whole exchange is ours.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import logging
 import selectors
@@ -146,35 +151,77 @@ class HttpAnswer:
         return json.loads(self.body)
 
 
+class _Deadline:
+    """A stream (a socket or a paramiko channel) as ``http.client`` uses a socket, every
+    send and receive given what is left of one deadline (``TimeoutError`` past it)."""
+
+    def __init__(self, stream: Any, deadline: float, timeout: float) -> None:
+        self.stream, self.deadline, self.timeout = stream, deadline, timeout
+
+    def _left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no whole answer in {self.timeout:g}s")
+        self.stream.settimeout(left)
+        return left
+
+    def sendall(self, data: bytes) -> None:
+        self._left()
+        self.stream.sendall(data)
+
+    def recv_into(self, buffer: memoryview) -> int:
+        self._left()
+        try:
+            data = self.stream.recv(len(buffer))
+        except TimeoutError:
+            raise TimeoutError(f"no whole answer in {self.timeout:g}s") from None
+        buffer[:len(data)] = data
+        return len(data)
+
+    def makefile(self, mode: str = "rb", *args: Any, **kw: Any) -> io.BufferedReader:
+        return io.BufferedReader(_Reader(self), _CHUNK)
+
+    def close(self) -> None:
+        pass  # the stream is the caller's to close
+
+
+class _Reader(io.RawIOBase):
+    def __init__(self, sock: _Deadline) -> None:
+        self.sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self.sock.recv_into(memoryview(buffer).cast("B"))
+
+
+class _Over(http.client.HTTPConnection):
+    """An ``HTTPConnection`` whose socket is a stream already open (never connects)."""
+
+    def __init__(self, sock: _Deadline) -> None:
+        super().__init__("127.0.0.1", timeout=sock.timeout)
+        self._over = sock
+
+    def connect(self) -> None:
+        self.sock = self._over
+
+
 def http_exchange(stream: Any, method: str, path: str, body: Any = None, *,
                   timeout: float) -> HttpAnswer:
     """One request on ``stream`` (a socket or a paramiko channel), ``Connection: close``,
-    the whole answer read by ``timeout`` (``TimeoutError`` past it). Chunked bodies are
-    not decoded: the probe asks for a whole JSON body."""
+    the whole answer (a chunked one decoded) read by ``timeout`` (``TimeoutError`` past
+    it; ``ConnectionError`` for an answer that is not HTTP)."""
     payload = b"" if body is None else json.dumps(body).encode()
-    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")
     start = time.monotonic()
-    deadline = start + timeout
-    stream.settimeout(timeout)
-    stream.sendall(head.encode() + payload)
-    data = bytearray()
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no whole answer in {timeout:g}s")
-        stream.settimeout(left)
-        try:
-            chunk = stream.recv(_CHUNK)
-        except TimeoutError:
-            raise TimeoutError(f"no whole answer in {timeout:g}s") from None
-        if not chunk:
-            break
-        data += chunk
-    status_line, _, rest = bytes(data).partition(b"\r\n")
-    _, _, body = rest.partition(b"\r\n\r\n")
+    conn = _Over(_Deadline(stream, start + timeout, timeout))
     try:
-        status = int(status_line.split()[1])
-    except (IndexError, ValueError):
-        raise ConnectionError(f"not an HTTP answer: {bytes(data[:80])!r}") from None
-    return HttpAnswer(status, body, time.monotonic() - start)
+        conn.request(method, path, body=payload, headers={
+            "Connection": "close", "Content-Type": "application/json"})
+        answer = conn.getresponse()
+        data = answer.read()
+    except http.client.IncompleteRead as exc:
+        raise ConnectionError(f"the answer was cut short: {exc}") from None
+    except http.client.HTTPException as exc:
+        raise ConnectionError(f"not an HTTP answer: {type(exc).__name__}: {exc}") from None
+    return HttpAnswer(answer.status, data, time.monotonic() - start)

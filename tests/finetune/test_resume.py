@@ -69,6 +69,18 @@ def test_stop_and_resume_is_bitwise(straight, tiny, tmp_path):
     assert curve(out) == curve(straight)
 
 
+def test_a_metrics_line_torn_by_a_crash_does_not_fail_the_resume(straight, tiny, tmp_path):
+    # A crash mid-write leaves metrics.jsonl's last line cut short (no newline): the resume
+    # reads the file back to drop the steps it redoes, and must pass over that line.
+    out = tmp_path / "torn"
+    config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])
+    ok(run_finetune(config, "--set", "train.stop_at=4", ranks=2))
+    with open(out / protocol.METRICS, "a") as handle:
+        handle.write('{"step": 5, "loss": 2.')
+    ok(run_finetune(config, "--resume", ranks=2))
+    assert curve(out) == curve(straight)
+
+
 def test_kill_9_and_resume_is_bitwise(straight, tiny, tmp_path):
     out = tmp_path / "killed"
     config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"])

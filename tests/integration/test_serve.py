@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,8 @@ def wait_figures(name: str, requests: int, timeout: float = 60) -> dict:
     count ``requests`` of the client's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        serve = document(MirrorReader(name).read())["serve"]
+        found = document(MirrorReader(name).read()).serve
+        serve = asdict(found) if found else None
         if serve and serve["last"].get("tokens_per_sec") and \
                 serve["last"].get("requests") == requests:
             return serve

@@ -108,6 +108,36 @@ def test_the_node_command_writes_the_layout_or_says_why_not(tmp_path, capsys):
     assert "no checkpoint of step 7" in capsys.readouterr().err
 
 
+def test_the_controllers_command_streams_the_converted_directory_back(tmp_path):
+    """``mlxops export``'s node command (convert, then ``send`` the directory) run by
+    ``/bin/sh``, read back by the one download helper: the exporter's answer line first,
+    then every file of the layout, byte for byte; a refusal is its exit code 2 and line."""
+    import sys
+
+    from mlxops.jobs.download import download
+    from mlxops.jobs.export import export_command
+    from mlxops.transport import LocalConnection
+
+    run = train_tiny(tmp_path, tie=True, steps=1)
+    root = str(Path(__file__).resolve().parents[2])
+    local = tmp_path / "local"
+    local.mkdir()
+    got, result = download(LocalConnection("here"), export_command(
+        sys.executable, root, str(run), step=None, best=False, arch="llama"), local)
+    assert result.ok, result.stderr
+    assert json.loads(got.before[-1])["step"] == 1
+    direct = tmp_path / "direct"
+    assert export.main(["--run-dir", str(run), "--out", str(direct)]) == 0
+    want = {str(p.relative_to(direct)): p.read_bytes() for p in direct.rglob("*") if p.is_file()}
+    assert {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*")
+            if p.is_file()} == want
+    assert got.written == {name: len(data) for name, data in want.items()}
+    got, result = download(LocalConnection("here"), export_command(
+        sys.executable, root, str(run), step=7, best=False, arch="llama"), tmp_path / "x")
+    assert result.exit_code == 2 and "no checkpoint of step 7" in result.error_line()
+    assert got.answer is None
+
+
 def test_best_is_the_checkpoint_validation_kept(tmp_path, capsys):
     """best/ is written like ckpt/ (checkpoint.save, protocol.BEST_DIR): --best takes it."""
     from mlxops.trainer import checkpoint

@@ -126,3 +126,11 @@ def preflight_answer(**overrides: Any) -> protocol.PreflightAnswer:
         "python": "/py", "python_version": "3.11.7", "mlx": "0.32.4", "system": "Linux",
         "ports_busy": [], "leftovers": [], "checkpoints": []}
     return protocol.PreflightAnswer(**{**fields, **overrides})
+
+
+def node_answer(args: list[str]) -> Any:
+    """What ``python -m mlxops.node ARGS`` prints here, read as the controller reads it."""
+    out = StringIO()
+    with redirect_stdout(out):
+        assert node_main(args) == 0
+    return protocol.parse_answer(args[0], out.getvalue().strip())

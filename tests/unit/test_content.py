@@ -164,3 +164,49 @@ def test_any_directory_is_hashed_once_per_version(tmp_path, monkeypatch):
     calls.clear()
     assert content.any_directory(model, cache_file=cache).files == first.files
     assert calls == []
+
+
+def test_placing_makes_no_copy_of_the_files_in_temporary_space(tmp_path, node, monkeypatch):
+    """The tar is made as it is sent (archive.stream), not spooled per node: with the
+    spooled writer out of reach, placement still lands every file whole."""
+    from mlxops import archive
+
+    def no_spool(*args, **kwargs):
+        raise AssertionError("placement spooled an archive")
+
+    monkeypatch.setattr(archive.tempfile, "SpooledTemporaryFile", no_spool)
+    conn, python, root = node
+    data = tmp_path / "prepared"
+    _prepared(data)
+    prepared = content.prepared_data(data)
+    report, problems = content.place(conn, python, root, prepared)
+    assert problems == [] and report.bytes_sent > sum(s for _, s in prepared.files.values())
+    for name in prepared.files:
+        assert (Path(prepared.node_dir(root)) / name).read_bytes() == (data / name).read_bytes()
+
+
+def test_a_streamed_archive_is_the_written_one_and_ends_with_its_reader(tmp_path):
+    import io
+    import tarfile
+
+    from mlxops import archive
+
+    (tmp_path / "big").write_bytes(os.urandom(3 << 20))
+    entries = [archive.Entry("big", tmp_path / "big"), archive.Entry("x", b"small", 0o600)]
+    with archive.stream(entries) as streamed:
+        data = streamed.read()
+        streamed.check()
+    assert streamed.sent == len(data)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}
+    assert got == {"big": (tmp_path / "big").read_bytes(), "x": b"small"}
+    # A reader that stops early (the command it fed exited) ends the writer: no hang.
+    early = archive.stream(entries)
+    assert len(early.read(1000)) == 1000
+    early.close()
+    assert early.error is None
+    # A file gone since it was listed: the stream ends early and says why.
+    gone = archive.stream([archive.Entry("nope", tmp_path / "nope")])
+    gone.read()
+    with pytest.raises(FileNotFoundError):
+        gone.check()

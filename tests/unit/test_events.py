@@ -75,7 +75,7 @@ def test_the_job_document_places_events_on_the_curves(tmp_path, monkeypatch):
     events.start_run(events.make("tiny-lm", events.STARTED, "3 ranks", now=lines[0].time - 5))
     events.record("tiny-lm", events.RESTARTED, "rank 2 killed", now=at_150 + 0.5, attempt=1)
     doc = document(reader.read())
-    assert [(e["kind"], e["step"]) for e in doc["events"]] == [("started", None),
+    assert [(e["kind"], e["step"]) for e in doc.events] == [("started", None),
                                                                ("restarted", 150)]
 
 
@@ -161,3 +161,40 @@ def test_a_plateau_is_one_event_per_best_that_validation_stopped_beating(home):
     run.append(line(70, 1.25))
     assert watch.look(run, job, attempt=1).detail["best_step"] == 50
     assert [e.kind for e in events.read("job")] == ["plateau", "plateau"]
+
+
+def test_an_append_after_a_torn_line_starts_a_line_of_its_own(home):
+    # A writer killed mid-write leaves no newline: the next event (here the `failed` a
+    # notification is sent for) must not be glued to the torn line and lost with it.
+    kept = events.record("job", events.STARTED, "2 ranks")
+    with open(events.path("job"), "a") as handle:
+        handle.write('{"id": "y", "time": 2, "job": "jo')
+    failed = events.record("job", events.FAILED, "gave up after 3 restarts")
+    assert events.read("job") == [kept, failed]
+
+
+def test_a_reader_says_which_line_it_skipped(home):
+    events.record("job", events.STARTED, "2 ranks")
+    with open(events.path("job"), "a") as handle:
+        handle.write('{"id": "y", "time": 2, "job": "jo')
+    events.record("job", events.FAILED, "gave up")
+    skipped = []
+    events.read("job", lambda number, line: skipped.append((number, line)))
+    assert skipped == [(2, '{"id": "y", "time": 2, "job": "jo')]
+
+
+def test_mlxops_events_names_the_skipped_line_on_stderr(home, monkeypatch):
+    from click.testing import CliRunner
+
+    from mlxops.cli.events import command
+    from mlxops.jobs import record as R
+
+    monkeypatch.setattr(R, "load_record", lambda name: None)
+    events.record("job", events.STARTED, "2 ranks")
+    with open(events.path("job"), "a") as handle:
+        handle.write('{"torn')
+    events.record("job", events.FAILED, "gave up")
+    result = CliRunner().invoke(command, ["job"])
+    assert result.exit_code == 0
+    assert "line 2 is not an event (torn by a crash?)" in result.stderr
+    assert "gave up" in result.stdout

@@ -1,24 +1,39 @@
-"""``mlxops fetch``'s node command, run by a real ``sh`` (dash here, as a node's /bin/sh)
-over run directories laid out as a fine-tuning run writes them, and its answer read back."""
+"""``mlxops fetch``: the node's ``send`` command (a real ``python -m mlxops.node send`` run by
+``/bin/sh`` over a local connection) over run directories laid out as a fine-tuning run
+writes them, its stream read back by the one download helper (jobs/download.py), and the
+adapters written as one set."""
 
 from __future__ import annotations
 
+import io
 import json
-import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from mlxops.errors import UserError
+from mlxops.finetune.config import FinetuneConfig
+from mlxops.jobs import download as D
 from mlxops.jobs import fetch as F
+from mlxops.jobs.placement import Rank
+from mlxops.jobs.record import HostRecord, JobRecord
+from mlxops.jobs.workloads.finetune import FinetuneWorkload
 from mlxops.node import protocol
+from mlxops.node.protocol.send import SendAnswer, send_args, send_checkpoint_args
+from mlxops.transport import Connector, LocalConnection
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def checkpoint(run: Path, where: str, step: int, complete: bool = True) -> Path:
     d = run / where
     d.mkdir(parents=True)
     (d / F.ADAPTERS).write_bytes(f"weights of step {step}".encode() + bytes(range(256)))
-    (d / F.ADAPTER_CONFIG).write_text(json.dumps({"fine_tune_type": "lora"}))
+    (d / F.ADAPTER_CONFIG).write_text(json.dumps({"fine_tune_type": "lora", "step": step}))
+    (d / protocol.CKPT_MODEL).write_bytes(b"m")
+    (d / protocol.CKPT_OPTIMIZER).write_bytes(b"o")
     if complete:
         (d / protocol.CKPT_STATE).write_text(json.dumps({"step": step}))
     return d
@@ -35,10 +50,11 @@ def run(tmp_path) -> Path:
     return run
 
 
-def ask(run: Path, where: str = protocol.CKPT_DIR, step: int | None = None
-        ) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", "-c", F.fetch_command(str(run), where, step)],
-                          capture_output=True, text=True, timeout=30)
+def ask(run: Path, into: Path, where: str = protocol.CKPT_DIR, step: int | None = None):
+    into.mkdir(exist_ok=True)
+    command = D.send_command(sys.executable, str(ROOT), send_checkpoint_args(
+        str(run), where, F.FETCHED, step=step))
+    return D.download(LocalConnection("here"), command, into)
 
 
 @pytest.mark.parametrize("best, step, directory, want", [
@@ -46,32 +62,36 @@ def ask(run: Path, where: str = protocol.CKPT_DIR, step: int | None = None
     (True, None, "best/step-00000010", 10),
     (False, 10, "ckpt/step-00000010", 10),
 ])
-def test_the_chosen_checkpoints_adapters_come_back_whole(run, best, step, directory, want):
-    proc = ask(run, *F.which_dir(best, step))
-    assert proc.returncode == 0, proc.stderr
-    got, files = F.parse_answer(proc.stdout)
-    assert got == directory and F.step_of(files) == want
-    assert files[F.ADAPTERS] == (run / directory / F.ADAPTERS).read_bytes()
-    assert json.loads(files[F.ADAPTER_CONFIG]) == {"fine_tune_type": "lora"}
+def test_the_chosen_checkpoints_adapters_come_back_whole(run, tmp_path, best, step,
+                                                         directory, want):
+    got, result = ask(run, tmp_path / "got", *F.which_dir(best, step))
+    assert result.ok, result.stderr
+    assert (got.answer.directory, got.answer.step) == (directory, want)
+    for name in F.FETCHED:
+        assert (tmp_path / "got" / name).read_bytes() == (run / directory / name).read_bytes()
+    assert got.written == {n: (run / directory / n).stat().st_size for n in F.FETCHED}
+    assert sorted(p.name for p in (tmp_path / "got").iterdir()) == sorted(F.FETCHED)
 
 
-def test_latest_naming_an_incomplete_checkpoint_falls_back_to_the_newest_complete(run):
+def test_latest_naming_an_incomplete_checkpoint_falls_back_to_the_newest_complete(run,
+                                                                                  tmp_path):
     checkpoint(run, "ckpt/step-00000030", 30, complete=False)
     (run / "ckpt" / protocol.LATEST).write_text("step-00000030\n")
-    got, files = F.parse_answer(ask(run).stdout)
-    assert (got, F.step_of(files)) == ("ckpt/step-00000020", 20)
+    got, _ = ask(run, tmp_path / "got")
+    assert (got.answer.directory, got.answer.step) == ("ckpt/step-00000020", 20)
 
 
-def test_a_checkpoint_that_is_not_there_is_said_so_with_its_own_exit_code(run, tmp_path):
-    proc = ask(run, *F.which_dir(step=99))
-    assert proc.returncode == F.NOT_THERE
-    assert proc.stderr.strip() == "no adapters in ckpt/step-00000099"
+def test_a_checkpoint_that_is_not_there_is_said_so_and_nothing_is_sent(run, tmp_path):
+    got, result = ask(run, tmp_path / "a", *F.which_dir(step=99))
+    assert result.ok and got.answer.missing == "no complete checkpoint ckpt/step-00000099"
+    assert not any((tmp_path / "a").iterdir())
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = ask(empty)
-    assert proc.returncode == F.NOT_THERE and "no adapters in ckpt/" in proc.stderr
-    assert ask(tmp_path / "nope").returncode == F.NOT_THERE
-    assert ask(empty, *F.which_dir(best=True)).stderr.strip() == "no adapters in best/"
+    assert ask(empty, tmp_path / "b")[0].answer.missing == "no complete checkpoint in ckpt/"
+    assert ask(empty, tmp_path / "c", *F.which_dir(best=True))[0].answer.missing == (
+        "no complete checkpoint in best/")
+    (run / "ckpt" / "step-00000020" / F.ADAPTERS).unlink()
+    assert ask(run, tmp_path / "d")[0].answer.missing.startswith(f"no {F.ADAPTERS} in ")
 
 
 def test_best_and_step_together_are_bad_input():
@@ -79,76 +99,135 @@ def test_best_and_step_together_are_bad_input():
         F.which_dir(True, 5)
 
 
-def test_damaged_or_partial_answers_are_refused(run):
-    with pytest.raises(F.FetchError, match="unexpected answer"):
-        F.parse_answer("Traceback ...\n")
-    proc = ask(run)
-    head, _, body = proc.stdout.partition("\n")
-    with pytest.raises(F.FetchError, match="damaged"):
-        F.parse_answer(f"{head}\n{body[: len(body) // 2]}")
+def stream(answer: SendAnswer, members: dict[str, bytes], cut: int | None = None) -> io.BytesIO:
+    body = io.BytesIO()
+    with tarfile.open(fileobj=body, mode="w|") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raw = (protocol.answer_line(answer) + "\n").encode() + body.getvalue()
+    return io.BytesIO(raw[:cut] if cut else raw)
 
 
-def test_written_in_mlx_lms_layout_without_the_checkpoints_state(run, tmp_path):
-    source, files = F.parse_answer(ask(run, *F.which_dir(best=True)).stdout)
+def test_a_damaged_cut_or_foreign_stream_is_refused(tmp_path):
+    named = SendAnswer("ckpt/step-00000020", {"a": 3, "b": 2})
+    ok = D.receive("n1", stream(named, {"a": b"abc", "b": b"de"}), tmp_path)
+    assert ok.written == {"a": 3, "b": 2}
+    cases = {
+        "ended before b": stream(named, {"a": b"abc"}),
+        "not one of the files": stream(named, {"a": b"abc", "../b": b"de"}),
+        "2 bytes sent, 3 named": stream(named, {"a": b"ab", "b": b"de"}),
+        "damaged": stream(named, {"a": b"abc", "b": b"de"}, cut=200),
+    }
+    for said, body in cases.items():
+        with pytest.raises(D.DownloadError, match=said):
+            D.receive("n1", body, tmp_path / said.replace(" ", "_"))
+
+
+def test_lines_before_the_answer_are_kept_and_a_failure_before_it_is_no_answer(tmp_path):
+    body = stream(SendAnswer("out", {"a": 1}), {"a": b"x"})
+    got = D.receive("n1", io.BytesIO(b'{"step": 40}\n' + body.read()), tmp_path)
+    assert got.before == ['{"step": 40}'] and got.written == {"a": 1}
+    assert D.receive("n1", io.BytesIO(b"Traceback ...\n"), tmp_path).answer is None
+
+
+def test_a_directory_is_sent_whole_with_its_subdirectories(tmp_path):
+    source = tmp_path / "export"
+    (source / "sub").mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "sub" / "w.safetensors").write_bytes(bytes(70000))
+    into = tmp_path / "into"
+    into.mkdir()
+    got, result = D.download(LocalConnection("here"), D.send_command(
+        sys.executable, str(ROOT), send_args(str(source))), into)
+    assert result.ok and got.answer.files == {"config.json": 2, "sub/w.safetensors": 70000}
+    assert (into / "sub" / "w.safetensors").read_bytes() == bytes(70000)
+
+
+# --- mlxops fetch as a whole ---------------------------------------------------------------
+
+@pytest.fixture
+def job(tmp_path, monkeypatch, run):
+    """A fine-tuning job on a local host whose node root holds ``run`` and the code."""
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    root = tmp_path / "root"
+    (root / "runs").mkdir(parents=True)
+    (root / "runs" / "ft").symlink_to(run)
+    (root / "code").symlink_to(ROOT)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  hosts:\n    a: {ansible_connection: local}\n")
+    cfg = FinetuneConfig()
+    cfg.model.path, cfg.data.path = str(tmp_path / "models" / "tiny"), str(tmp_path / "chat")
+    return JobRecord(name="ft", job_file="j.yml", inventory=str(inventory), backend="ring",
+                     hosts=[HostRecord("a", str(root), sys.executable)],
+                     ranks=[Rank(0, "a", "127.0.0.1", 5000, 0)], state="finished",
+                     workload=FinetuneWorkload(cfg), job={})
+
+
+def test_fetch_writes_the_adapters_and_their_config_as_one_set(job, run, tmp_path):
     out = tmp_path / "out" / "adapters"
-    written = F.write_out(files, out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(F.FETCHED)
-    assert written[F.ADAPTERS] == (run / source / F.ADAPTERS).stat().st_size
+    with Connector() as connector:
+        first = F.fetch(job, connector, out, best=True)
+        assert (first.host, first.source, first.step) == ("a", "best/step-00000010", 10)
+        assert json.loads((out / F.ADAPTER_CONFIG).read_text())["step"] == 10
+        inode = out.stat().st_ino
+        again = F.fetch(job, connector, out)
+    assert again.step == 20 and out.stat().st_ino != inode   # a new set, renamed in
+    assert json.loads((out / F.ADAPTER_CONFIG).read_text())["step"] == 20
+    assert (out / F.ADAPTERS).read_bytes() == (run / "ckpt/step-00000020" / F.ADAPTERS
+                                               ).read_bytes()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["adapters"]  # no temporaries
 
 
-class LocalConnector:
-    """A connector whose every host runs the command in a local ``sh`` (the node's side
-    as in the tests above)."""
-
-    def connect(self, host):
-        return self
-
-    def run(self, command, timeout=None):
-        from mlxops.transport.connection import CommandResult
-
-        proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True,
-                              timeout=30)
-        return CommandResult(command, proc.returncode, proc.stdout, proc.stderr, 0.0)
-
-
-def test_the_fetched_config_names_the_controllers_model_not_the_nodes_copy(tmp_path,
-                                                                           monkeypatch):
+def test_the_fetched_config_names_the_controllers_model_not_the_nodes_copy(job, run,
+                                                                           tmp_path):
     """A rank wrote mlx-lm's ``model``/``data`` keys as its node's copies (what it read);
     mlx-lm's loaders read neither back, a person or a tool on the controller does, to find
     the base model the adapters go with: the controller's directories, as the job gave."""
-    from mlxops.finetune.config import FinetuneConfig
-    from mlxops.jobs.placement import Rank
-    from mlxops.jobs.record import HostRecord, JobRecord
-    from mlxops.jobs.workloads.finetune import FinetuneWorkload
-
-    cfg = FinetuneConfig()
-    cfg.model.path, cfg.data.path = str(tmp_path / "models" / "tiny"), str(tmp_path / "chat")
-    root = tmp_path / "node root"
-    run = root / "runs" / "ft"
-    checkpoint(run, f"ckpt/{protocol.checkpoint_name(5)}", 5)
-    node_copy = f"{root}/data/tiny-0123abcd"
-    config = run / "ckpt" / protocol.checkpoint_name(5) / F.ADAPTER_CONFIG
-    config.write_text(json.dumps({"fine_tune_type": "lora", "num_layers": 2,
-                                  "model": node_copy, "data": f"{root}/data/chat-4567"}))
-    record = JobRecord(name="ft", job_file="/j.yml", inventory="/inv.yml", backend="ring",
-                       hosts=[HostRecord("a", str(root), "/py")],
-                       ranks=[Rank(0, "a", "10.0.0.1", 30000, 0)],
-                       workload=FinetuneWorkload(cfg), job={})
-    monkeypatch.setattr(F, "inventory_hosts", lambda record: {"a": object()})
-
-    got = F.fetch(record, LocalConnector(), tmp_path / "out")
-
-    written = json.loads((tmp_path / "out" / F.ADAPTER_CONFIG).read_text())
-    assert written == {"fine_tune_type": "lora", "num_layers": 2,
+    config = run / "ckpt" / protocol.checkpoint_name(20) / F.ADAPTER_CONFIG
+    config.write_text(json.dumps({"fine_tune_type": "lora", "num_layers": 2, "step": 20,
+                                  "model": "/node/data/tiny-0123abcd",
+                                  "data": "/node/data/chat-4567"}))
+    out = tmp_path / "out"
+    with Connector() as connector:
+        got = F.fetch(job, connector, out)
+    cfg = job.workload.config
+    written = json.loads((out / F.ADAPTER_CONFIG).read_text())
+    assert written == {"fine_tune_type": "lora", "num_layers": 2, "step": 20,
                        "model": cfg.model.path, "data": cfg.data.path}
-    assert got.files[F.ADAPTER_CONFIG] == (tmp_path / "out" / F.ADAPTER_CONFIG).stat().st_size
+    assert got.files[F.ADAPTER_CONFIG] == (out / F.ADAPTER_CONFIG).stat().st_size
 
 
 def test_only_a_job_that_writes_adapters_has_any_to_fetch(tmp_path):
-    from mlxops.jobs.record import JobRecord
     from mlxops.jobs.workloads.command import CommandWorkload
 
     record = JobRecord(name="c", job_file="/j.yml", inventory="/inv.yml", backend="ring",
                        hosts=[], ranks=[], workload=CommandWorkload(("python", "x.py")), job={})
     with pytest.raises(UserError, match="not a fine-tuning job"):
-        F.fetch(record, LocalConnector(), tmp_path / "out")
+        F.fetch(record, Connector(), tmp_path / "out")
+
+
+def test_a_failed_fetch_leaves_the_previous_set_whole(job, run, tmp_path):
+    out = tmp_path / "out"
+    with Connector() as connector:
+        F.fetch(job, connector, out)
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        with pytest.raises(F.FetchError, match="no host of job 'ft' has ckpt/step-00000099: "
+                                               "a: no complete checkpoint ckpt/step-00000099"):
+            F.fetch(job, connector, out, step=99)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_output_directory_holding_other_files_is_refused_before_any_host(job, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+
+    class Nowhere:
+        def connect(self, host):
+            raise AssertionError("no host is asked")
+
+    with pytest.raises(UserError, match="holds notes.txt: fetch replaces the directory"):
+        F.fetch(job, Nowhere(), out)

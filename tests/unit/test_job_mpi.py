@@ -133,14 +133,16 @@ def test_classify_an_mpi_job_with_its_launcher(name, tmp_path):
 
 
 def test_preflight_wants_mpirun_on_the_first_host_and_at_the_same_path_everywhere():
-    from mlxops.jobs.preflight import HostPrep, mpi_problems
+    from mlxops.readiness import HostSaid, mpi_findings
 
-    def preps(**mpiruns):
-        return {n: HostPrep(Host(n, {}), "/r", "/py", preflight_answer(mpirun=m))
+    def said(**mpiruns):
+        return {n: HostSaid.from_preflight(n, "j", preflight_answer(mpirun=m))
                 for n, m in mpiruns.items()}
 
-    assert mpi_problems(preps(a=None, b="/usr/bin/mpirun"), "a") == [
-        "mpirun not found on a: install Open MPI (brew install open-mpi)"]
-    assert mpi_problems(preps(a="/usr/bin/mpirun", b="/usr/bin/mpirun"), "a") == []
-    [problem] = mpi_problems(preps(a="/opt/homebrew/bin/mpirun", b=None), "a")
-    assert problem.startswith("b: Open MPI must be installed at the same path on every node")
+    assert [f.line for f in mpi_findings(said(a=None, b="/usr/bin/mpirun"), "a")] == [
+        "a: mpirun not found (PATH, /opt/homebrew/bin, /usr/local/bin, /opt/local/bin): "
+        "install Open MPI: brew install open-mpi"]
+    assert mpi_findings(said(a="/usr/bin/mpirun", b="/usr/bin/mpirun"), "a") == []
+    [problem] = mpi_findings(said(a="/opt/homebrew/bin/mpirun", b=None), "a")
+    assert problem.line == ("b: mpirun not found, on a (rank 0) /opt/homebrew/bin/mpirun: "
+                            "install Open MPI at the same path on every node")

@@ -17,6 +17,7 @@ from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.workloads.finetune import FinetuneWorkload
 from mlxops.jobs.workloads.trainer import TrainerWorkload
 from mlxops.node.protocol import Leftover
+from mlxops.readiness import questions
 from mlxops.trainer.config import TrainerConfig
 
 # A job's parsed finetune: section; pre-flight asks only whether there is one.
@@ -28,15 +29,17 @@ def spec(backend: str = "ring") -> JobSpec:
                    backend=backend, workload=TrainerWorkload(TrainerConfig()))
 
 
-def preps(**answers):
-    return {n: HostPrep(Host(n, {"ansible_host": f"10.0.0.{i}"}), "/r", "/py",
-                        preflight_answer(**a))
-            for i, (n, a) in enumerate(answers.items(), 1)}
+def preps(backend="ring", **answers):
+    hosts = [Host(n, {"ansible_host": f"10.0.0.{i}"}) for i, n in enumerate(answers, 1)]
+    ranks = place_ranks(hosts, 30000)
+    return {h.name: HostPrep(h, "/r", "/py", preflight_answer(**answers[h.name]),
+                             questions(backend, h.ip, [r.port for r in ranks
+                                                       if r.host == h.name]))
+            for h in hosts}, ranks
 
 
 def check(backend="ring", resume=False, fresh=False, **answers):
-    p = preps(**answers)
-    ranks = place_ranks([x.host for x in p.values()], 30000)
+    p, ranks = preps(backend, **answers)
     return check_preflight(spec(backend), p, ranks, resume, fresh)
 
 
@@ -50,8 +53,10 @@ def test_all_good_starts_fresh():
     ({"a": {}, "b": {"mlx": "0.31.0"}}, "b: mlx 0.31.0, others 0.32.4: make them agree"),
     ({"a": {}, "b": {"python_version": "3.12.1"}}, "b: python 3.12, others 3.11: make them"),
     ({"a": {"leftovers": [Leftover(0, 42)]}, "b": {}},
-     "a: ranks of job 'j' still run (pids 42); run 'mlxops stop j'"),
-    ({"a": {}, "b": {"ports_busy": [30001]}}, "b: ring ports in use: 30001"),
+     "a: job j: rank 0 (pid 42) still running: mlxops stop j"),
+    ({"a": {}, "b": {"ports_busy": [30001]}},
+     "b: ring port 30001 on 10.0.0.2 in use: stop what holds them (another job? mlxops "
+     "status), or set another port: in j.yml"),
     ({"a": {"checkpoints": [10, 20]}, "b": {"checkpoints": [10]}},
      "'mlxops resume j' continues it, 'mlxops launch --fresh' starts over"),
 ])
@@ -62,7 +67,8 @@ def test_refusals_name_the_host_and_the_way_out(answers, message):
 
 
 def test_jaccl_is_refused_on_nodes_that_are_not_macs():
-    with pytest.raises(PreflightError, match="a: the jaccl backend needs macOS with RDMA"):
+    with pytest.raises(PreflightError, match="a: runs Linux, the jaccl backend needs macOS "
+                                             "with RDMA"):
         check("jaccl", a={}, b={})
     assert check("jaccl", a={"system": "Darwin"}, b={"system": "Darwin"}) is None
 
@@ -91,12 +97,11 @@ def test_a_job_that_runs_mlx_lm_is_refused_where_mlx_lm_is_missing_or_differs():
     import dataclasses
 
     finetune = dataclasses.replace(spec(), workload=FinetuneWorkload(FINETUNE))
-    p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": None})
-    ranks = place_ranks([x.host for x in p.values()], 30000)
+    p, ranks = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": None})
     with pytest.raises(PreflightError, match="b: mlx-lm not installed for /py, needed here: "
                        "set mlxops_mlx_lm .* run mlxops provision --tags mlx_lm"):
         check_preflight(finetune, p, ranks, False)
-    p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": "0.31.0"})
+    p, _ = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": "0.31.0"})
     with pytest.raises(PreflightError, match="b: mlx-lm 0.31.0, others 0.32.2"):
         check_preflight(finetune, p, ranks, False)
     # The bundled trainer does not need it.
@@ -104,9 +109,8 @@ def test_a_job_that_runs_mlx_lm_is_refused_where_mlx_lm_is_missing_or_differs():
 
 
 def test_a_node_whose_copy_of_the_model_still_differs_is_refused():
-    p = preps(a={}, b={})
+    p, ranks = preps(a={}, b={})
     line = "b: /r/data/tiny-0123abcd differs from /m/tiny: model.safetensors: sha256 1a, want 2b"
     p["b"].content_problems.append(line)
-    ranks = place_ranks([x.host for x in p.values()], 30000)
     with pytest.raises(PreflightError, match=line):
         check_preflight(spec(), p, ranks, False)

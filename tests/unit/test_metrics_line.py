@@ -53,3 +53,14 @@ def test_a_line_cut_short_is_left_out():
 
 def test_the_series_are_fields():
     assert set(SERIES) <= set(FIELDS)
+
+
+def test_a_resume_keeps_the_lines_up_to_its_step_and_drops_a_torn_last_line():
+    from mlxops.node.protocol.metrics import kept_through
+
+    text = ('{"step": 1, "loss": 3.0}\n{"step": 2, "loss": 2.5}\n{"step": 3, "loss": 2.1}\n'
+            '{"step": 4, "lo')
+    assert kept_through(text, 2) == '{"step": 1, "loss": 3.0}\n{"step": 2, "loss": 2.5}\n'
+    kept = kept_through(text, 10)
+    assert kept.endswith('2.1}\n') and "lo" not in kept.splitlines()[-1][-5:]
+    assert len(kept.splitlines()) == 3

@@ -27,35 +27,43 @@ def recorded(tmp_path, monkeypatch, which: str) -> MirrorReader:
 
 def test_the_finished_run_reads_back_whole(tmp_path, monkeypatch):
     doc = document(recorded(tmp_path, monkeypatch, "finished").read(), now=0)
-    assert (doc["name"], doc["state"]) == ("tiny-lm", "finished")
-    m = doc["metrics"]
-    assert m["step"] == list(range(5, 301, 5)) and doc["metrics_lines"] == 60
+    assert (doc.name, doc.state) == ("tiny-lm", "finished")
+    m = doc.metrics
+    assert m["step"] == list(range(5, 301, 5)) and doc.metrics_lines == 60
     assert all(len(col) == 60 for col in m.values())
-    s = doc["summary"]
-    assert (s["step"], s["steps"], s["restarts"]) == (300, 300, 1)
-    assert s["loss_first"] > 4 and s["loss_last"] < 1.2 and s["loss_min"] <= s["loss_last"]
-    assert 0 < s["compute_share"] < 1
+    s = doc.summary
+    assert (s.step, s.steps, s.restarts) == (300, 300, 1)
+    assert s.loss_first > 4 and s.loss_last < 1.2 and s.loss_min <= s.loss_last
+    assert 0 < s.compute_share < 1
     # The restart is placed at the last step logged before it: the checkpoint resumed from.
-    [restart] = doc["restarts"]
-    assert restart["step"] == 150 and "rank 2 on localhost" in restart["reason"]
-    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2]
-    assert all(r["state"] == "finished" and len(r["history"]["time"]) == 8
-               for r in doc["ranks"])
-    [node] = doc["nodes"]
-    assert node["host"] == "localhost" and 0 < node["memory_peak_share"] < 1
-    assert doc["alerts"] == []   # ended: nothing to alert about now
-    assert doc["job"]["alerts"] == {"memory_share": 0.02, "tokens_per_sec_drop": 0.5,
-                                    "heartbeat_age": 20.0, "val_loss_rise": 0.02}
-    assert doc["job"]["trainer"]["train"]["steps"] == 300 and doc["job"]["kind"] == "trainer"
-    assert doc["job"]["command"] is None and doc["job"]["serve"] is None
-    json.dumps(doc)   # one JSON document
+    [restart] = doc.restarts
+    assert restart.step == 150 and "rank 2 on localhost" in restart.reason
+    assert [r.rank for r in doc.ranks] == [0, 1, 2]
+    assert all(r.state == "finished" and len(r.history["time"]) == 8 for r in doc.ranks)
+    [node] = doc.nodes
+    assert node.host == "localhost" and 0 < node.memory_peak_share < 1
+    assert doc.alerts == []   # ended: nothing to alert about now
+    assert doc.job.alerts == {"memory_share": 0.02, "tokens_per_sec_drop": 0.5,
+                              "heartbeat_age": 20.0, "val_loss_rise": 0.02}
+    assert doc.job.sections["trainer"]["train"]["steps"] == 300 and doc.job.kind == "trainer"
+    # One JSON document, of the fields docs/formats.md names, at the top level.
+    out = json.loads(json.dumps(doc.to_dict()))
+    assert list(out) == ["name", "generated", "state", "updated", "mirror_generation", "job",
+                         "summary", "metrics", "metrics_lines", "restarts", "events",
+                         "ranks", "nodes", "alerts", "serve"]
+    assert out["summary"]["step"] == 300 and out["restarts"][0]["step"] == 150
+    assert out["ranks"][0]["history"]["time"] == doc.ranks[0].history["time"]
+    # The job's kind and its section under the kind's key, every other kind's null.
+    assert out["job"]["kind"] == "trainer" and out["job"]["trainer"]["train"]["steps"] == 300
+    assert out["job"]["command"] is None and out["job"]["serve"] is None
+    assert "sections" not in out["job"] and "probed" not in out["job"]
 
 
 def test_the_running_copy_alerts_on_memory(tmp_path, monkeypatch):
     doc = document(recorded(tmp_path, monkeypatch, "running").read())
-    assert doc["state"] == "running" and doc["summary"]["step"] == 239
-    assert [a["kind"] for a in doc["alerts"]] == ["memory_share"]
-    assert doc["alerts"][0]["message"].startswith("localhost: memory 3% in use (alert at 2%)")
+    assert doc.state == "running" and doc.summary.step == 239
+    assert [a["kind"] for a in doc.alerts] == ["memory_share"]
+    assert doc.alerts[0]["message"].startswith("localhost: memory 3% in use (alert at 2%)")
 
 
 def test_the_reader_parses_only_what_was_added(tmp_path, monkeypatch):
@@ -96,9 +104,9 @@ def test_the_summary_says_the_last_and_best_validation_loss():
 
     rec = load_record_of_recorded()
     s = summary(rec, [line(10, 2.5), line(20, None), line(30, 2.2), line(40, 2.4)], None)
-    assert (s["val_loss_last"], s["val_loss_min"], s["val_loss_best_step"]) == (2.4, 2.2, 30)
+    assert (s.val_loss_last, s.val_loss_min, s.val_loss_best_step) == (2.4, 2.2, 30)
     s = summary(rec, [line(10, None)], None)
-    assert s["val_loss_last"] is None and s["val_loss_best_step"] is None
+    assert s.val_loss_last is None and s.val_loss_best_step is None
 
 
 def load_record_of_recorded():

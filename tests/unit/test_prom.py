@@ -49,11 +49,11 @@ def test_the_scrape_says_what_the_job_document_says(home):
     doc = document(MirrorReader("tiny-lm").read())
     got = samples(prom.exposition(lambda name: document(MirrorReader(name).read())).decode())
     job = (("job_name", "tiny-lm"),)
-    s = doc["summary"]
-    assert got[("mlxops_job_step", job)] == s["step"] == 239
+    s = doc.summary
+    assert got[("mlxops_job_step", job)] == s.step == 239
     assert got[("mlxops_job_steps", job)] == 300
-    assert got[("mlxops_job_loss", job)] == pytest.approx(s["loss_last"])
-    assert got[("mlxops_job_tokens_per_second", job)] == pytest.approx(s["tokens_per_sec"])
+    assert got[("mlxops_job_loss", job)] == pytest.approx(s.loss_last)
+    assert got[("mlxops_job_tokens_per_second", job)] == pytest.approx(s.tokens_per_sec)
     assert got[("mlxops_job_restarts_total", job)] == 1
     assert got[("mlxops_job_attempt", job)] == 2
     assert got[("mlxops_job_alerts", job)] == 1
@@ -63,15 +63,15 @@ def test_the_scrape_says_what_the_job_document_says(home):
     assert got[("mlxops_job_events_total", (*job, ("kind", "finished")))] == 0
     # No validation in this run: the series is absent, not 0.
     assert not any(name == "mlxops_job_val_loss" for name, _ in got)
-    for r in doc["ranks"]:
-        labels = tuple(sorted({"job_name": "tiny-lm", "rank": str(r["rank"]),
-                               "host": r["host"]}.items()))
-        assert got[("mlxops_rank_step", labels)] == r["step"]
-        assert got[("mlxops_rank_heartbeat_age_seconds", labels)] == r["heartbeat_age"]
-    [node] = doc["nodes"]
+    for r in doc.ranks:
+        labels = tuple(sorted({"job_name": "tiny-lm", "rank": str(r.rank),
+                               "host": r.host}.items()))
+        assert got[("mlxops_rank_step", labels)] == r.step
+        assert got[("mlxops_rank_heartbeat_age_seconds", labels)] == r.heartbeat_age
+    [node] = doc.nodes
     labels = (("host", "localhost"), ("job_name", "tiny-lm"))
-    assert got[("mlxops_node_memory_used_bytes", labels)] == node["memory_used"]
-    assert got[("mlxops_node_memory_total_bytes", labels)] == node["memory_total"]
+    assert got[("mlxops_node_memory_used_bytes", labels)] == node.memory_used
+    assert got[("mlxops_node_memory_total_bytes", labels)] == node.memory_total
     assert got[("mlxops_node_up", labels)] == 1
     link = (("dst", "n2"), ("src", "n1"))
     assert got[("mlxops_link_bandwidth_gbps", link)] == 9.41

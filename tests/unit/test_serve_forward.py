@@ -148,7 +148,7 @@ def test_the_monitor_shows_a_serve_jobs_figures_with_their_trend():
                {"time": 11.0, "serve": {"requests": 5, "tokens_per_sec": 100.0,
                                         "latency": 0.04}}]
     doc = serving(samples)
-    assert doc["history"]["latency"] == [0.02, 0.04] and doc["last"]["requests"] == 5
+    assert doc.history["latency"] == [0.02, 0.04] and doc.last["requests"] == 5
     assert str(serving_line(doc)) == ("serving: requests 5   tokens/s 100 (canary) █▁   "
                                       "latency 40 ms ▁█")
     assert serving([{"time": 1.0}]) is None
@@ -198,3 +198,57 @@ def test_the_requests_count_waits_for_its_status_count_wait_at_most(monkeypatch)
     release.set()
     counts._thread.join(5)
     assert counts.read("awake") == 7
+
+
+class Chunked(BaseHTTPRequestHandler):
+    """Answers as a server that streams its body (``Transfer-Encoding: chunked``), the
+    chunks split where a reader of raw bytes would keep the chunk sizes in the body."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        answer = json.dumps({"choices": [{"text": "hello"}], "usage": {"completion_tokens": 5}})
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for part in (answer[:7], answer[7:20], answer[20:]):
+            self.wfile.write(f"{len(part.encode()):x}\r\n".encode() + part.encode() + b"\r\n")
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_http_exchange_decodes_a_chunked_answer():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Chunked)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with socket.create_connection(httpd.server_address) as stream:
+            answer = http_exchange(stream, "POST", "/v1/completions", {"max_tokens": 5},
+                                   timeout=10)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert answer.status == 200
+    assert answer.json() == {"choices": [{"text": "hello"}], "usage": {"completion_tokens": 5}}
+
+
+def test_http_exchange_says_what_is_not_http():
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def garbage():
+        peer, _ = listener.accept()
+        peer.recv(4096)
+        peer.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+        peer.close()
+
+    thread = threading.Thread(target=garbage, daemon=True)
+    thread.start()
+    with socket.create_connection(listener.getsockname()) as stream, \
+            pytest.raises(ConnectionError, match="not an HTTP answer"):
+        http_exchange(stream, "POST", "/v1/completions", {}, timeout=10)
+    listener.close()

@@ -440,3 +440,56 @@ def test_a_stop_recorded_elsewhere_is_reported_once_its_ranks_are_gone(monkeypat
     answers[:] = [running] * 1000
     assert watch._once_stopped("j", None, None) is running
     assert clock[0] >= 100.5 + 5.0 + watch.STOP_SETTLE
+
+
+def test_a_rank_that_refused_its_input_is_not_restarted_the_job_fails_with_its_line(
+        tmp_path, monkeypatch):
+    """Exit 2 is bad input (a config key, a file, a model that does not fit): the next
+    attempt would be refused the same way, so the watchdog fails the job at once with the
+    rank's own line (recorded from a real trainer: data/jobs/rank_failures.yml)."""
+    import yaml
+
+    from mlxops import events
+    from mlxops.jobs import watch
+    from mlxops.jobs.record import load_record
+
+    case = yaml.safe_load((ROOT / "tests/unit/data/jobs/rank_failures.yml").read_text())[
+        "trainer_config_error"]
+    assert case["exit"] == 2
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  hosts:\n    a: {ansible_connection: local}\n"
+                         "    b: {ansible_connection: local}\n")
+    job = record()
+    job.inventory = str(inventory)
+    job.save()
+    running = {h: status_of(tmp_path / h, {"ranks": {r: {"pid": "alive", "started": 1}}})
+               for h, r in (("a", 0), ("b", 1))}
+    refused = status_of(tmp_path / "k", {"ranks": {0: {"pid": "dead", "started": 60,
+                                                        "log": case["log"], "exit": 2,
+                                                        "ended": 0}}})
+    conns = {"a": Conn("a", [Stream([line(0, running["a"]), line(1, refused, [0])])], [], []),
+             "b": Conn("b", [Stream([line(0, running["b"])])], [], [])}
+    restarted: list = []
+    monkeypatch.setattr(watch, "restart", lambda *a, **k: restarted.append(a))
+    monkeypatch.setattr(watch, "stop_job", lambda record, connector, mark_stopped: None)
+    monkeypatch.setattr(watch, "job_status", lambda record, connector, hosts: "ended")
+    assert watch.supervise(job, Connector(conns), poll=3600) == "ended"
+    assert restarted == []
+    ended = load_record("j")
+    want = f"rank 0 on a exited with code 2 (bad input, not restarted): {case['why']}"
+    assert (ended.state, ended.message) == ("failed", want)
+    assert [(e.kind, e.message) for e in events.read("j")] == [("failed", want)]
+
+
+def test_only_exit_code_2_is_final_any_other_failure_is_restarted():
+    from mlxops.jobs.policy import not_restarted
+    from mlxops.jobs.status import RankStatus
+
+    assert not_restarted([RankStatus(0, "n1", "failed", exit=1, failure="RuntimeError: x"),
+                          RankStatus(1, "n2", "failed", exit=137)]) is None
+    assert not_restarted([RankStatus(0, "n1", "running"),
+                          RankStatus(1, "n2", "failed", exit=None)]) is None
+    said = not_restarted([RankStatus(0, "n1", "failed", exit=1),
+                          RankStatus(1, "n2", "failed", exit=2, failure="cfg.json: lr: bad")])
+    assert said == "rank 1 on n2 exited with code 2 (bad input, not restarted): cfg.json: lr: bad"

@@ -14,9 +14,9 @@ What a workload answers:
   ``workdir:``, needs mlx-lm on the nodes, writes checkpoints ``export``/``fetch`` read;
 * what it needs checked on the controller once the job's hosts are known
   (:meth:`~Workload.check_hosts`, :meth:`~Workload.check_world`);
-* the contents pre-flight places on every node (:meth:`~Workload.contents`) and what it
-  asks and refuses there of its own (:meth:`~Workload.questions`,
-  :meth:`~Workload.port_problem`);
+* the contents pre-flight places on every node (:meth:`~Workload.contents`) and the port
+  of its own it asks to be free there (:meth:`~Workload.binds`: the one readiness rule set
+  of :mod:`mlxops.readiness` judges it);
 * the rank plan of one node (:meth:`~Workload.rank_plan`: files, argv, the lines run
   before it, the directory it runs in), from a :class:`NodePlacement`;
 * its memory and disk plan (:meth:`~Workload.planner`, delegating to the trainer's and
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from mlxops.jobs.content import Content
     from mlxops.jobs.data import DataSpec
     from mlxops.jobs.serveprobe import ProbeWatch, ServeFigures
-    from mlxops.node.protocol import PreflightAnswer
     from mlxops.transport import Connection
 
 
@@ -188,13 +187,9 @@ class Workload(ABC):
         """The same with sizes only: what ``mlxops check`` compares with a node's copy."""
         return []
 
-    def questions(self, ip: str, ports: list[int], first: bool) -> tuple[str, list[int]]:
-        """The address and ports pre-flight asks to be free on a host (``first``: the host
-        of rank 0); by default the ring ports on the host's address."""
-        return ip, ports
-
-    def port_problem(self, host: str, answer: PreflightAnswer) -> str | None:
-        """The problem when a port of its own is busy there; None: the ring's rule."""
+    def binds(self) -> tuple[str, int] | None:
+        """The address and port its rank 0 listens on, which pre-flight and ``check`` ask
+        to be free on that host (:func:`mlxops.readiness.questions`); None: none."""
         return None
 
     # --- the ranks --------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from mlxops.jobs.workloads.base import NodePlacement, RankPlan, Workload
 
 if TYPE_CHECKING:
     from mlxops.jobs.serveprobe import ProbeWatch, ServeFigures
-    from mlxops.node.protocol import PreflightAnswer
     from mlxops.transport import Connection
 
 KIND = "serve"
@@ -61,16 +60,8 @@ class ServeWorkload(Workload):
     def check_hosts(self, path: Path, hosts: Sequence[Any]) -> None:
         check_hosts(path, self.spec, list(hosts))
 
-    def questions(self, ip: str, ports: list[int], first: bool) -> tuple[str, list[int]]:
-        # The server's own port, where it will listen (the ring port of rank 0 is asked on
-        # the same address: one address per question).
-        return (self.spec.bind, [self.spec.port, *ports]) if first else (ip, ports)
-
-    def port_problem(self, host: str, answer: PreflightAnswer) -> str | None:
-        if self.spec.port in answer.ports_busy:
-            return (f"{host}: serve.port {self.spec.port} is in use on {self.spec.bind} "
-                    "(another server?)")
-        return None
+    def binds(self) -> tuple[str, int]:
+        return self.spec.bind, self.spec.port
 
     def rank_plan(self, node: NodePlacement) -> RankPlan:
         paths = node.paths

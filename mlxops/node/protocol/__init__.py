@@ -21,6 +21,7 @@ state spelt here is spelt nowhere else. The contract is written out for people i
 * :mod:`.calibration`: the trainer's ``calibration.json`` (``balance: auto``'s speeds) and
   the ``calibration`` command that reads it.
 * :mod:`.channel`: the watch channel's message (the ``watch`` command's stream of lines).
+* :mod:`.send`: the ``send`` command, whose answer line is followed by a tar of files.
 
 This module re-exports the names of the first five, so callers write ``protocol.STATUS``
 (those of :mod:`.commands` and :mod:`.answers` imported when first asked for: see
@@ -78,6 +79,7 @@ from mlxops.node.protocol.layout import (
     complete_checkpoints,
     job_code_path,
     kernel_cache_path,
+    newest_checkpoint,
     process_file,
     progress_file,
     rank_glob,
@@ -204,6 +206,7 @@ __all__ = [
     "CKPT_FILES", "SCRIPT", "PID", "LOG", "EXIT", "stem", "process_file", "progress_file",
     "rank_of_script",
     "checkpoint_name", "checkpoint_step", "checkpoint_complete", "complete_checkpoints",
+    "newest_checkpoint",
     "CODE_DIR", "RUNS_DIR", "TMP_DIR", "MLX_TMP", "CACHE", "KERNEL_CACHE", "START_LINE",
     "run_path", "kernel_cache_path", "rank_glob", "attempt_files", "ProtocolError", "Record",
     "decode", "PREFLIGHT", "SPAWN", "STATUS", "STOP", "LOGS", "KEEP_CHECKPOINTS", "COMMANDS",

@@ -103,6 +103,23 @@ def complete_checkpoints(ckpt_dir: PurePath) -> list[Path]:
     return sorted(found, key=lambda d: checkpoint_step(d.name) or 0)
 
 
+def newest_checkpoint(ckpt_dir: PurePath) -> Path | None:
+    """The one rule for "the newest checkpoint" of a ``ckpt/`` (or ``best/``) directory:
+    the one ``latest`` names when it is complete, unless a newer complete one exists (a
+    rank died between its rename and the pointer's); without a usable pointer, the newest
+    complete one; None when there is none. The trainer's resume, ``export`` and ``fetch``
+    all choose by it, on the node."""
+    directory = Path(ckpt_dir)
+    found = complete_checkpoints(directory)
+    try:
+        target = directory / (directory / LATEST).read_text().strip()
+    except OSError:
+        target = None
+    if target is not None and checkpoint_complete(target):
+        return found[-1] if found and found[-1].name > target.name else target
+    return found[-1] if found else None
+
+
 # --- the node root ---------------------------------------------------------------------
 # Under a node's ``mlxops_root``, each written by one provision task or by launch, and
 # found by every other reader through these names.

@@ -73,3 +73,19 @@ def step_of(doc: Mapping[str, Any]) -> int | None:
     (the trainer's resume, the mirror's merge): None when it has none."""
     step = doc.get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def kept_through(text: str, step: int) -> str:
+    """The file's text once a run resumes from ``step``: its lines up to that step (the
+    steps after it are redone), each ending in a newline. A line that is not a JSON object
+    is dropped: the last line cut short by a crash must not fail every resume, nor glue
+    the next line the trainer appends to itself."""
+    kept = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and (step_of(doc) or 0) <= step:
+            kept.append(line + "\n")
+    return "".join(kept)
