@@ -33,7 +33,8 @@ def home(tmp_path, monkeypatch):
 def test_the_recorded_serve_job_adds_up_the_requests_of_both_attempts(home):
     doc = document(MirrorReader("serve-demo").read())
     serve, history = doc.serve, doc.serve.history
-    assert doc.job.serve["port"] == 8191 and doc.job.trainer is None and doc.serves
+    assert doc.job.sections["serve"]["port"] == 8191 and doc.job.sections["trainer"] is None
+    assert doc.job.kind == "serve" and doc.serves
     assert [r.reason for r in doc.restarts] == ["rank 0 on node1 exited with code 137"]
     # The server's log counts one attempt: 68 answered by the first, 30 by the second.
     firsts = [n for n, a in zip(history["requests"], history["attempt"], strict=True) if a == 1]
