@@ -69,7 +69,7 @@ def refusals_and_findings(tmp_path: Path, job: dict, *, leftover: str | None = N
     target = load_target(inventory, job_path=job_path)
     spec = target.job
     ranks = place_ranks(list(target.planned), spec.base_port,
-                        one_per_host=spec.serve is not None)
+                        one_per_host=spec.workload.one_rank_per_host)
     cluster = Cluster(target, connector=None)
     preps = {}
     with Processes() as procs:
