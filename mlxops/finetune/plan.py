@@ -245,7 +245,7 @@ def estimate(shape: ModelShape, cfg: FinetuneConfig, micro: int, world: int = 1,
     P = trainer_plan
     ckpt = cfg.train.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     _, trainable = _trainable(shape, cfg)
-    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
+    state = OPTIMIZER_STATE.get(cfg.train.optimizer, 2) * trainable
     alive = shape.base_bytes + (0 if cfg.method.type == "full" else trainable) + state
     w, t = shape.activation_bytes, cfg.train.max_seq_len
     n_tok, d, f, ht = micro * t, shape.dims, shape.mlp, shape.heads * t
@@ -284,7 +284,7 @@ class DiskPlan:
 def plan_disk(shape: ModelShape, cfg: FinetuneConfig) -> DiskPlan:
     """The checkpoints of a run of ``cfg`` on ``shape`` (see the module's **Disk**)."""
     _, trainable = _trainable(shape, cfg)
-    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
+    state = OPTIMIZER_STATE.get(cfg.train.optimizer, 2) * trainable
     kept = cfg.train.keep + 1 + (2 if cfg.train.eval_every else 0)
     return DiskPlan(checkpoint_bytes=2 * trainable + state, checkpoints=kept)
 
@@ -301,9 +301,9 @@ def plan_finetune(cfg: FinetuneConfig, shape: ModelShape, memory_bytes: int, wor
     budget, source = trainer_plan.budget_bytes(memory_bytes, working_set, ranks_per_node)
     per_rank = per_rank or max(1, -(-t.global_batch // world_size))
     trainable_params, trainable = _trainable(shape, cfg)
-    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
+    state = OPTIMIZER_STATE.get(cfg.train.optimizer, 2) * trainable
     accumulations = []
-    a = min(t.accumulation, per_rank)
+    a = min(-(-per_rank // t.micro_batch), per_rank)
     while True:
         accumulations.append(a)
         if a >= per_rank:
