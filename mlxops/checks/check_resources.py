@@ -51,7 +51,7 @@ def check_disk(node, cluster):
     else:
         config = job.trainer
         checkpoint = count_params(config) * CHECKPOINT_BYTES_PER_PARAM
-        kept = config.train.keep + 1 if config.train.checkpoint_every else 0
+        kept = config.train.keep + 1 if config.train.checkpoint_every else 1  # the last one
     need = MIN_FREE_BYTES + kept * checkpoint + placing
     free = ready.disk_free
     if free is None:
