@@ -36,7 +36,7 @@ import numpy as np
 from mlxops.node import protocol
 from mlxops.trainer.cursor import DataCursor
 from mlxops.trainer.errors import TrainerError
-from mlxops.trainer.loop import Log, Loop, Place, Words
+from mlxops.trainer.loop import Figures, Log, Loop, Place, Words
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 
 from . import dropout as ftdropout
@@ -171,10 +171,10 @@ class FinetuneWorkload:
                                self.place.rank, self.pieces, self.cfg.train.max_seq_len,
                                self.place.group)
 
-    def metrics_fields(self) -> dict[str, Any]:
+    def figures(self) -> Figures:
         rows = self.counts[self.place.rank]
-        return {"micro_batch": self._micro(), "accumulation": min(self.pieces, rows),
-                "trainable_params": self.trainable}
+        return Figures(micro_batch=self._micro(), accumulation=min(self.pieces, rows),
+                       trainable_params=self.trainable)
 
     def weights(self) -> dict[str, mx.array]:
         return ftmodel.trainable_weights(self.model)

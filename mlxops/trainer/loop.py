@@ -35,6 +35,10 @@ a checkpoint holds and the state it adds, how to read both back, and the words i
 lines use (:class:`Words`). A new kind of training (pipeline stages, a sharded optimizer)
 is one more workload: it never re-implements the loop.
 
+Longer than 400 lines because the loop is meant to read top to bottom in one place (as
+nanoGPT's does): start, the step, the back-off, validation, calibration, consistency, the
+heartbeat, the metrics line and checkpoints are its parts, each a method of one class.
+
 Node side: standard library, mlx and numpy only.
 """
 
@@ -102,6 +106,16 @@ class Words:
     patience: str
 
 
+@dataclass(frozen=True)
+class Figures:
+    """A workload's own figures of a metrics line (:class:`MetricsLine`'s fields)."""
+
+    micro_batch: int                     # rank 0's sequences (examples) per micro-batch
+    accumulation: int                    # rank 0's micro-batches per step
+    planned_memory: int | None = None    # the memory plan's peak (the bundled trainer)
+    trainable_params: int | None = None  # the parameters it trains (fine-tuning)
+
+
 class Workload(Protocol):
     """What the loop asks of a kind of training (see the module docstring)."""
 
@@ -128,7 +142,7 @@ class Workload(Protocol):
     def back_off(self) -> str: ...
     def shape(self) -> str: ...
     def evaluate(self) -> float | None: ...
-    def metrics_fields(self) -> dict[str, Any]: ...
+    def figures(self) -> Figures: ...
     def weights(self) -> dict[str, mx.array]: ...
     def load_weights(self, weights: dict[str, mx.array], path: Path) -> None: ...
     def checkpoint_state(self, step: int) -> dict[str, Any]: ...
@@ -435,6 +449,7 @@ class Loop:
         share = sum(x[1] for x in split) / sum(x[0] for x in split) if split else 1.0
         compute, comm = step_time * share, step_time * (1 - share)
         tps = sum(x[2] for x in window) / sum(x[0] for x in window)
+        figures = w.figures()
         rec = MetricsLine(
             step=self.step, loss=loss, tokens_per_sec=tps, time=time.time(),
             step_time=step_time, compute_time=compute, comm_time=comm,
@@ -442,7 +457,8 @@ class Loop:
             active_memory=mx.get_active_memory(), peak_memory=mx.get_peak_memory(),
             consistency_repairs=self.repairs, batch_split=self.counts, val_loss=val_loss,
             val_perplexity=None if val_loss is None else perplexity(val_loss),
-            **w.metrics_fields())
+            micro_batch=figures.micro_batch, accumulation=figures.accumulation,
+            planned_memory=figures.planned_memory, trainable_params=figures.trainable_params)
         with open(self.out / protocol.METRICS, "a") as f:
             f.write(rec.line())
         val = "" if val_loss is None else f"val {val_loss:.4f} | "

@@ -27,7 +27,7 @@ from .cursor import DataCursor
 from .data import Batches, make_source, split_rank
 from .errors import TrainerError
 from .evaluate import Evaluator
-from .loop import GB, Log, Loop, Place, Words
+from .loop import GB, Figures, Log, Loop, Place, Words
 from .model import Transformer, count_params
 from .prefetch import Prefetcher
 from .step import WIRE_DTYPES, Steps
@@ -142,9 +142,9 @@ class TrainerWorkload:
         """The memory plan's peak for this rank as it runs now (trainer/plan.py)."""
         return plan.estimate(self.cfg, self.micro, self.accum, self.place.world).total
 
-    def metrics_fields(self) -> dict[str, Any]:
-        return {"micro_batch": self.micro, "accumulation": self.accum,
-                "planned_memory": self._planned()}
+    def figures(self) -> Figures:
+        return Figures(micro_batch=self.micro, accumulation=self.accum,
+                       planned_memory=self._planned())
 
     def weights(self) -> dict[str, mx.array]:
         return dict(tree_flatten(self.model.parameters()))
