@@ -37,6 +37,7 @@ from mlxops.node import protocol
 from mlxops.trainer.cursor import DataCursor
 from mlxops.trainer.errors import TrainerError
 from mlxops.trainer.loop import Figures, Log, Loop, Place, Words
+from mlxops.trainer.plansearch import cut
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 
 from . import dropout as ftdropout
@@ -101,6 +102,11 @@ class FinetuneWorkload:
         rows = self.counts[self.place.rank]
         return -(-rows // self.micro_cap)
 
+    def _micro(self) -> int:
+        """The largest micro-batch of the cut (:func:`~mlxops.trainer.plansearch.cut`, the
+        rule the memory plan searches by)."""
+        return cut(self.counts[self.place.rank], self.micro_cap)
+
     def start_line(self) -> str:
         total = ftmodel.count_all(self.model)
         return (f"start: {self.trainable:,} trainable of {total:,} parameters "
@@ -149,10 +155,6 @@ class FinetuneWorkload:
 
     def tokens(self, step: int) -> int:
         return self.cursor.step_tokens(step)
-
-    def _micro(self) -> int:
-        rows = self.counts[self.place.rank]
-        return -(-rows // self.pieces)
 
     def can_back_off(self) -> bool:
         return self._micro() > 1
