@@ -20,7 +20,8 @@ The policy:
   arrays, and the next batch a reader thread prepares meanwhile: :data:`BYTES_PER_TEXT_BYTE`);
   tokens go to the shard files as they come. So a
   corpus larger than the memory works, and ``--max-memory`` bounds the process's peak RSS
-  (the test holds it to that on a corpus larger than the bound). Training a BPE keeps the
+  (the tests hold it to that on a corpus larger than the bound, with the bytes tokenizer
+  and with a tokenizer.json). Training a BPE keeps the
   tokenizers library's counts of distinct words, which grow with the vocabulary of the
   corpus, not its size.
 """
