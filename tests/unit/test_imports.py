@@ -60,14 +60,7 @@ ROOMS: list[tuple[str, ...]] = [
 #: Known, with the issue that removes them; each entry must still be true (the tests below
 #: fail once it is not, so the lists only shrink): an expected failure, strict.
 KNOWN_LONG: dict[str, str] = {}
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    # resume.agreed_checkpoint imports TrainerError from train inside the function, and
-    # train imports resume at its top: a run-time cycle, hidden until relative imports
-    # were counted. Issue 27 ("One loop", branch h27-loop) rewrites trainer/train.py into
-    # the shared loop and breaks it there; then this entry fails its test: delete it.
-    frozenset({"mlxops.trainer.train", "mlxops.trainer.resume"}):
-        "issue 27, One loop: trainer/resume.py imports TrainerError from trainer/train.py",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def _modules() -> dict[str, Path]:
@@ -272,9 +265,9 @@ def test_a_name_imported_from_a_package_counts_as_the_package_a_module_as_itself
 
 
 def test_a_relative_import_is_an_arrow_to_the_module_it_names():
-    # trainer/train.py: `from . import checkpoint`, `from .resume import agreed_checkpoint`
+    # trainer/loop.py: `from . import checkpoint`, `from .resume import agreed_checkpoint`
     assert {"mlxops.trainer.checkpoint", "mlxops.trainer.resume"} <= imports(
-        "mlxops.trainer.train")
+        "mlxops.trainer.loop")
     tree = ast.parse("from . import balance\nfrom .config import load_config\n"
                      "from ..node import protocol\n")
     names = [n for stmt in tree.body for n in imported_names("mlxops.trainer.train", stmt)]
