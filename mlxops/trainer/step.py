@@ -116,7 +116,8 @@ class Steps:
     def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
                  group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
                  wire: mx.Dtype = mx.float32, scale: float = 1.0,
-                 loss: Callable[..., mx.array] = loss_fn, random: bool = False):
+                 loss: Callable[..., mx.array] = loss_fn, random: bool = False,
+                 working_copy: bool = False):
         self.model, self.optimizer, self.group = model, optimizer, group
         #: ``loss(model, *batch)``: the scalar whose gradients the step takes.
         self.loss = loss
@@ -129,15 +130,35 @@ class Steps:
         self.state = [model.state, optimizer.state]
         if random:  # the step draws random numbers (dropout): the key is state too
             self.state.append(mx.random.state)
+        #: The trainable weights in the compute dtype, flat by name, or None: cast from
+        #: the float32 masters by the update that made them rather than at the start of
+        #: every forward pass (see :meth:`refresh`).
+        self.copy: dict[str, mx.array] | None = None
+        if working_copy and compute_dtype != mx.float32:
+            self.copy = {}
+            self.refresh()
+            self.state.append(self.copy)
         self._value_and_grad = mx.value_and_grad(self._loss)
         compiled = partial(mx.compile, inputs=self.state, outputs=self.state)
         self.fused = compiled(self._fused)
-        self.first = compiled(self._grads)
+        self.first = compiled(self._first)
         self.next = compiled(self._next)
         self.apply = compiled(self._apply)
 
+    def refresh(self) -> None:
+        """Cast the working copy again from the master weights: after they changed outside
+        a step (a consistency repair, a restore)."""
+        if self.copy is not None:
+            self._recast()
+            mx.eval(self.copy)
+
+    def _recast(self) -> None:
+        assert self.copy is not None
+        self.copy.update((k, v.astype(self.compute_dtype))
+                         for k, v in tree_flatten(self.model.trainable_parameters()))
+
     def _loss(self, params: dict, *batch: mx.array) -> mx.array:
-        if self.compute_dtype != mx.float32:
+        if self.copy is None and self.compute_dtype != mx.float32:
             # bf16 compute: cast a copy of the fp32 master weights; the cast is
             # differentiated, so the gradients come back in fp32.
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
@@ -146,13 +167,21 @@ class Steps:
 
     def _grads(self, *batch: mx.array) -> tuple[mx.array, dict]:
         params = self.model.trainable_parameters()
-        loss, g = self._value_and_grad(params, *batch)
+        if self.copy is not None:  # gradients in the compute dtype, cast by the update
+            loss, g = self._value_and_grad(tree_unflatten(list(self.copy.items())), *batch)
+        else:
+            loss, g = self._value_and_grad(params, *batch)
         self.model.update(params)  # the fp32 master weights, not the bf16 copy
         return loss, g
+
+    def _first(self, *batch: mx.array) -> tuple[mx.array, dict]:
+        loss, g = self._grads(*batch)
+        return loss, tree_map(lambda a: a.astype(mx.float32), g)
 
     def _update(self, grads: dict, loss: mx.array) -> mx.array:
         """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag, 0]``
         (the last is :meth:`abstain`'s "cannot back off")."""
+        grads = tree_map(lambda a: a.astype(mx.float32), grads)  # a no-op unless copied
         if self.scale != 1.0:
             grads = tree_map(lambda a: a * self.scale, grads)
             loss = loss * self.scale
@@ -161,6 +190,8 @@ class Steps:
         if self.grad_clip > 0:
             g, _ = optim.clip_grad_norm(g, self.grad_clip)
         self.optimizer.update(self.model, g)
+        if self.copy is not None:
+            self._recast()
         return stats
 
     def _fused(self, *batch: mx.array) -> tuple[mx.array, dict]:
@@ -174,7 +205,7 @@ class Steps:
         """``next(*batch, loss_sum, acc)``: one more micro-batch added to the sums."""
         *batch, loss_sum, acc = batch_then_sums
         loss, g = self._grads(*batch)
-        return loss_sum + loss, tree_map(mx.add, acc, g)
+        return loss_sum + loss, tree_map(lambda a, b: a + b.astype(mx.float32), acc, g)
 
     def _apply(self, loss_sum: mx.array, acc: dict, accum: mx.array) -> mx.array:
         return self._update(tree_map(lambda a: a / accum, acc), loss_sum / accum)
@@ -192,14 +223,17 @@ class Steps:
         _, stats = mean_over_ranks(zeros, flags, self.group, self.wire)
         return stats
 
-    def snapshot(self) -> tuple[dict, dict]:
+    def snapshot(self) -> tuple[dict, dict, dict | None]:
         """References to the current state (arrays are immutable: no copy is made)."""
-        return self.model.parameters(), tree_map(lambda a: a, self.optimizer.state)
+        copy = None if self.copy is None else dict(self.copy)
+        return self.model.parameters(), tree_map(lambda a: a, self.optimizer.state), copy
 
-    def restore(self, snap: tuple[dict, dict]) -> None:
-        params, opt = snap
+    def restore(self, snap: tuple[dict, dict, dict | None]) -> None:
+        params, opt, copy = snap
         self.model.update(params)
         assign(self.optimizer.state, opt)
+        if self.copy is not None and copy is not None:
+            self.copy.update(copy)
 
 
 def assign(target: dict, source: dict) -> None:
