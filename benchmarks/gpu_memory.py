@@ -48,10 +48,12 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--jsonl", type=Path, help="append every run's record here")
+    p.add_argument("--options", type=json.loads, default={},
+                   help="switches of the trainer's Steps, as JSON (gpu_runs.VariantSteps)")
     a = p.parse_args()
     for dtype in a.dtypes.split(","):
         for dims, layers, heads, seq, batch, keys in (TINY if a.tiny else GRID):
-            row = Row(dims, layers, heads, seq, batch, dtype, **keys)
+            row = Row(dims, layers, heads, seq, batch, dtype, **keys, options=a.options)
             r = measure("trainer", row, a.steps, 0)
             if a.jsonl:
                 with a.jsonl.open("a") as f:

@@ -52,6 +52,8 @@ VARIANTS = [
      {"working_copy": True, "no_local": True, "no_snapshot": True}),
     ("copy loss_bf16 no_local", "trainer",
      {"working_copy": True, "loss_bf16": True, "no_local": True}),
+    ("copy loss_bf16 no_local no_snapshot", "trainer",
+     {"working_copy": True, "loss_bf16": True, "no_local": True, "no_snapshot": True}),
 ]
 
 
