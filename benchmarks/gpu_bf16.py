@@ -73,6 +73,8 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1, help="pairs per row (ABBA order)")
     p.add_argument("--tiny", action="store_true", help="tiny rows, to check it on a CPU")
     p.add_argument("--json", type=Path, help="write every run's record here")
+    p.add_argument("--options", type=json.loads, default={},
+                   help="switches of the trainer's Steps, as JSON (gpu_runs.VariantSteps)")
     a = p.parse_args()
     rows = a.rows or (TINY if a.tiny else ROWS)
     if a.tiny:
@@ -84,6 +86,7 @@ def main() -> int:
     for dtype in a.dtypes.split(","):
         for text in rows:
             row = parse_row(text, dtype)
+            row.options = a.options
             for r in range(a.repeat):
                 order = ["trainer", "loop"] if r % 2 == 0 else ["loop", "trainer"]
                 got = {kind: measure(kind, row, a.steps, a.skip) for kind in order}

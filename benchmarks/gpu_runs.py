@@ -73,11 +73,9 @@ class Row:
 
 def backend() -> str:
     """The backend MLX computes on here: ``cuda``, ``metal`` or ``cpu``."""
-    import mlx.core as mx
+    from mlxops.trainer.step import compute_backend
 
-    if mx.default_device() == mx.cpu:
-        return "cpu"
-    return "cuda" if mx.cuda.is_available() else "metal"
+    return compute_backend()
 
 
 def plans(cfg: Any, micro: int, accumulation: int) -> dict[str, int]:
@@ -96,6 +94,7 @@ def summary(row: Row, kind: str, seconds: list[float], skip: int, extra: dict) -
     timed = seconds[skip:] or seconds
     step = statistics.median(timed)
     return {"row": asdict(row), "kind": kind, "backend": backend(),
+            "device": mx.device_info().get("device_name", "?"),
             "tok_s": row.batch * row.seq_len / step, "step_ms": step * 1e3,
             "seconds": [round(s, 6) for s in seconds], "peak": mx.get_peak_memory(),
             "mlx": mx.__version__, **extra}
@@ -130,7 +129,9 @@ def run_trainer(row: Row, steps: int, skip: int) -> dict:
         trainer._progress = progress
         trainer.run()
         extra = {"plan": plans(cfg, trainer.micro, trainer.accum),
-                 "micro": trainer.micro, "accumulation": trainer.accum}
+                 "micro": trainer.micro, "accumulation": trainer.accum,
+                 "working_copy": trainer.steps.copy is not None,
+                 "grads_first": trainer.steps.grads_first}
         if split:
             metrics = [json.loads(x) for x in (Path(out) / protocol.METRICS).open()]
             extra["compute_ms"] = statistics.median(

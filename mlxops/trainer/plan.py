@@ -114,6 +114,59 @@ LOGITS, LOGITS_BF16 = 14.3, 3.0
 EMBED_LEFT, LOGITS_LEFT = 3.0, 11.1
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The weights of the terms above on one backend, for one compute dtype."""
+
+    g: float = G
+    bf16: float = BF16
+    accumulate: float = ACCUMULATE
+    u: float = U
+    u_bf16: float = U_BF16
+    r: float = R
+    r_bf16: float = R_BF16
+    a_d: float = A_D
+    a_f: float = A_F
+    a_s: float = A_S
+    checkpoint: float = CHECKPOINT
+    recomputed: float = RECOMPUTED
+    x_d: float = X_D
+    x_f: float = X_F
+    x_s: float = X_S
+    logits: float = LOGITS
+    logits_bf16: float = LOGITS_BF16
+    embed_left: float = EMBED_LEFT
+    logits_left: float = LOGITS_LEFT
+
+
+#: The backends the plan has terms for. ``metal`` (a job's hosts are Macs) and ``cpu`` share
+#: the terms above, fitted to CPU runs (no Mac here to measure); ``cuda`` has its own.
+BACKENDS = ("metal", "cpu", "cuda")
+#: The backend a plan is for unless told: mlxops' nodes are Macs.
+DEFAULT_BACKEND = "metal"
+CPU_TERMS = Terms()
+#: Per backend and compute dtype (``train.dtype``); see :func:`terms`.
+TERMS: dict[tuple[str, str], Terms] = {
+    (b, dtype): CPU_TERMS for b in ("metal", "cpu") for dtype in ("float32", "bfloat16")}
+# MLX's CUDA build, fitted by benchmarks/gpu_fit.py to the runs in benchmarks/gpu_data/ (an
+# NVIDIA H200, MLX 0.32.4). Where it differs from a CPU and why:
+# - bfloat16 attention runs in cuDNN's fused kernel (MLX's CUDA SDPA takes it for
+#   bfloat16/float16 and head dims up to 128), which keeps no H x T probabilities: a_s = x_s
+#   = 0 (the peak stays flat from seq 512 to 2048 at equal tokens); float32 takes MLX's
+#   unfused attention, which materialises them as on a CPU;
+# - the rest of a layer keeps more than on a CPU in bfloat16 (a_f, x_d), and gradient
+#   checkpointing measured no saving in bfloat16 (10.1 GB with it, 9.7 without, first row of
+#   issue 33): its weight is what makes the plan say so;
+# - the bfloat16 working copy and bfloat16 gradients are in g (bf16 = 0), the logits' extra
+#   copy in logits (logits_bf16 = 0).
+TERMS[("cuda", "float32")] = Terms(
+    g=4.89, bf16=0.0, accumulate=6.79, a_d=0.0, a_f=6.21, a_s=1.24, checkpoint=0.33,
+    x_d=99.49, x_f=6.23, x_s=0.0, logits=1.52, logits_bf16=0.0)
+TERMS[("cuda", "bfloat16")] = Terms(
+    g=12.62, bf16=0.0, accumulate=0.0, a_d=17.21, a_f=7.69, a_s=0.0, checkpoint=37.08,
+    x_d=86.33, x_f=5.42, x_s=0.0, logits=14.69, logits_bf16=0.0)
+
+
 @dataclass
 class Peak:
     """One rank's estimated peak in bytes: the larger of its two moments."""
@@ -162,30 +215,43 @@ def weight_arrays(cfg: TrainerConfig) -> int:
     return 7 * cfg.model.layers + 2 + (0 if cfg.model.tie_embeddings else 1)
 
 
+def terms(backend: str, dtype: str) -> Terms:
+    """The terms' weights for ``backend`` (one of :data:`BACKENDS`) and a compute dtype."""
+    try:
+        return TERMS[(backend, dtype)]
+    except KeyError:
+        raise ValueError(f"no memory plan terms for backend {backend!r} and dtype {dtype!r} "
+                         f"(backends: {', '.join(BACKENDS)})") from None
+
+
 def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int = 1,
-             grad_checkpoint: bool | None = None) -> Peak:
+             grad_checkpoint: bool | None = None, backend: str = DEFAULT_BACKEND) -> Peak:
     """One rank's peak with ``micro`` sequences per forward/backward, ``accumulation`` of
-    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default)."""
+    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default), on
+    ``backend`` (the trainer passes the one it runs on; the controller plans for Macs)."""
     m, t = cfg.model, cfg.train
+    k = terms(backend, t.dtype)
     ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     p, d, f, v = count_params(cfg), m.dims, m.hidden(), m.vocab_size
     n, ht = micro * m.seq_len, m.heads * m.seq_len
     bf16, accumulating = t.dtype == "bfloat16", accumulation > 1
     w = 2 if bf16 else 4
     vd = v * d if m.tie_embeddings else 0
-    layer = w * n * (A_D * d + A_F * f + A_S * ht)
+    layer = w * n * (k.a_d * d + k.a_f * f + k.a_s * ht)
     if ckpt:  # each layer's input; one layer recomputed (two, at times, side by side)
-        layers = (1 + RECOMPUTED * (m.layers > 1)) * layer + m.layers * w * n * d * CHECKPOINT
+        layers = ((1 + k.recomputed * (m.layers > 1)) * layer
+                  + m.layers * w * n * d * k.checkpoint)
     else:
         layers = m.layers * layer
-    compute = ((G + BF16 * bf16 + ACCUMULATE * accumulating) * p + layers
-               + w * n * (X_D * d + X_F * f + X_S * ht) + (LOGITS + LOGITS_BF16 * bf16) * n * v)
-    update = (U + U_BF16 * bf16) * p
+    compute = ((k.g + k.bf16 * bf16 + k.accumulate * accumulating) * p + layers
+               + w * n * (k.x_d * d + k.x_f * f + k.x_s * ht)
+               + (k.logits + k.logits_bf16 * bf16) * n * v)
+    update = (k.u + k.u_bf16 * bf16) * p
     if world > 1:
         side_by_side = min(1.0, MLX_BFS_WIDTH / weight_arrays(cfg)) ** 2
-        update += (R_BF16 if t.grad_reduce_dtype == "bfloat16" else R) * side_by_side * p
+        update += (k.r_bf16 if t.grad_reduce_dtype == "bfloat16" else k.r) * side_by_side * p
     elif not accumulating:  # the update is in the backward pass's graph
-        update += EMBED_LEFT * vd + LOGITS_LEFT * n * v
+        update += k.embed_left * vd + k.logits_left * n * v
     if 0 < m.window < m.seq_len:
         compute += m.seq_len ** 2   # the window's mask, bool
     state = STATE * p

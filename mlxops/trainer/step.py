@@ -49,6 +49,14 @@ ALIGN_ELEMENTS = 256
 WIRE_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 
 
+def compute_backend() -> str:
+    """The backend this process computes on, as the memory plan names it (trainer/plan.py):
+    ``cpu`` (MLX's default device is the CPU), else ``cuda`` or ``metal``."""
+    if mx.default_device() == mx.cpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
+
+
 def mean_over_ranks(
     grads: Any, stats: mx.array, group: mx.distributed.Group, wire: mx.Dtype = mx.float32,
 ) -> tuple[Any, mx.array]:
@@ -117,7 +125,7 @@ class Steps:
                  group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
                  wire: mx.Dtype = mx.float32, scale: float = 1.0,
                  loss: Callable[..., mx.array] = loss_fn, random: bool = False,
-                 working_copy: bool = False):
+                 working_copy: bool = True, grads_first: bool = False):
         self.model, self.optimizer, self.group = model, optimizer, group
         #: ``loss(model, *batch)``: the scalar whose gradients the step takes.
         self.loss = loss
@@ -140,7 +148,8 @@ class Steps:
             self.state.append(self.copy)
         self._value_and_grad = mx.value_and_grad(self._loss)
         compiled = partial(mx.compile, inputs=self.state, outputs=self.state)
-        self.fused = compiled(self._fused)
+        self._fused_graph = compiled(self._fused)
+        self.grads_first = grads_first
         self.first = compiled(self._first)
         self.next = compiled(self._next)
         self.apply = compiled(self._apply)
@@ -164,6 +173,13 @@ class Steps:
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
         self.model.update(params)
         return self.loss(self.model, *batch)
+
+    def fused(self, *batch: mx.array) -> tuple[mx.array, dict]:
+        """The whole step (accumulation 1): ``(stats, local gradients)``, not evaluated."""
+        stats, local = self._fused_graph(*batch)
+        if self.grads_first:  # the gradients' graph launched before the update's
+            mx.async_eval(local)
+        return stats, local
 
     def _grads(self, *batch: mx.array) -> tuple[mx.array, dict]:
         params = self.model.trainable_parameters()

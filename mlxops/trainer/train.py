@@ -37,7 +37,7 @@ from .evaluate import Evaluator
 from .model import Transformer, count_params
 from .prefetch import Prefetcher
 from .resume import agreed_checkpoint, load_compatible, restore_optimizer, truncate_metrics
-from .step import WIRE_DTYPES, Steps
+from .step import WIRE_DTYPES, Steps, compute_backend
 from .validation import Validation, ValidationState, perplexity
 
 GB = 1024**3
@@ -366,6 +366,7 @@ class Trainer:
         if mismatch is None:
             return
         consistency.repair(self.model, self.optimizer, self.group)
+        self.steps.refresh()  # the bfloat16 working copy, cast again from the new weights
         self.repairs += 1
         self._log(f"consistency: step {step}: {mismatch.describe()}; rank 0's parameters and "
                   f"optimizer state sent to every rank (repair {self.repairs} of this run)")
@@ -414,7 +415,8 @@ class Trainer:
 
     def _planned(self) -> int:
         """The memory plan's peak for this rank as it runs now (trainer/plan.py)."""
-        return plan.estimate(self.cfg, self.micro, self.accum, self.world).total
+        return plan.estimate(self.cfg, self.micro, self.accum, self.world,
+                             backend=compute_backend()).total
 
     def _checkpoint(self, where: Path | None = None, keep: int | None = None) -> None:
         """A checkpoint of now in ckpt/ (the rolling ones), or in ``where`` (best/)."""
