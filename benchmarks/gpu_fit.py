@@ -45,8 +45,8 @@ MAIN = ["g", "a_d", "a_f", "a_s", "x_d", "x_f", "x_s", "logits"]
 
 def records() -> list[dict]:
     """Every trainer run on CUDA in the data kept here that ran the trainer's step as it is
-    now: float32, or bfloat16 with the working copy (runs from before it was the default
-    say so in their options; later runs record ``working_copy``)."""
+    there now: the gradients launched first, and in bfloat16 the working copy (runs record
+    both; the first runs, from before, said so in their options or not at all)."""
     out = []
     for path in sorted(DATA.glob("*.json*")):
         text = path.read_text()
@@ -57,10 +57,11 @@ def records() -> list[dict]:
                 continue
             options = r["row"].get("options", {})
             copy = r.get("working_copy", options.get("working_copy", False))
+            first = r.get("grads_first", options.get("grads_first", False))
             if set(options) - {"working_copy", "grads_first"}:
                 continue  # a profiling variant (gpu_profile.py)
-            if r["row"]["dtype"] == "bfloat16" and not copy:
-                continue  # the cast inside the step, before the working copy
+            if not first or (r["row"]["dtype"] == "bfloat16" and not copy):
+                continue  # a step as it was before (gpu_data/README.md)
             out.append({**r, "source": path.name})
     return out
 
@@ -95,19 +96,49 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit(dtype: str, runs: list[dict]) -> plan.Terms:
+    """The terms for one dtype. A step peaks in its backward pass or in its update
+    (plan.py); which one, for each run, is found by alternating: fit the backward pass's
+    weights on the runs it peaks in and ``u`` on the others, assign each run to the moment
+    the fit says is larger, again until the assignment holds."""
     base = plan.CPU_TERMS
     names = [n for n in MAIN if not (dtype == "bfloat16" and n in ("a_s", "x_s"))]
     main = [(r, s) for r, s in runs if s["acc"] == 1 and not s["row"].grad_checkpoint]
-    a = np.array([[features(s)[n] / r["peak"] for n in names] for r, s in main])
-    b = np.array([(r["peak"] - plan.STATE * s["p"]) / r["peak"] for r, s in main])
-    # Pulled towards the CPU's weights (relative): the grid is small, and a term the runs
-    # barely tell apart from another should keep the CPU's share rather than all or nothing.
-    cpu = np.array([max(getattr(base, n), 0.5) for n in names])
-    a = np.vstack([a, np.diag(REGULARISE / cpu)])
-    b = np.concatenate([b, np.full(len(names), REGULARISE)])
-    x = dict(zip(names, nnls(a, b), strict=True))
-    terms = plan.Terms(**{**base.__dict__, "bf16": 0.0, "logits_bf16": 0.0, "a_s": 0.0,
-                          "x_s": 0.0, **{k: round(float(v), 2) for k, v in x.items()}})
+    # Start: the update where the state's parameters outweigh a step's activations.
+    at_update = {id(r) for r, s in main if (r["peak"] - plan.STATE * s["p"]) / s["p"] < 40}
+    terms = base
+    for _ in range(10):
+        backward = [(r, s) for r, s in main if id(r) not in at_update] or main
+        a = np.array([[features(s)[n] / r["peak"] for n in names] for r, s in backward])
+        b = np.array([(r["peak"] - plan.STATE * s["p"]) / r["peak"] for r, s in backward])
+        # Pulled towards the CPU's weights (relative): the grid is small, and a term the
+        # runs barely tell apart from another keeps the CPU's share, not all or nothing.
+        cpu = np.array([max(getattr(base, n), 0.5) for n in names])
+        a = np.vstack([a, np.diag(REGULARISE / cpu)])
+        b = np.concatenate([b, np.full(len(names), REGULARISE)])
+        x = dict(zip(names, nnls(a, b), strict=True))
+        terms = plan.Terms(**{**base.__dict__, "bf16": 0.0, "logits_bf16": 0.0, "u_bf16": 0.0,
+                              "a_s": 0.0, "x_s": 0.0,
+                              **{k: round(float(v), 2) for k, v in x.items()}})
+        update = [(r, s) for r, s in main if id(r) in at_update]
+        if update:  # u: the mean bytes per parameter above the state and what is left over
+            left = [plan_peak(s, plan.Terms(**{**terms.__dict__, "u": 0.0})).update
+                    for r, s in update]
+            u = float(np.mean([(r["peak"] - lo) / s["p"] for (r, s), lo in zip(update, left,
+                                                                               strict=True)]))
+            terms = plan.Terms(**{**terms.__dict__, "u": round(u, 2)})
+        moved = {id(r) for r, s in main
+                 if plan_peak(s, terms).update > plan_peak(s, terms).compute}
+        if moved == at_update:
+            break
+        at_update = moved
+
+    # Least squares centres the runs on 1; the plan's band is 0.90 to 1.15: lift the
+    # backward pass's weights where that keeps every run of the fit inside it.
+    ratios = [plan_peak(s, terms).compute / r["peak"] for r, s in main]
+    lift = min(1.15 / max(ratios), max(1.0, 0.92 / min(ratios)))
+    if lift > 1.0:
+        terms = plan.Terms(**{**terms.__dict__, **{n: round(getattr(terms, n) * lift, 2)
+                                                   for n in names}})
 
     def above_state(r: dict, s: dict, t: plan.Terms) -> float:
         return plan_peak(s, t).compute - r["peak"]

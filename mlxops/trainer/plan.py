@@ -149,22 +149,27 @@ CPU_TERMS = Terms()
 TERMS: dict[tuple[str, str], Terms] = {
     (b, dtype): CPU_TERMS for b in ("metal", "cpu") for dtype in ("float32", "bfloat16")}
 # MLX's CUDA build, fitted by benchmarks/gpu_fit.py to the runs in benchmarks/gpu_data/ (an
-# NVIDIA H200, MLX 0.32.4). Where it differs from a CPU and why:
+# NVIDIA H200, MLX 0.32.4; the step as it runs there: gradients launched first, and the
+# bfloat16 working copy). Where it differs from a CPU, and why:
 # - bfloat16 attention runs in cuDNN's fused kernel (MLX's CUDA SDPA takes it for
 #   bfloat16/float16 and head dims up to 128), which keeps no H x T probabilities: a_s = x_s
 #   = 0 (the peak stays flat from seq 512 to 2048 at equal tokens); float32 takes MLX's
-#   unfused attention, which materialises them as on a CPU;
-# - the rest of a layer keeps more than on a CPU in bfloat16 (a_f, x_d), and gradient
-#   checkpointing measured no saving in bfloat16 (10.1 GB with it, 9.7 without, first row of
-#   issue 33): its weight is what makes the plan say so;
-# - the bfloat16 working copy and bfloat16 gradients are in g (bf16 = 0), the logits' extra
-#   copy in logits (logits_bf16 = 0).
+#   unfused attention, which materialises them as on a CPU (a_s);
+# - a layer's activations weigh more per token than on a CPU, most of it in the layer being
+#   differentiated (x_d); the grid does not tell a_d from x_d apart well, their sum is what
+#   it measured;
+# - gradient checkpointing saves far less in bfloat16 than on a CPU (7.9 GB with it against
+#   9.7 without at issue 33's first row; the CPU's terms would say 3.9): its weight says so;
+# - in bfloat16 the update is the peak of a large model: old and new weights and moments,
+#   bfloat16 and float32 gradients, the old and the new working copy (u = 27.4 above the
+#   state, from 16 + 1.2 on a CPU); the working copy and bfloat16 gradients of the backward
+#   pass are in its other weights (bf16 = 0).
 TERMS[("cuda", "float32")] = Terms(
-    g=4.89, bf16=0.0, accumulate=6.79, a_d=0.0, a_f=6.21, a_s=1.24, checkpoint=0.33,
-    x_d=99.49, x_f=6.23, x_s=0.0, logits=1.52, logits_bf16=0.0)
+    g=1.64, bf16=0.0, accumulate=0.63, u_bf16=0.0, a_d=0.0, a_f=7.72, a_s=1.25,
+    checkpoint=0.0, x_d=98.38, x_f=6.36, x_s=0.0, logits=0.57, logits_bf16=0.0)
 TERMS[("cuda", "bfloat16")] = Terms(
-    g=12.62, bf16=0.0, accumulate=0.0, a_d=17.21, a_f=7.69, a_s=0.0, checkpoint=37.08,
-    x_d=86.33, x_f=5.42, x_s=0.0, logits=14.69, logits_bf16=0.0)
+    g=0.0, bf16=0.0, accumulate=0.01, u=27.36, u_bf16=0.0, a_d=27.6, a_f=8.48, a_s=0.0,
+    checkpoint=30.31, x_d=66.82, x_f=4.58, x_s=0.0, logits=17.21, logits_bf16=0.0)
 
 
 @dataclass

@@ -125,7 +125,7 @@ class Steps:
                  group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
                  wire: mx.Dtype = mx.float32, scale: float = 1.0,
                  loss: Callable[..., mx.array] = loss_fn, random: bool = False,
-                 working_copy: bool = True, grads_first: bool = False):
+                 working_copy: bool = True, grads_first: bool | None = None):
         self.model, self.optimizer, self.group = model, optimizer, group
         #: ``loss(model, *batch)``: the scalar whose gradients the step takes.
         self.loss = loss
@@ -149,7 +149,9 @@ class Steps:
         self._value_and_grad = mx.value_and_grad(self._loss)
         compiled = partial(mx.compile, inputs=self.state, outputs=self.state)
         self._fused_graph = compiled(self._fused)
-        self.grads_first = grads_first
+        #: Launch the gradients' graph before the update's (:meth:`fused`): by default on
+        #: CUDA only, where it was measured (benchmarks/README.md, issue 33).
+        self.grads_first = compute_backend() == "cuda" if grads_first is None else grads_first
         self.first = compiled(self._first)
         self.next = compiled(self._next)
         self.apply = compiled(self._apply)
