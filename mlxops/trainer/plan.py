@@ -62,6 +62,12 @@ the optimizer update after the last micro-batch::
                                 backward pass's graph) the tied embedding's gradients and the
                                 logits' buffers, not yet released when it starts
 
+**Backends.** The weights above were fitted on MLX's CPU build and are the plan for
+``metal`` and ``cpu``; MLX's CUDA build keeps other amounts (:data:`TERMS`, fitted by
+``benchmarks/gpu_fit.py`` to an H200's runs in ``benchmarks/gpu_data/``; the comment there
+says what differs and why). :func:`estimate` takes the backend; the controller plans for
+``metal`` (a job's hosts are Macs), the trainer for the one it computes on.
+
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
 (``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
 84% of a 128 GB M5 Max's by default, as their owners reported (README); raised by ``sysctl
