@@ -13,6 +13,16 @@ another is given: fine-tuning (:mod:`mlxops.finetune`) passes its own, over its 
 arrays, and its adapters' dropout makes the RNG state part of the compiled state
 (``random=True``).
 
+With a bfloat16 compute dtype the master weights and AdamW's moments stay float32, and the
+forward/backward passes run on a bfloat16 *working copy* of the weights: compiled state
+like the rest, cast by the update that makes the new masters (the cast fuses into AdamW's
+elementwise kernel), so the differentiated graph casts nothing and its gradients come back
+in bfloat16, cast to float32 by the update. The same bits as casting the masters at the
+start of every forward pass, which on MLX's CUDA build had cost the backward pass 154 ms
+against 88 at issue 33's 2048/16/16 row (benchmarks/README.md). On CUDA :meth:`Steps.fused`
+also launches the gradients' graph before the rest (``mx.async_eval``, no host wait): left
+to one evaluation MLX interleaves the update with the backward pass, 15-25% slower there.
+
 Either way a step makes one chain of collectives (:func:`mean_over_ranks`): the gradients
 and a small float32 vector of step statistics (the loss, and a flag saying this rank
 computed its gradients). A rank that runs out of memory before its collectives
