@@ -38,6 +38,15 @@ GRID = [
     (2048, 16, 16, 512, 8, {}),
     (1024, 24, 16, 512, 8, {}),
 ]
+#: Configs the terms were not fitted to, to check them (out of sample).
+CHECK = [
+    (768, 6, 12, 1024, 8, {}),
+    (1280, 10, 10, 512, 16, {}),
+    (1024, 8, 16, 256, 32, {"vocab_size": 8192}),
+    (1536, 8, 12, 512, 8, {"grad_checkpoint": True}),
+    (1024, 12, 8, 512, 32, {"micro": 16}),
+    (2560, 8, 20, 512, 4, {}),
+]
 TINY = [(64, 2, 4, 32, 4, {}), (64, 2, 4, 64, 4, {"micro": 2}),
         (64, 2, 4, 32, 4, {"grad_checkpoint": True})]
 
@@ -47,12 +56,14 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--check", action="store_true", help="the configs the fit did not see")
     p.add_argument("--jsonl", type=Path, help="append every run's record here")
     p.add_argument("--options", type=json.loads, default={},
                    help="switches of the trainer's Steps, as JSON (gpu_runs.VariantSteps)")
     a = p.parse_args()
     for dtype in a.dtypes.split(","):
-        for dims, layers, heads, seq, batch, keys in (TINY if a.tiny else GRID):
+        for dims, layers, heads, seq, batch, keys in (TINY if a.tiny else
+                                                      CHECK if a.check else GRID):
             row = Row(dims, layers, heads, seq, batch, dtype, **keys, options=a.options)
             r = measure("trainer", row, a.steps, 0)
             if a.jsonl:
