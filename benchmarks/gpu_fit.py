@@ -147,15 +147,17 @@ def fit(dtype: str, runs: list[dict]) -> plan.Terms:
     def above_state(r: dict, s: dict, t: plan.Terms) -> float:
         return plan_peak(s, t).compute - r["peak"]
 
-    for r, s in runs:  # one weight each, the others fixed
-        if s["acc"] > 1:
-            gap = -above_state(r, s, terms) / s["p"]
-            terms = plan.Terms(**{**terms.__dict__,
-                                  "accumulate": round(max(0.0, terms.accumulate + gap), 2)})
-        if s["row"].grad_checkpoint:
-            gap = -above_state(r, s, terms) / (s["L"] * s["w"] * s["n"] * s["d"])
-            terms = plan.Terms(**{**terms.__dict__,
-                                  "checkpoint": round(max(0.0, terms.checkpoint + gap), 2)})
+    # One weight each, the others fixed: the largest any of its runs needs (a plan may be
+    # above a peak, less so below it).
+    acc = [-above_state(r, s, terms) / s["p"] for r, s in runs if s["acc"] > 1]
+    if acc:
+        terms = plan.Terms(**{**terms.__dict__,
+                              "accumulate": round(max(0.0, terms.accumulate + max(acc)), 2)})
+    ckpt = [-above_state(r, s, terms) / (s["L"] * s["w"] * s["n"] * s["d"])
+            for r, s in runs if s["row"].grad_checkpoint]
+    if ckpt:
+        terms = plan.Terms(**{**terms.__dict__,
+                              "checkpoint": round(max(0.0, terms.checkpoint + max(ckpt)), 2)})
     return terms
 
 
