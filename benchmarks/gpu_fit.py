@@ -11,8 +11,11 @@ every weight kept >= 0:
   cuDNN's fused kernel there, which keeps no H x T probabilities (the peak does not grow
   with the sequence at equal tokens: 1024/8/16 at 512x16, 1024x8, 2048x4 in the grid);
   float32 takes MLX's unfused path, which materialises them as on a CPU;
-- then ``accumulate`` and ``checkpoint`` from the runs with accumulation / checkpointing,
-  the other weights fixed.
+- which runs peak in the update (a large model in bfloat16) and ``u`` by alternating
+  (:func:`fit`);
+- then ``accumulate`` and ``checkpoint``, the other weights fixed: the largest any run with
+  accumulation / checkpointing needs (the plan over rather than under a peak).
+  ``CHECKS`` (the final table, run with the fitted terms) is left out.
 
 Prints the fitted terms and plan / peak for every run. Run on any machine (it measures
 nothing)::
