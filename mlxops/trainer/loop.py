@@ -416,6 +416,7 @@ class Loop:
         if mismatch is None:
             return
         consistency.repair(w.model, w.optimizer, self.group, trainable_only=only)
+        w.steps.refresh()  # a bfloat16 working copy, cast again from the new weights
         self.repairs += 1
         self.log(f"consistency: step {step}: {mismatch.describe()}; rank 0's {w.words.state} "
                  f"and optimizer state sent to every rank (repair {self.repairs} of this run)")

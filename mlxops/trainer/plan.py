@@ -62,6 +62,12 @@ the optimizer update after the last micro-batch::
                                 backward pass's graph) the tied embedding's gradients and the
                                 logits' buffers, not yet released when it starts
 
+**Backends.** The weights above were fitted on MLX's CPU build and are the plan for
+``metal`` and ``cpu``; MLX's CUDA build keeps other amounts (:data:`TERMS`, fitted by
+``benchmarks/gpu_fit.py`` to an H200's runs in ``benchmarks/gpu_data/``; the comment there
+says what differs and why). :func:`estimate` takes the backend; the controller plans for
+``metal`` (a job's hosts are Macs), the trainer for the one it computes on.
+
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
 (``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
 84% of a 128 GB M5 Max's by default, as their owners reported (README); raised by ``sysctl
@@ -115,6 +121,68 @@ LOGITS, LOGITS_BF16 = 14.3, 3.0
 EMBED_LEFT, LOGITS_LEFT = 3.0, 11.1
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The weights of the terms above on one backend, for one compute dtype."""
+
+    g: float = G
+    bf16: float = BF16
+    accumulate: float = ACCUMULATE
+    u: float = U
+    u_bf16: float = U_BF16
+    r: float = R
+    r_bf16: float = R_BF16
+    a_d: float = A_D
+    a_f: float = A_F
+    a_s: float = A_S
+    checkpoint: float = CHECKPOINT
+    recomputed: float = RECOMPUTED
+    x_d: float = X_D
+    x_f: float = X_F
+    x_s: float = X_S
+    logits: float = LOGITS
+    logits_bf16: float = LOGITS_BF16
+    embed_left: float = EMBED_LEFT
+    logits_left: float = LOGITS_LEFT
+
+
+#: The backends the plan has terms for. ``metal`` (a job's hosts are Macs) and ``cpu`` share
+#: the terms above, fitted to CPU runs (no Mac here to measure); ``cuda`` has its own.
+BACKENDS = ("metal", "cpu", "cuda")
+#: The backend a plan is for unless told: mlxops' nodes are Macs.
+DEFAULT_BACKEND = "metal"
+CPU_TERMS = Terms()
+#: Per backend and compute dtype (``train.dtype``); see :func:`terms`.
+TERMS: dict[tuple[str, str], Terms] = {
+    (b, dtype): CPU_TERMS for b in ("metal", "cpu") for dtype in ("float32", "bfloat16")}
+# MLX's CUDA build, fitted by benchmarks/gpu_fit.py to the runs in benchmarks/gpu_data/ (an
+# NVIDIA H200, MLX 0.32.4; the step as it runs there: gradients launched first, and the
+# bfloat16 working copy). Where it differs from a CPU, and why:
+# - bfloat16 attention runs in cuDNN's fused kernel (MLX's CUDA SDPA takes it for
+#   bfloat16/float16 and head dims up to 128), which keeps no H x T probabilities: a_s = x_s
+#   = 0 (the peak stays flat from seq 512 to 2048 at equal tokens); float32 takes MLX's
+#   unfused attention, which materialises them as on a CPU (a_s);
+# - a layer's activations weigh more per token than on a CPU, most of it in the layer being
+#   differentiated (x_d); the grid does not tell a_d from x_d apart well, their sum is what
+#   it measured;
+# - gradient checkpointing saves far less than on a CPU (bfloat16: 7.9 GB with it against
+#   9.7 without at issue 33's first row; the CPU's terms would say 3.9), and its two runs
+#   per dtype disagree on how much: its weight is the larger they need, so the plan is 1.0
+#   to 1.6 times their peaks, over rather than under;
+# - in bfloat16 the update is the peak of a large model: old and new weights and moments,
+#   bfloat16 and float32 gradients, the old and the new working copy (u = 27.4 above the
+#   state, from 16 + 1.2 on a CPU); the working copy and bfloat16 gradients of the backward
+#   pass are in its other weights (bf16 = 0).
+# Over the 40 runs fitted (gpu_memory.py's grid and its --check configs): float32 0.92 to
+# 1.14 of the peak; bfloat16 0.87 to 1.15, 3 runs below 0.90 (1280/10/10, 1536/12/12 and
+# 2048/16/16 at seq 512); checkpointing as above.
+TERMS[("cuda", "float32")] = Terms(
+    g=2.01, bf16=0.0, accumulate=0.0, u=15.98, u_bf16=0.0, a_d=0.0, a_f=8.58, a_s=0.93,
+    checkpoint=7.54, x_d=78.95, x_f=5.5, x_s=3.74, logits=0.64, logits_bf16=0.0)
+TERMS[("cuda", "bfloat16")] = Terms(
+    g=0.0, bf16=0.0, accumulate=0.03, u=26.46, u_bf16=0.0, a_d=33.12, a_f=6.61, a_s=0.0,
+    checkpoint=65.49, x_d=63.3, x_f=4.24, x_s=0.0, logits=16.85, logits_bf16=0.0)
+
 @dataclass
 class Peak:
     """One rank's estimated peak in bytes: the larger of its two moments."""
@@ -150,30 +218,43 @@ def weight_arrays(cfg: TrainerConfig) -> int:
     return 7 * cfg.model.layers + 2 + (0 if cfg.model.tie_embeddings else 1)
 
 
+def terms(backend: str, dtype: str) -> Terms:
+    """The terms' weights for ``backend`` (one of :data:`BACKENDS`) and a compute dtype."""
+    try:
+        return TERMS[(backend, dtype)]
+    except KeyError:
+        raise ValueError(f"no memory plan terms for backend {backend!r} and dtype {dtype!r} "
+                         f"(backends: {', '.join(BACKENDS)})") from None
+
+
 def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int = 1,
-             grad_checkpoint: bool | None = None) -> Peak:
+             grad_checkpoint: bool | None = None, backend: str = DEFAULT_BACKEND) -> Peak:
     """One rank's peak with ``micro`` sequences per forward/backward, ``accumulation`` of
-    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default)."""
+    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default), on
+    ``backend`` (the trainer passes the one it runs on; the controller plans for Macs)."""
     m, t = cfg.model, cfg.train
+    k = terms(backend, t.dtype)
     ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     p, d, f, v = count_params(cfg), m.dims, m.hidden(), m.vocab_size
     n, ht = micro * m.seq_len, m.heads * m.seq_len
     bf16, accumulating = t.dtype == "bfloat16", accumulation > 1
     w = 2 if bf16 else 4
     vd = v * d if m.tie_embeddings else 0
-    layer = w * n * (A_D * d + A_F * f + A_S * ht)
+    layer = w * n * (k.a_d * d + k.a_f * f + k.a_s * ht)
     if ckpt:  # each layer's input; one layer recomputed (two, at times, side by side)
-        layers = (1 + RECOMPUTED * (m.layers > 1)) * layer + m.layers * w * n * d * CHECKPOINT
+        layers = ((1 + k.recomputed * (m.layers > 1)) * layer
+                  + m.layers * w * n * d * k.checkpoint)
     else:
         layers = m.layers * layer
-    compute = ((G + BF16 * bf16 + ACCUMULATE * accumulating) * p + layers
-               + w * n * (X_D * d + X_F * f + X_S * ht) + (LOGITS + LOGITS_BF16 * bf16) * n * v)
-    update = (U + U_BF16 * bf16) * p
+    compute = ((k.g + k.bf16 * bf16 + k.accumulate * accumulating) * p + layers
+               + w * n * (k.x_d * d + k.x_f * f + k.x_s * ht)
+               + (k.logits + k.logits_bf16 * bf16) * n * v)
+    update = (k.u + k.u_bf16 * bf16) * p
     if world > 1:
         side_by_side = min(1.0, MLX_BFS_WIDTH / weight_arrays(cfg)) ** 2
-        update += (R_BF16 if t.grad_reduce_dtype == "bfloat16" else R) * side_by_side * p
+        update += (k.r_bf16 if t.grad_reduce_dtype == "bfloat16" else k.r) * side_by_side * p
     elif not accumulating:  # the update is in the backward pass's graph
-        update += EMBED_LEFT * vd + LOGITS_LEFT * n * v
+        update += k.embed_left * vd + k.logits_left * n * v
     if 0 < m.window < m.seq_len:
         compute += m.seq_len ** 2   # the window's mask, bool
     state = STATE * p

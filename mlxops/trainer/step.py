@@ -13,6 +13,16 @@ another is given: fine-tuning (:mod:`mlxops.finetune`) passes its own, over its 
 arrays, and its adapters' dropout makes the RNG state part of the compiled state
 (``random=True``).
 
+With a bfloat16 compute dtype the master weights and AdamW's moments stay float32, and the
+forward/backward passes run on a bfloat16 *working copy* of the weights: compiled state
+like the rest, cast by the update that makes the new masters (the cast fuses into AdamW's
+elementwise kernel), so the differentiated graph casts nothing and its gradients come back
+in bfloat16, cast to float32 by the update. The same bits as casting the masters at the
+start of every forward pass, which on MLX's CUDA build had cost the backward pass 154 ms
+against 88 at issue 33's 2048/16/16 row (benchmarks/README.md). On CUDA :meth:`Steps.fused`
+also launches the gradients' graph before the rest (``mx.async_eval``, no host wait): left
+to one evaluation MLX interleaves the update with the backward pass, 15-25% slower there.
+
 Either way a step makes one chain of collectives (:func:`mean_over_ranks`): the gradients
 and a small float32 vector of step statistics (the loss, and a flag saying this rank
 computed its gradients). A rank that runs out of memory before its collectives
@@ -47,6 +57,14 @@ GROUP_BYTES = 32 * 1024**2
 ALIGN_ELEMENTS = 256
 
 WIRE_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+
+
+def compute_backend() -> str:
+    """The backend this process computes on, as the memory plan names it (trainer/plan.py):
+    ``cpu`` (MLX's default device is the CPU), else ``cuda`` or ``metal``."""
+    if mx.default_device() == mx.cpu:
+        return "cpu"
+    return "cuda" if mx.cuda.is_available() else "metal"
 
 
 def mean_over_ranks(
@@ -116,7 +134,8 @@ class Steps:
     def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
                  group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
                  wire: mx.Dtype = mx.float32, scale: float = 1.0,
-                 loss: Callable[..., mx.array] = loss_fn, random: bool = False):
+                 loss: Callable[..., mx.array] = loss_fn, random: bool = False,
+                 working_copy: bool = True, grads_first: bool | None = None):
         self.model, self.optimizer, self.group = model, optimizer, group
         #: ``loss(model, *batch)``: the scalar whose gradients the step takes.
         self.loss = loss
@@ -129,30 +148,68 @@ class Steps:
         self.state = [model.state, optimizer.state]
         if random:  # the step draws random numbers (dropout): the key is state too
             self.state.append(mx.random.state)
+        #: The trainable weights in the compute dtype, flat by name, or None: cast from
+        #: the float32 masters by the update that made them rather than at the start of
+        #: every forward pass (see :meth:`refresh`).
+        self.copy: dict[str, mx.array] | None = None
+        if working_copy and compute_dtype != mx.float32:
+            self.copy = {}
+            self.refresh()
+            self.state.append(self.copy)
         self._value_and_grad = mx.value_and_grad(self._loss)
         compiled = partial(mx.compile, inputs=self.state, outputs=self.state)
-        self.fused = compiled(self._fused)
-        self.first = compiled(self._grads)
+        self._fused_graph = compiled(self._fused)
+        #: Launch the gradients' graph before the update's (:meth:`fused`): by default on
+        #: CUDA only, where it was measured (benchmarks/README.md, issue 33).
+        self.grads_first = compute_backend() == "cuda" if grads_first is None else grads_first
+        self.first = compiled(self._first)
         self.next = compiled(self._next)
         self.apply = compiled(self._apply)
 
+    def refresh(self) -> None:
+        """Cast the working copy again from the master weights: after they changed outside
+        a step (a consistency repair, a restore)."""
+        if self.copy is not None:
+            self._recast()
+            mx.eval(self.copy)
+
+    def _recast(self) -> None:
+        assert self.copy is not None
+        self.copy.update((k, v.astype(self.compute_dtype))
+                         for k, v in tree_flatten(self.model.trainable_parameters()))
+
     def _loss(self, params: dict, *batch: mx.array) -> mx.array:
-        if self.compute_dtype != mx.float32:
+        if self.copy is None and self.compute_dtype != mx.float32:
             # bf16 compute: cast a copy of the fp32 master weights; the cast is
             # differentiated, so the gradients come back in fp32.
             params = tree_map(lambda p: p.astype(self.compute_dtype), params)
         self.model.update(params)
         return self.loss(self.model, *batch)
 
+    def fused(self, *batch: mx.array) -> tuple[mx.array, dict]:
+        """The whole step (accumulation 1): ``(stats, local gradients)``, not evaluated."""
+        stats, local = self._fused_graph(*batch)
+        if self.grads_first:  # the gradients' graph launched before the update's
+            mx.async_eval(local)
+        return stats, local
+
     def _grads(self, *batch: mx.array) -> tuple[mx.array, dict]:
         params = self.model.trainable_parameters()
-        loss, g = self._value_and_grad(params, *batch)
+        if self.copy is not None:  # gradients in the compute dtype, cast by the update
+            loss, g = self._value_and_grad(tree_unflatten(list(self.copy.items())), *batch)
+        else:
+            loss, g = self._value_and_grad(params, *batch)
         self.model.update(params)  # the fp32 master weights, not the bf16 copy
         return loss, g
+
+    def _first(self, *batch: mx.array) -> tuple[mx.array, dict]:
+        loss, g = self._grads(*batch)
+        return loss, tree_map(lambda a: a.astype(mx.float32), g)
 
     def _update(self, grads: dict, loss: mx.array) -> mx.array:
         """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag, 0]``
         (the last is :meth:`abstain`'s "cannot back off")."""
+        grads = tree_map(lambda a: a.astype(mx.float32), grads)  # a no-op unless copied
         if self.scale != 1.0:
             grads = tree_map(lambda a: a * self.scale, grads)
             loss = loss * self.scale
@@ -161,6 +218,8 @@ class Steps:
         if self.grad_clip > 0:
             g, _ = optim.clip_grad_norm(g, self.grad_clip)
         self.optimizer.update(self.model, g)
+        if self.copy is not None:
+            self._recast()
         return stats
 
     def _fused(self, *batch: mx.array) -> tuple[mx.array, dict]:
@@ -174,7 +233,7 @@ class Steps:
         """``next(*batch, loss_sum, acc)``: one more micro-batch added to the sums."""
         *batch, loss_sum, acc = batch_then_sums
         loss, g = self._grads(*batch)
-        return loss_sum + loss, tree_map(mx.add, acc, g)
+        return loss_sum + loss, tree_map(lambda a, b: a + b.astype(mx.float32), acc, g)
 
     def _apply(self, loss_sum: mx.array, acc: dict, accum: mx.array) -> mx.array:
         return self._update(tree_map(lambda a: a / accum, acc), loss_sum / accum)
@@ -192,14 +251,17 @@ class Steps:
         _, stats = mean_over_ranks(zeros, flags, self.group, self.wire)
         return stats
 
-    def snapshot(self) -> tuple[dict, dict]:
+    def snapshot(self) -> tuple[dict, dict, dict | None]:
         """References to the current state (arrays are immutable: no copy is made)."""
-        return self.model.parameters(), tree_map(lambda a: a, self.optimizer.state)
+        copy = None if self.copy is None else dict(self.copy)
+        return self.model.parameters(), tree_map(lambda a: a, self.optimizer.state), copy
 
-    def restore(self, snap: tuple[dict, dict]) -> None:
-        params, opt = snap
+    def restore(self, snap: tuple[dict, dict, dict | None]) -> None:
+        params, opt, copy = snap
         self.model.update(params)
         assign(self.optimizer.state, opt)
+        if self.copy is not None and copy is not None:
+            self.copy.update(copy)
 
 
 def assign(target: dict, source: dict) -> None:

@@ -30,7 +30,7 @@ from .evaluate import Evaluator
 from .loop import GB, Figures, Log, Loop, Place, Words
 from .model import Transformer, count_params
 from .prefetch import Prefetcher
-from .step import WIRE_DTYPES, Steps
+from .step import WIRE_DTYPES, Steps, compute_backend
 
 __all__ = ["TrainerError", "TrainerWorkload", "make_optimizer", "train", "trainer_loop"]
 
@@ -140,7 +140,8 @@ class TrainerWorkload:
 
     def _planned(self) -> int:
         """The memory plan's peak for this rank as it runs now (trainer/plan.py)."""
-        return plan.estimate(self.cfg, self.micro, self.accum, self.place.world).total
+        return plan.estimate(self.cfg, self.micro, self.accum, self.place.world,
+                             backend=compute_backend()).total
 
     def figures(self) -> Figures:
         return Figures(micro_batch=self.micro, accumulation=self.accum,
