@@ -29,7 +29,7 @@ PORT = 31000
 CHECKS = {"check_ssh", "check_interpreter", "check_mlx", "check_env_file", "check_hostfiles",
           "check_synced_code", "check_disk", "check_memory", "check_ring_ports",
           "check_leftover_ranks", "check_clock", "check_versions_agree", "check_ring_reach",
-          "check_all_sum", "check_collectives"}
+          "check_all_sum"}
 
 
 def mlxops(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -185,7 +185,7 @@ def test_each_breakage_fails_its_check_on_its_node_only(sandbox_mut, cluster):
     # The all_sum waits for the others (it would sync node4's code, hang on node3's port).
     assert {n for n, o in cases.items() if o == "skipped"} == {
         f"{c}[node6]" for c in CHECKS - {"check_ssh"}} | {
-        f"{c}[{n}]" for n in sandbox.nodes for c in ("check_all_sum", "check_collectives")}
+        f"check_all_sum[{n}]" for n in sandbox.nodes}
     lines = proc.stdout.splitlines()
     assert "node1: ~/.chk/env.sh missing: run mlxops provision" in lines
     assert f"node2: mlx 0.31.0, controller {version('mlx')}: run mlxops provision" in lines
@@ -208,8 +208,7 @@ def test_a_node_down_errors_as_unreachable_and_the_others_run(sandbox_mut, clust
     doc = json.loads(proc.stdout)
     assert doc["exit_code"] == 3 and doc["ok"] is False
     # The others' all_sum waits for every host (it needs all their ranks).
-    others = {f"{c}[{n}]" for n in sandbox_mut.nodes if n != "node7"
-              for c in ("check_all_sum", "check_collectives")}
+    others = {f"check_all_sum[{n}]" for n in sandbox_mut.nodes if n != "node7"}
     assert {n for n, o in cases.items() if o != "passed"} == {
         f"{c}[node7]" for c in CHECKS} | others
     assert {cases[f"{c}[node7]"] for c in CHECKS} == {"error"}
