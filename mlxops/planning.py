@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mlxops.bench.results import latest_for, predict_us
+from mlxops.bench.results import bus_factor, latest_for, predict_us
 from mlxops.errors import UserError
 from mlxops.finetune.plan import FinetunePlan, ModelError, plan_finetune, read_model
 from mlxops.hostfacts import HostFacts
@@ -125,3 +125,18 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
                             "fit": info["fit"],
                             "predicted_us": predict_us(info, nbytes, m.world_size)}
     return out
+
+
+def all_gather_us(info: dict[str, Any], nbytes: int, world: int) -> float | None:
+    """ZeRO-1's ``all_gather`` of ``nbytes`` (the weights, every step) over ``world``
+    ranks, predicted from a bench's all-reduce fit ``t(S) = a + b S`` (``info``: its
+    ``allreduce_info``). A ring all_gather carries ``(n - 1) / n`` of the bytes over each
+    link, half an all-reduce's bus factor ``2 (n - 1) / n``, in one call (one ``a``):
+    ``a + b S (n - 1) / n / busfactor(bench ranks)``. None without a fit; 0 on one rank."""
+    params, ranks = info.get("fit"), info.get("ranks")
+    if world < 2:
+        return 0.0
+    if not params or not ranks or ranks < 2:
+        return None
+    return params["a_us"] + params["b_us_per_byte"] * nbytes * (bus_factor(world) / 2) \
+        / bus_factor(ranks)

@@ -62,6 +62,18 @@ the optimizer update after the last micro-batch::
                                 backward pass's graph) the tied embedding's gradients and the
                                 logits' buffers, not yet released when it starts
 
+**Sharded optimizer state** (ZeRO-1, :mod:`mlxops.trainer.zero`; ``shard=True``, n ranks):
+AdamW's moments are ``8 P / n`` and, in bfloat16, the model holds bfloat16 weights (``2
+P``) beside its ``4 P / n`` float32 master slice, so the state is ``4 P + 8 P / n``
+(float32) or ``2 P + 12 P / n`` (bfloat16) instead of ``12 P``
+(:func:`sharded_terms`). The two moments shift by as much; besides, in bfloat16 the pass
+makes no bfloat16 copy of the weights (they are bfloat16 already: ``BF16`` counts half),
+and the update makes new moments and float32 weights for the slice only (``8 P`` of
+``U`` becomes ``12 P / n``) and gathers the new weights (``w P``, in place of ``U``'s new
+float32 weights). These
+terms are derived from the fitted ones above, not fitted themselves:
+``benchmarks/zero.py`` measures them.
+
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
 (``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
 84% of a 128 GB M5 Max's by default, as their owners reported (README); raised by ``sysctl
@@ -114,6 +126,35 @@ LOGITS, LOGITS_BF16 = 14.3, 3.0
 EMBED_LEFT, LOGITS_LEFT = 3.0, 11.1
 
 
+@dataclass(frozen=True)
+class Sharded:
+    """ZeRO-1's state per rank, in bytes (the module's docstring): what sharding saves."""
+
+    weights: int        # the model's weights: float32 (4 P), or bfloat16 (2 P)
+    master: int         # bfloat16 runs: this rank's float32 master slice (4 P / n)
+    optimizer: int      # this rank's slice of AdamW's moments (8 P / n)
+    gathered: int       # the weights the all_gather brings every step (w P)
+    unsharded: int      # the state without sharding (12 P)
+
+    @property
+    def state(self) -> int:
+        return self.weights + self.master + self.optimizer
+
+    @property
+    def saved(self) -> int:
+        return self.unsharded - self.state
+
+
+def sharded_terms(cfg: TrainerConfig, world: int) -> Sharded:
+    """ZeRO-1's state over ``world`` ranks (one rank: nothing sharded, nothing saved but
+    the bfloat16 weights)."""
+    p, n = count_params(cfg), max(1, world)
+    bf16 = cfg.train.dtype == "bfloat16"
+    w = 2 if bf16 else 4
+    return Sharded(weights=w * p, master=(4 * p + n - 1) // n if bf16 else 0,
+                   optimizer=(8 * p + n - 1) // n, gathered=w * p, unsharded=STATE * p)
+
+
 @dataclass
 class Peak:
     """One rank's estimated peak in bytes: the larger of its two moments."""
@@ -143,6 +184,7 @@ class MemoryPlan:
     grad_checkpoint: bool
     fits: bool
     world_size: int
+    sharded: bool = False  # AdamW's state sharded over the ranks (ZeRO-1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,9 +205,10 @@ def weight_arrays(cfg: TrainerConfig) -> int:
 
 
 def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int = 1,
-             grad_checkpoint: bool | None = None) -> Peak:
+             grad_checkpoint: bool | None = None, shard: bool = False) -> Peak:
     """One rank's peak with ``micro`` sequences per forward/backward, ``accumulation`` of
-    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default)."""
+    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default;
+    ``shard``: AdamW's state sharded over the ranks, ZeRO-1)."""
     m, t = cfg.model, cfg.train
     ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     p, d, f, v = count_params(cfg), m.dims, m.hidden(), m.vocab_size
@@ -189,6 +232,15 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
     if 0 < m.window < m.seq_len:
         compute += m.seq_len ** 2   # the window's mask, bool
     state = STATE * p
+    if shard:
+        z = sharded_terms(cfg, world)
+        # New moments for the slice only, and the slice's new float32 weights (4 P / n)
+        # before the all_gather.
+        update -= (8 * p - z.optimizer) - (4 * p + world - 1) // max(1, world)
+        if bf16:  # no bfloat16 copy of the weights: half of BF16's term; the gathered
+            compute -= BF16 / 2 * p              # weights are bfloat16, not float32
+            update -= 2 * p
+        state = z.state
     return Peak(state, int(state + compute), int(state + update))
 
 
@@ -225,6 +277,7 @@ def plan_memory(
     ranks_per_node: int = 1,
     per_rank: int | None = None,
     working_set: int | None = None,
+    shard: bool = False,
 ) -> MemoryPlan:
     """Plan one rank on a node with ``memory_bytes`` of memory shared by ``ranks_per_node``
     (and, on a Mac, MLX's recommended ``working_set``: the budget, see :func:`budget_bytes`).
@@ -248,16 +301,19 @@ def plan_memory(
 
     def plan(micro: int, ckpt: bool, fits: bool) -> MemoryPlan:
         accumulation = per_rank // micro
-        peak = estimate(cfg, micro, accumulation, world_size, ckpt)
+        peak = estimate(cfg, micro, accumulation, world_size, ckpt, shard)
+        z = sharded_terms(cfg, world_size) if shard else None
         return MemoryPlan(
-            params=n, param_bytes=n * (6 if bf16 else 4),
-            grad_bytes=4 * n * (2 if accumulation > 1 else 1), optimizer_bytes=8 * n,
+            params=n, param_bytes=(z.weights + z.master) if z else n * (6 if bf16 else 4),
+            grad_bytes=4 * n * (2 if accumulation > 1 else 1),
+            optimizer_bytes=z.optimizer if z else 8 * n,
             activation_bytes=peak.compute - peak.state, update_bytes=peak.update - peak.state,
             total_bytes=peak.total, budget_bytes=budget, budget_from=source, micro_batch=micro,
-            accumulation=accumulation, grad_checkpoint=ckpt, fits=fits, world_size=world_size)
+            accumulation=accumulation, grad_checkpoint=ckpt, fits=fits, world_size=world_size,
+            sharded=shard)
 
     for ckpt in ([True] if t.grad_checkpoint else [False, True]):
         for micro in candidates:
-            if estimate(cfg, micro, per_rank // micro, world_size, ckpt).total <= budget:
+            if estimate(cfg, micro, per_rank // micro, world_size, ckpt, shard).total <= budget:
                 return plan(micro, ckpt, True)
     return plan(1, True, False)
