@@ -35,6 +35,7 @@ from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import remove_run_dirs, stop_job
+from mlxops.jobs.workloads.command import CommandWorkload
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.node.protocol.collectives import (
     COLLECTIVES_JOB,
@@ -73,7 +74,8 @@ def job_spec(inventory: Path, hosts: str, backend: str, port: int, ops: Sequence
     return JobSpec(
         path=inventory.resolve(), name=COLLECTIVES_JOB, inventory=inventory.resolve(),
         hosts=hosts, backend=backend,
-        command=["python", "-m", PROGRAM, *collectives_args(tuple(ops))], env=ranks_env,
+        workload=CommandWorkload(("python", "-m", PROGRAM, *collectives_args(tuple(ops)))),
+        env=ranks_env,
         restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT,
                               start_timeout=STALL_TIMEOUT),
         port=port, stop_grace=2.0)
@@ -98,8 +100,8 @@ def run_check(spec: JobSpec, connector: Connector, start: Start, *,
     :class:`CollectivesError` when it could not be run (the ranks stopped and everything
     removed first)."""
     _clear_earlier(connector, on_event)
-    on_event(f"collectives: checking {' '.join(spec.command[4:])} on the {spec.backend} "
-             "backend")
+    on_event(f"collectives: checking {' '.join(spec.workload.argv[4:])} on the "
+             f"{spec.backend} backend")
     record = start(spec, connector, fresh=True)
     try:
         _wait_until_ended(record, connector)
@@ -116,7 +118,7 @@ def _clear_earlier(connector: Connector, on_event: OnEvent) -> None:
         record = load_record(COLLECTIVES_JOB)
     except UserError:
         return
-    if PROGRAM not in " ".join((record.job or {}).get("command") or []):
+    if not (isinstance(record.workload, CommandWorkload) and PROGRAM in record.workload.argv):
         raise MlxopsError(f"a job named {COLLECTIVES_JOB!r} exists and is not the collectives "
                           "check's: the name is mlxops' own; stop and rename that job")
     on_event("an earlier collectives check was left behind: stopping it")

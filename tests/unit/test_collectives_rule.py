@@ -8,6 +8,7 @@ from pathlib import Path
 from mlxops.jobs import collectives
 from mlxops.jobs.preflight import collectives_for
 from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.workloads.command import CommandWorkload
 from mlxops.node.protocol.collectives import FAULT_ENV, CollectivesAnswer
 
 
@@ -29,7 +30,7 @@ def test_the_refusal_names_backend_mlx_version_and_the_first_wrong_answers():
 
 def test_a_job_that_names_no_collective_beyond_all_sum_is_not_checked(tmp_path):
     spec = JobSpec(path=tmp_path / "job.yml", name="j", inventory=tmp_path / "inv.yml",
-                   command=["python", "x.py"])
+                   workload=CommandWorkload(("python", "x.py")))
     assert collectives_for(spec, 4) == ()
 
 
@@ -37,8 +38,8 @@ def test_the_check_job_carries_the_jobs_env_and_the_fault_hook(monkeypatch, tmp_
     monkeypatch.setenv(FAULT_ENV, "all_gather:1")
     spec = collectives.job_spec(Path(tmp_path / "inv.yml"), "a,b", "ring", 31000,
                                 ("all_sum", "all_gather"), {"MLX_RING_VERBOSE": "1"})
-    assert spec.command == ["python", "-m", "mlxops.node.collectives", "--ops", "all_sum",
-                            "all_gather"]
+    assert list(spec.workload.argv) == ["python", "-m", "mlxops.node.collectives", "--ops",
+                                        "all_sum", "all_gather"]
     assert spec.env[FAULT_ENV] == "all_gather:1" and spec.env["MLX_RING_VERBOSE"] == "1"
     assert (spec.name, spec.hosts, spec.backend, spec.port) == ("mlxops-collectives", "a,b",
                                                                 "ring", 31000)
