@@ -17,11 +17,12 @@ SCRIPT = str(ROOT / "tests" / "trainer" / "zero_rank.py")
 STEPS, STOP = 8, 4
 
 
-def _run(out: Path, ranks: int, dtype: str, micro: int, stop: int, start: Path | None = None
-         ) -> list[dict]:
+def _run(out: Path, ranks: int, dtype: str, micro: int, stop: int, start: Path | None = None,
+         env: dict | None = None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     args = [PY, SCRIPT, str(out), dtype, str(micro), str(STEPS), str(stop)]
-    proc = run_script(args + ([str(start)] if start else []), ranks=ranks, timeout=240)
+    proc = run_script(args + ([str(start)] if start else []), ranks=ranks, env=env,
+                      timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [dict(np.load(out / f"rank-{r}.npz")) for r in range(ranks)]
 
@@ -86,6 +87,26 @@ def test_slices_are_uneven_and_bfloat16_runs_hold_bfloat16_weights(runs):
     assert [b[1:] for b in bounds] == [(0, 11083), (11083, 22166), (22166, total)]
     assert all(str(r["model_dtype"]) == "mlx.core.bfloat16" for r in runs["bf16-3"])
     assert all(str(r["model_dtype"]) == "mlx.core.float32" for r in runs["f32-2"])
+
+
+def test_an_out_of_memory_back_off_undoes_the_sharded_step_on_every_rank(tmp_path):
+    # Rank 1 abstains at step 3 (its peers are in the all_sum and the all_gather); every
+    # rank restores its state and redoes the step: still bitwise the unsharded run.
+    got = _run(tmp_path, 3, "float32", 12, STOP, env={"ZERO_ABSTAIN_AT": "3"})
+    for r in got:
+        assert float(r["abstained/flag3"]) < 1.0
+        for s in range(1, STOP + 1):
+            assert np.array_equal(r[f"zero/w{s}"], r[f"plain/w{s}"]), s
+
+
+def test_a_slice_no_rank_holds_is_refused(tmp_path):
+    lay = _layout([7], 2, 0)
+    zero.save_slice(tmp_path, lay, {"flat.m": mx.ones((4,)), "step": mx.array(4)})
+    one = _layout([7], 1, 0)
+    with pytest.raises(zero.ZeroError, match="no rank holds the optimizer slice of old rank "
+                                             "1 .of 2.: its host is not in this run"):
+        zero.load_slices(tmp_path, one, 2, mx.distributed.init(),
+                         {"flat.m": mx.zeros((7,)), "step": mx.array(0)})
 
 
 def _layout(sizes: list[int], world: int, rank: int) -> zero.Layout:

@@ -11,6 +11,7 @@ optimizer moments each loaded, gathered in full) to ``OUT/rank-<r>.npz``.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -83,8 +84,20 @@ def main(out: str, dtype: str, micro: int, steps: int, stop: int, start: str = "
                 [np.array(full[f"{k}.{name}"]).reshape(-1) for k, _ in tree_flatten(
                     plain.model.trainable_parameters())])
         saved["loaded/step"] = np.array(z.optimizer.state["step"])
+    abstain_at = int(os.environ.get("ZERO_ABSTAIN_AT", "0"))
     for s in range(first, stop + 1):
         for kind, st in runs.items():
+            if kind == "zero" and s == abstain_at:
+                # An out-of-memory back-off, as the loop runs it: rank 1 joins the step's
+                # collectives with nothing, every rank sees the flag and undoes the step.
+                before = st.snapshot()
+                if rank == 1:
+                    flags = st.abstain()
+                else:
+                    flags, _ = st.fused(*batch(s, rank, world, m.seq_len, m.vocab_size)[0])
+                mx.eval(flags, st.state)
+                saved[f"abstained/flag{s}"] = np.array(flags[1])
+                st.restore(before)
             batches = batch(s, rank, world, m.seq_len, m.vocab_size)
             x, y = batches[0]
             if micro >= x.shape[0]:
