@@ -54,3 +54,90 @@ def test_the_all_gather_is_predicted_from_the_bench_at_half_the_all_reduce_bus_f
     assert all_gather_us(info, 1_000_000, 4) == 100.0 + 1000 * 0.75
     assert all_gather_us(info, 10, 1) == 0.0
     assert all_gather_us({"fit": None, "ranks": 2}, 10, 2) is None
+
+
+def _job(tmp_path, dims: int) -> object:
+    import yaml
+
+    from mlxops.jobs.spec import load_job
+
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        "a": {"ansible_host": "10.0.0.1"}, "b": {"ansible_host": "10.0.0.2"},
+        "c": {"ansible_host": "10.0.0.3"}, "d": {"ansible_host": "10.0.0.4"}}}}))
+    (tmp_path / "job.yml").write_text(yaml.safe_dump({
+        "name": "big", "inventory": "inv.yml", "trainer": {
+            "model": {"dims": dims, "layers": 8, "heads": 8, "vocab_size": 32000,
+                      "seq_len": 64},
+            "train": {"global_batch": 4, "micro_batch": 1, "grad_checkpoint": True}}}))
+    return load_job(tmp_path / "job.yml")
+
+
+def _planned(tmp_path, monkeypatch, spec, gb: float):
+    from dataclasses import replace
+
+    from mlxops.hostfacts import HostFacts
+    from mlxops.planning import plan_job
+    from mlxops.tasks.facts import save_facts
+    from mlxops.transport import Connector
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    for host in "abcd":  # illustrative sizes, cached as provision would
+        save_facts(host, replace(HostFacts.unknown(), memory_bytes=int(gb * 2**30),
+                                 system="Linux"))
+    with Connector() as connector:  # every host's facts are cached: nothing is asked
+        plans, results = plan_job(spec, connector)
+    assert results.exit_code == 0
+    return plans
+
+
+def test_mlxops_plan_says_sharding_makes_a_job_fit_and_what_its_all_gather_costs(
+        tmp_path, monkeypatch):
+    from mlxops.bench.results import save
+    from mlxops.cli.plan import sharded_notes
+    from mlxops.planning import step_estimate
+
+    spec = _job(tmp_path, 1024)
+    cfg = spec.workload.config
+    sharded = plan.estimate(cfg, 1, 1, 4, grad_checkpoint=True, shard=True).total
+    unsharded = plan.estimate(cfg, 1, 1, 4, grad_checkpoint=True).total
+    plans = _planned(tmp_path, monkeypatch, spec,
+                     (sharded + unsharded) / 2 / plan.CPU_FRACTION / 2**30)
+    assert not any(p.plan.fits for p in plans)
+    assert all(p.sharded.fits and p.sharded.sharded for p in plans)
+    step = step_estimate(spec, plans)
+    assert step["all_gather"] == {"bytes": 4 * plans[0].plan.params, "predicted_us": None}
+    notes = sharded_notes(plans, step)
+    assert notes[0].startswith("fits with the optimizer state sharded over the ranks "
+                               "(ZeRO-1): rank peak "), notes
+    assert "no 'mlxops bench' of these hosts yet" in notes[1]
+    # with a bench of these hosts, the gather's time from its all-reduce fit
+    from types import SimpleNamespace
+    bench = SimpleNamespace(hosts=list("abcd"), allreduce_info={
+        "ranks": 4, "fit": {"a_us": 100.0, "b_us_per_byte": 0.001}})
+    _save_bench(bench, save)
+    step = step_estimate(spec, plans)
+    want = all_gather_us({"ranks": 4, "fit": {"a_us": 100.0, "b_us_per_byte": 0.001}},
+                         4 * plans[0].plan.params, 4)
+    assert step["all_gather"]["predicted_us"] == want
+    assert f"~{want / 1e3:.3g} ms a step (from the bench)" in sharded_notes(plans, step)[1]
+    assert plans[0].to_dict()["sharded"]["sharded"] is True
+
+
+def _save_bench(bench, save) -> None:
+    """A bench result of these hosts, as mlxops bench saves it."""
+    from mlxops.bench.results import BenchResult
+
+    saved = BenchResult(inventory="inv.yml", hosts=bench.hosts, options={}, time=1.8e9)
+    saved.allreduce_info = bench.allreduce_info
+    save(saved)
+
+
+def test_a_job_that_fits_unsharded_is_not_sharded(tmp_path, monkeypatch):
+    from mlxops.cli.plan import sharded_notes
+    from mlxops.planning import step_estimate
+
+    spec = _job(tmp_path, 256)
+    plans = _planned(tmp_path, monkeypatch, spec, 64)
+    assert all(p.plan.fits and p.sharded is None for p in plans)
+    assert step_estimate(spec, plans)["all_gather"] is None
+    assert sharded_notes(plans, step_estimate(spec, plans)) == []

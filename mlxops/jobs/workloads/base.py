@@ -100,6 +100,12 @@ class Planner(ABC):
                per_rank: int | None = None, working_set: int | None = None) -> Plan:
         """One rank's plan on a node of ``memory`` bytes (the planner's own search)."""
 
+    def sharded(self, memory: int, world: int, *, ranks_per_node: int,
+                per_rank: int | None = None, working_set: int | None = None) -> Plan | None:
+        """The same plan with the optimizer state sharded over the ranks (ZeRO-1), where
+        the workload can shard it; None where it cannot."""
+        return None
+
     @abstractmethod
     def checkpoints(self) -> tuple[int, int]:
         """Bytes of one checkpoint, and how many a run keeps on disk at most."""

@@ -180,6 +180,13 @@ class TrainerPlanner(Planner):
         return plan_memory(self.config, memory, world, ranks_per_node=ranks_per_node,
                            per_rank=per_rank, working_set=working_set)
 
+    def sharded(self, memory: int, world: int, *, ranks_per_node: int,
+                per_rank: int | None = None, working_set: int | None = None) -> Any:
+        from mlxops.trainer.plan import plan_memory
+
+        return plan_memory(self.config, memory, world, ranks_per_node=ranks_per_node,
+                           per_rank=per_rank, working_set=working_set, shard=True)
+
     def checkpoints(self) -> tuple[int, int]:
         from mlxops.trainer.plan import count_params
 
