@@ -50,7 +50,7 @@ class NodePlan:
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "memory_bytes": self.memory_bytes, "chip": self.chip,
                 "ranks": self.ranks, "facts": self.source, **self.plan.to_dict(),
-                "sharded": self.sharded.to_dict() if self.sharded else None}
+                "sharded_plan": self.sharded.to_dict() if self.sharded else None}
 
 
 def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,

@@ -120,7 +120,8 @@ def test_mlxops_plan_says_sharding_makes_a_job_fit_and_what_its_all_gather_costs
                          4 * plans[0].plan.params, 4)
     assert step["all_gather"]["predicted_us"] == want
     assert f"~{want / 1e3:.3g} ms a step (from the bench)" in sharded_notes(plans, step)[1]
-    assert plans[0].to_dict()["sharded"]["sharded"] is True
+    doc = plans[0].to_dict()
+    assert doc["sharded"] is False and doc["sharded_plan"]["sharded"] is True
 
 
 def _save_bench(bench, save) -> None:
