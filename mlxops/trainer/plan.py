@@ -69,8 +69,9 @@ P``) beside its ``4 P / n`` float32 master slice, so the state is ``4 P + 8 P / 
 (:func:`sharded_terms`). The two moments shift by as much; besides, in bfloat16 the pass
 makes no bfloat16 copy of the weights (they are bfloat16 already: ``BF16`` counts half),
 and the update makes new moments and float32 weights for the slice only (``8 P`` of
-``U`` becomes ``12 P / n``) and gathers the new weights (``w P``, in place of ``U``'s new
-float32 weights). These
+``U`` becomes ``12 P / n``), copies the slice's gradients (and, in float32, its weights)
+out as one array each (``8 P / n``, ``4 P / n`` in bfloat16), and gathers the new weights
+(``w P``, in place of ``U``'s new float32 weights). These
 terms are derived from the fitted ones above, not fitted themselves:
 ``benchmarks/zero.py`` measures them.
 
@@ -235,8 +236,10 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
     if shard:
         z = sharded_terms(cfg, world)
         # New moments for the slice only, and the slice's new float32 weights (4 P / n)
-        # before the all_gather.
-        update -= (8 * p - z.optimizer) - (4 * p + world - 1) // max(1, world)
+        # before the all_gather; the slice's gradients and (float32: cut from the model's
+        # weights) its weights, copied out as one array each for the optimizer.
+        per_slice = (4 * p + world - 1) // max(1, world)
+        update -= (8 * p - z.optimizer) - per_slice * (2 if bf16 else 3)
         if bf16:  # no bfloat16 copy of the weights: half of BF16's term; the gathered
             compute -= BF16 / 2 * p              # weights are bfloat16, not float32
             update -= 2 * p

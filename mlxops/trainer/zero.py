@@ -173,6 +173,8 @@ class ZeroSteps(Steps):
         # the same values (the derivative of its cast), so they are cast at once: the
         # sums of accumulated micro-batches are then float32 as there.
         loss, g = super()._grads(*batch)
+        if not self.sharded_master:
+            return loss, g  # float32 already: no copy
         return loss, tree_map(lambda a: a.astype(mx.float32), g)
 
     def _update(self, grads: dict, loss: mx.array) -> mx.array:
