@@ -9,8 +9,9 @@ beside the memory plan's (trainer/plan.py, ``estimate(..., shard=...)``).
 The extra ``all_gather`` is predicted as ``mlxops plan`` would from a bench: before the
 runs, a small all-reduce sweep on the same ranks (``all_sum`` at 64 KiB to 16 MiB, the
 median of 10 calls each) is fitted ``t(S) = a + b S`` (mlxops/bench/results.py's ``fit``)
-and ``all_gather_us`` (mlxops/planning.py) turns it into the gather of the weights. Printed:
-sharded minus unsharded step time against that prediction (target: within 20%), and each
+and ``all_gather_us`` (mlxops/planning.py) turns it into the gather of the weights; the
+same ranks then time that gather alone (median of 10). Printed: sharded minus unsharded
+step time, and the gather alone, against that prediction (target: within 20%), and each
 mode's measured peak against its plan (target: within 15%, never more than 10% below).
 
     python benchmarks/zero.py                        # 2 ranks, float32
@@ -61,7 +62,7 @@ def rank_main(mode: str, config: str, steps: int, skip: int, out: str) -> None:
 
     group = mx.distributed.init(strict=True)
     rank, world = group.rank(), group.size()
-    if mode == "sweep":
+    if mode == "sweep":  # the bench's all-reduce sizes, then the gather to predict
         rows = []
         for size in SWEEP:
             x = mx.ones((size // 4,))
@@ -71,8 +72,19 @@ def rank_main(mode: str, config: str, steps: int, skip: int, out: str) -> None:
                 mx.eval(mx.distributed.all_sum(x, group=group))
                 times.append(time.perf_counter() - t0)
             rows.append({"bytes": size, "time_us": statistics.median(times[2:]) * 1e6})
+        # ZeRO-1's all_gather alone, as the step makes it: every rank's slice of the
+        # weights (its padded share), in the run's dtype.
+        cfg = load_config(json.loads(config))
+        dtype = mx.bfloat16 if cfg.train.dtype == "bfloat16" else mx.float32
+        piece = mx.ones((-(-plan.count_params(cfg) // world),), dtype)
+        times = []
+        for _ in range(12):
+            t0 = time.perf_counter()
+            mx.eval(mx.distributed.all_gather(piece, group=group))
+            times.append(time.perf_counter() - t0)
         if rank == 0:
-            Path(out).write_text(json.dumps({"rows": rows}))
+            Path(out).write_text(json.dumps({"rows": rows,
+                                             "gather_us": statistics.median(times[2:]) * 1e6}))
         return
     cfg = load_config(json.loads(config))
     compute = mx.bfloat16 if cfg.train.dtype == "bfloat16" else mx.float32
@@ -140,8 +152,8 @@ def main() -> None:
     config = json.dumps(_config(args))
     with tempfile.TemporaryDirectory(prefix="mlxops-zero-bench-") as d:
         tmp = Path(d)
-        sweep = _run(args, "sweep", tmp, config)[0]["rows"]
-        params = fit([SimpleNamespace(**r) for r in sweep])
+        measured = _run(args, "sweep", tmp, config)[0]
+        params = fit([SimpleNamespace(**r) for r in measured["rows"]])
         got: dict[str, list[list[dict]]] = {"plain": [], "zero": []}
         for _ in range(args.repeat):
             for mode in ("plain", "zero"):
@@ -158,6 +170,9 @@ def main() -> None:
     print(f"step: unsharded {step['plain'] * 1e3:.1f} ms, sharded {step['zero'] * 1e3:.1f} ms"
           f" ({step['zero'] / step['plain']:.2f}x); extra {extra * 1e3:.1f} ms, all_gather "
           f"predicted {predicted * 1e3:.1f} ms (measured/predicted {extra / predicted:.2f})")
+    gather = measured["gather_us"] / 1e6
+    print(f"all_gather of the weights alone: measured {gather * 1e3:.1f} ms, predicted "
+          f"{predicted * 1e3:.1f} ms (measured/predicted {gather / predicted:.2f})")
     for mode, runs in got.items():
         peak = max(r["peak"] for run in runs for r in run)
         planned = runs[0][0]["planned"]

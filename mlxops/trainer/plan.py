@@ -68,12 +68,13 @@ P``) beside its ``4 P / n`` float32 master slice, so the state is ``4 P + 8 P / 
 (float32) or ``2 P + 12 P / n`` (bfloat16) instead of ``12 P``
 (:func:`sharded_terms`). The two moments shift by as much; besides, in bfloat16 the pass
 makes no bfloat16 copy of the weights (they are bfloat16 already: ``BF16`` counts half),
-and the update makes new moments and float32 weights for the slice only (``8 P`` of
-``U`` becomes ``12 P / n``), copies the slice's gradients (and, in float32, its weights)
-out as one array each (``8 P / n``, ``4 P / n`` in bfloat16), and gathers the new weights
-(``w P``, in place of ``U``'s new float32 weights). These
-terms are derived from the fitted ones above, not fitted themselves:
-``benchmarks/zero.py`` measures them.
+and the update makes new moments for the slice only (``8 P`` of ``U`` becomes ``8 P /
+n``), holds ``SLICE_ARRAYS`` float32 arrays of the slice's size at its peak (its new
+weights, its gradients and weights copied out for the optimizer, the optimizer's
+intermediates; one fewer in bfloat16) and gathers the new weights (``w P``, in place of
+``U``'s new float32 weights). These terms are derived from the fitted ones above but for
+``SLICE_ARRAYS``, fitted to two float32 runs of ``benchmarks/zero.py`` (2 and 3 ranks);
+bfloat16 is not measured yet.
 
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
 (``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
@@ -121,6 +122,10 @@ RECOMPUTED = 0.47  # with grad_checkpoint: layers recomputed side by side, past 
 X_D, X_F, X_S = 25.6, 3.1, 1.7
 # Bytes per logit (N x V): float32 logits, softmax and gradient; bfloat16's extra copy:
 LOGITS, LOGITS_BF16 = 14.3, 3.0
+# ZeRO-1's update: float32 arrays of a rank's slice's size alive at its peak (one fewer in
+# bfloat16, whose master slice is kept, not cut from the weights); fitted to the measured
+# peaks of benchmarks/zero.py at 2 and 3 ranks (benchmarks/README.md).
+SLICE_ARRAYS = 5
 # Left over when the update starts, with one rank and no accumulation (the update is then
 # in the backward pass's graph): bytes per element of the tied embedding (V x D), its
 # gradients, and per logit (N x V), the logits' buffers:
@@ -235,11 +240,12 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
     state = STATE * p
     if shard:
         z = sharded_terms(cfg, world)
-        # New moments for the slice only, and the slice's new float32 weights (4 P / n)
-        # before the all_gather; the slice's gradients and (float32: cut from the model's
-        # weights) its weights, copied out as one array each for the optimizer.
+        # New moments for the slice only; besides, arrays of the slice's size (4 P / n
+        # each): its new float32 weights before the all_gather, its gradients and (float32:
+        # cut from the model's weights) its weights copied out for the optimizer, and the
+        # optimizer's intermediates (SLICE_ARRAYS, fitted: benchmarks/zero.py).
         per_slice = (4 * p + world - 1) // max(1, world)
-        update -= (8 * p - z.optimizer) - per_slice * (2 if bf16 else 3)
+        update -= (8 * p - z.optimizer) - per_slice * (SLICE_ARRAYS - bf16)
         if bf16:  # no bfloat16 copy of the weights: half of BF16's term; the gathered
             compute -= BF16 / 2 * p              # weights are bfloat16, not float32
             update -= 2 * p
