@@ -43,7 +43,9 @@ stdlib + mlx + numpy only: synced to nodes with the trainer.
 from __future__ import annotations
 
 import math
+import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,30 +135,73 @@ def gather(piece: mx.array, layout: Layout, group: mx.distributed.Group) -> mx.a
     return mx.distributed.all_gather(layout.padded(piece), group=group)[:layout.total]
 
 
-class ZeroSteps(Steps):
-    """:class:`~mlxops.trainer.step.Steps` with the update sharded (see the module).
-
-    Takes over ``model`` and ``optimizer``: a bfloat16 run's model is cast to bfloat16
-    (the float32 master of this rank's slice kept here), and ``optimizer`` must not have
-    been initialised (its state is this rank's slice's, under :data:`FLAT`).
-    """
+class Shard:
+    """This rank's part of a sharded optimizer: the layout, and a bfloat16 run's float32
+    master slice. Made once per run, before the optimizer holds any state: it casts a
+    bfloat16 run's model to bfloat16 and initialises ``optimizer`` on the slice (under
+    :data:`FLAT`); every :class:`ZeroSteps` compiled later (a new batch split) uses it."""
 
     def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
-                 group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
-                 wire: mx.Dtype = mx.float32, scale: float = 1.0,
-                 loss: Callable[..., mx.array] = loss_fn, random: bool = False):
+                 group: mx.distributed.Group, compute_dtype: mx.Dtype):
+        if any(isinstance(v, dict | list) for v in optimizer.state.values()):
+            raise ValueError("a sharded optimizer is initialised on its slice, not before")
+        self.group, self.compute_dtype = group, compute_dtype
         params = model.trainable_parameters()
         self.layout = Layout.of(params, group.size(), group.rank())
         #: A bfloat16 run's float32 weights of this rank's slice (empty in float32: the
         #: model's own weights are the master then).
         self.master: dict[str, mx.array] = {}
         self.sharded_master = compute_dtype != mx.float32
+        self._own(model, params)
+        optimizer.init({FLAT: self.slice_of(params)})
+
+    def _own(self, model: nn.Module, params: dict) -> None:
+        """The master slice from ``params`` (float32), and the model cast to bfloat16."""
         if self.sharded_master:
             self.master[FLAT] = self.layout.take(params).astype(mx.float32)
-            model.update(tree_map(lambda p: p.astype(compute_dtype), params))
-        if any(isinstance(v, dict | list) for v in optimizer.state.values()):
-            raise ValueError("ZeroSteps initialises the optimizer itself (its slice)")
-        optimizer.init({FLAT: self._slice_of(params)})
+            model.update(tree_map(lambda p: p.astype(self.compute_dtype), params))
+
+    def slice_of(self, params: dict) -> mx.array:
+        """The float32 weights of this rank's slice."""
+        if self.sharded_master:
+            return self.master[FLAT]
+        return self.layout.take(params)
+
+    def master_weights(self, model: nn.Module) -> dict[str, mx.array]:
+        """The full float32 weights (flat names), for the checkpoint's model file: a
+        bfloat16 run gathers its master slices (a collective: every rank calls it)."""
+        params = model.trainable_parameters()
+        if self.sharded_master:
+            full = gather(self.master[FLAT], self.layout, self.group)
+            mx.eval(full)  # now, on every rank: a rank that would not read it still sends
+            params = self.layout.rebuild(full)
+        return dict(tree_flatten(params))
+
+    def load(self, model: nn.Module, optimizer: optim.Optimizer,
+             slices: dict[str, mx.array]) -> None:
+        """Resume: ``model`` holds the checkpoint's float32 weights; ``slices`` is this
+        rank's optimizer state (:func:`load_slices`)."""
+        self._own(model, model.trainable_parameters())
+        assign(optimizer.state, tree_unflatten(list(slices.items())))
+        mx.eval(model.parameters(), optimizer.state, self.master)
+
+
+class ZeroSteps(Steps):
+    """:class:`~mlxops.trainer.step.Steps` with the update sharded (see the module).
+
+    ``shard``: the run's :class:`Shard`; by default one is made here, which takes over
+    ``model`` and ``optimizer`` (a bfloat16 run's model cast to bfloat16, ``optimizer``
+    initialised on this rank's slice: it must hold no state yet).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: optim.Optimizer,
+                 group: mx.distributed.Group, compute_dtype: mx.Dtype, grad_clip: float,
+                 wire: mx.Dtype = mx.float32, scale: float = 1.0,
+                 loss: Callable[..., mx.array] = loss_fn, random: bool = False,
+                 shard: Shard | None = None):
+        self.shard = shard or Shard(model, optimizer, group, compute_dtype)
+        self.layout, self.master = self.shard.layout, self.shard.master
+        self.sharded_master = self.shard.sharded_master
         super().__init__(model, optimizer, group, compute_dtype, grad_clip, wire, scale,
                          loss, random)
         # The compiled functions read and write the master slice too (mx.compile reads
@@ -164,9 +209,7 @@ class ZeroSteps(Steps):
         self.state.append(self.master)
 
     def _slice_of(self, params: dict) -> mx.array:
-        if self.sharded_master:
-            return self.master[FLAT]
-        return self.layout.take(params)
+        return self.shard.slice_of(params)
 
     def _grads(self, *batch: mx.array) -> tuple[mx.array, dict]:
         # bfloat16 weights give bfloat16 gradients; the unsharded step's float32 ones are
@@ -218,14 +261,8 @@ class ZeroSteps(Steps):
     # -- checkpoints -----------------------------------------------------------------------
 
     def master_weights(self) -> dict[str, mx.array]:
-        """The full float32 weights (flat names), for the checkpoint's model file: a
-        bfloat16 run gathers its master slices (a collective: every rank calls it)."""
-        params = self.model.trainable_parameters()
-        if self.sharded_master:
-            full = gather(self.master[FLAT], self.layout, self.group)
-            mx.eval(full)  # now, on every rank: a rank that would not read it still sends
-            params = self.layout.rebuild(full)
-        return dict(tree_flatten(params))
+        """:meth:`Shard.master_weights` (a collective: every rank calls it)."""
+        return self.shard.master_weights(self.model)
 
     def slice_state(self) -> dict[str, mx.array]:
         """This rank's optimizer state (flat names), as :func:`save_slice` writes it."""
@@ -235,12 +272,7 @@ class ZeroSteps(Steps):
         """Resume: the full float32 ``weights`` (flat names) and this rank's optimizer
         state (:func:`load_slices`)."""
         self.model.load_weights(list(weights.items()), strict=True)
-        params = self.model.trainable_parameters()
-        if self.sharded_master:
-            self.master[FLAT] = self.layout.take(params).astype(mx.float32)
-            self.model.update(tree_map(lambda p: p.astype(self.compute_dtype), params))
-        assign(self.optimizer.state, tree_unflatten(list(slices.items())))
-        mx.eval(self.model.parameters(), self.optimizer.state, self.master)
+        self.shard.load(self.model, self.optimizer, slices)
 
 
 def save_slice(directory: Path, layout: Layout, state: dict[str, mx.array]) -> Path:
@@ -349,6 +381,40 @@ def _from(piece: mx.array, size: int, group: mx.distributed.Group, sender: int) 
     if group.size() == 1:
         return piece
     return mx.distributed.all_gather(piece[None], group=group)[sender]
+
+
+class _NoOptimizer:
+    """An optimizer with no state: what the consistency check compares of a sharded
+    optimizer's (each rank's slice is its own)."""
+
+    state: dict = {}
+
+
+NO_OPTIMIZER = _NoOptimizer()
+#: Where each rank puts its slice before its node's writer moves it into the checkpoint.
+STAGING = ".zero-{name}"
+
+
+def stage_slice(ckpt_dir: Path, step: int, layout: Layout, state: dict[str, mx.array],
+                group: mx.distributed.Group) -> Path:
+    """This rank's slice of the checkpoint of ``step``, written into a staging directory
+    beside it (every rank: a node's ranks all write theirs; its writer then moves them into
+    the checkpoint as it writes it, :func:`place_staged`); returns when every rank has."""
+    from mlxops.node.protocol import checkpoint_name
+
+    staged = ckpt_dir / STAGING.format(name=checkpoint_name(step))
+    staged.mkdir(parents=True, exist_ok=True)
+    save_slice(staged, layout, state)
+    if group.size() > 1:  # every slice written before any writer moves them
+        mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group, stream=mx.cpu))
+    return staged
+
+
+def place_staged(staged: Path, checkpoint: Path) -> None:
+    """Move the staged slices of this node's ranks into the checkpoint being written."""
+    for path in sorted(staged.glob("zero-rank-*.safetensors")):
+        os.replace(path, checkpoint / path.name)
+    shutil.rmtree(staged, ignore_errors=True)
 
 
 def world_of(directory: Path) -> int | None:
