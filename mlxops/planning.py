@@ -86,7 +86,8 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
                               working_set=node.ranks_working_set)
         plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
-    if not all(p.plan.fits for p in plans):
+    if not all(p.plan.fits for p in plans) and not any(
+            getattr(p.plan, "sharded", False) for p in plans):
         # What sharding AdamW's state over the ranks would make of it (ZeRO-1); a job
         # that fits without is planned, and runs, unsharded: nothing to pay for.
         for p in plans:

@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten
 
 from mlxops.node.memory import recommended_working_set
 
-from . import balance, optimizers, plan, zero
+from . import balance, optimizers, plan, zero, zero_checkpoint
 from .config import SHARD_AUTO, TrainerConfig, check_world, diff_resume_keys
 from .cursor import DataCursor
 from .data import Batches, make_source, split_rank
@@ -205,7 +205,7 @@ class TrainerWorkload(ReplicatedOptimizer):
         return super().replicated_optimizer if self.shard is None else zero.NO_OPTIMIZER
 
     def restore_optimizer(self, saved: dict[str, mx.array], path: Path) -> None:
-        slices = zero.world_of(path)
+        slices = zero_checkpoint.world_of(path)
         if (slices is not None) != (self.shard is not None):
             raise TrainerError(
                 f"{path}: saved with the optimizer state {'sharded' if slices else 'whole'};"
@@ -214,7 +214,7 @@ class TrainerWorkload(ReplicatedOptimizer):
         if self.shard is None:
             super().restore_optimizer(saved, path)
             return
-        state = zero.load_slices(path, self.shard.layout, slices, self.place.group,
+        state = zero_checkpoint.load_slices(path, self.shard.layout, slices, self.place.group,
                                  dict(tree_flatten(self.optimizer.state)))
         self.shard.load(self.model, self.optimizer, state)
 
@@ -224,7 +224,7 @@ class TrainerWorkload(ReplicatedOptimizer):
         if self.shard is None:
             return
         self._gathered = self.shard.master_weights(self.model)
-        self._staged = zero.stage_slice(directory, step, self.shard.layout,
+        self._staged = zero_checkpoint.stage_slice(directory, step, self.shard.layout,
                                         dict(tree_flatten(self.optimizer.state)),
                                         self.place.group)
 
@@ -262,7 +262,7 @@ class TrainerWorkload(ReplicatedOptimizer):
         if self.shard is None:
             return None
         staged = self._staged
-        return lambda directory: zero.place_staged(staged, directory)
+        return lambda directory: zero_checkpoint.place_staged(staged, directory)
 
     def close(self) -> None:
         self.prefetch.close()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from trainer_procs import PY, ROOT, run_script
 
-from mlxops.trainer import zero
+from mlxops.trainer import zero, zero_checkpoint
 
 SCRIPT = str(ROOT / "tests" / "trainer" / "zero_rank.py")
 STEPS, STOP = 8, 4
@@ -101,11 +101,12 @@ def test_an_out_of_memory_back_off_undoes_the_sharded_step_on_every_rank(tmp_pat
 
 def test_a_slice_no_rank_holds_is_refused(tmp_path):
     lay = _layout([7], 2, 0)
-    zero.save_slice(tmp_path, lay, {"flat.m": mx.ones((4,)), "step": mx.array(4)})
+    zero_checkpoint.save_slice(tmp_path, lay, {"flat.m": mx.ones((4,)), "step": mx.array(4)})
     one = _layout([7], 1, 0)
-    with pytest.raises(zero.ZeroError, match="no rank holds the optimizer slice of old rank "
-                                             "1 .of 2.: its host is not in this run"):
-        zero.load_slices(tmp_path, one, 2, mx.distributed.init(),
+    with pytest.raises(zero_checkpoint.ZeroError,
+                       match="no rank holds the optimizer slice of old rank 1 .of 2.: its "
+                             "host is not in this run"):
+        zero_checkpoint.load_slices(tmp_path, one, 2, mx.distributed.init(),
                          {"flat.m": mx.zeros((7,)), "step": mx.array(0)})
 
 
@@ -137,10 +138,10 @@ def test_take_and_rebuild_round_trip_across_array_boundaries():
 
 def test_a_slice_file_names_its_offsets(tmp_path):
     lay = _layout([7], 2, 1)
-    zero.save_slice(tmp_path, lay, {"flat.m": mx.ones((3,)), "step": mx.array(4)})
-    (found,) = zero.saved_slices(tmp_path).values()
+    zero_checkpoint.save_slice(tmp_path, lay, {"flat.m": mx.ones((3,)), "step": mx.array(4)})
+    (found,) = zero_checkpoint.saved_slices(tmp_path).values()
     assert (found.rank, found.world, found.lo, found.hi, found.total) == (1, 2, 4, 7, 7)
-    assert zero.world_of(tmp_path) == 2
+    assert zero_checkpoint.world_of(tmp_path) == 2
 
 
 def test_an_uninitialised_optimizer_is_required():

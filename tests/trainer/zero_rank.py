@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxops.trainer import zero
+from mlxops.trainer import zero, zero_checkpoint
 from mlxops.trainer.config import load_config
 from mlxops.trainer.model import Transformer
 from mlxops.trainer.resume import restore_optimizer
@@ -72,8 +72,9 @@ def main(out: str, dtype: str, micro: int, steps: int, stop: int, start: str = "
                                    cfg.train.grad_clip)}
     if start:
         plain, z = runs["plain"], runs["zero"]
-        old_world = zero.world_of(src / "zero")
-        slices = zero.load_slices(src / "zero", z.layout, old_world, group, z.slice_state())
+        old_world = zero_checkpoint.world_of(src / "zero")
+        slices = zero_checkpoint.load_slices(src / "zero", z.layout, old_world, group,
+                                             z.slice_state())
         z.load(dict(mx.load(str(src / "zero-model.safetensors"))), slices)
         first = int(plain.optimizer.state["step"].item()) + 1
         for name in ("m", "v"):
@@ -122,7 +123,7 @@ def main(out: str, dtype: str, micro: int, steps: int, stop: int, start: str = "
     if stop < steps:  # the checkpoint a later run resumes from
         (Path(out) / "zero").mkdir(parents=True, exist_ok=True)
         weights = z.master_weights()  # a collective: every rank
-        zero.save_slice(Path(out) / "zero", z.layout, z.slice_state())
+        zero_checkpoint.save_slice(Path(out) / "zero", z.layout, z.slice_state())
         if rank == 0:
             mx.save_safetensors(f"{out}/zero-model.safetensors", weights)
             mx.save_safetensors(f"{out}/plain-model.safetensors",
