@@ -74,3 +74,22 @@ def test_a_resume_on_another_number_of_ranks_continues_within_tolerance(runs):
         assert abs(seen[step] - want[step]) < 1e-4, step
     a, b = _final(runs["plain2"]), _final(runs["zero2on3"])
     assert all(np.allclose(a[k], b[k], atol=1e-4) for k in a)
+
+
+def test_a_checkpoint_resumes_only_with_the_sharding_it_was_written_with(runs, tmp_path):
+    out = tmp_path / "plain2"
+    shutil.copytree(runs["plain2"], out)
+    cfg = write_config(tmp_path, out, train={**TRAIN, "steps": STEPS + 2,
+                                             "shard_optimizer": True})
+    proc = run_trainer(cfg, "--resume", ranks=2, timeout=300)
+    assert proc.returncode != 0
+    assert ("saved with the optimizer state whole; this run shards it: set "
+            "train.shard_optimizer as it was") in proc.stdout + proc.stderr
+
+
+def test_auto_does_not_shard_a_run_that_fits(tmp_path):
+    out = tmp_path / "auto"
+    cfg = write_config(tmp_path, out, train={**TRAIN, "steps": 3, "shard_optimizer": "auto"})
+    proc = ok(run_trainer(cfg, ranks=2, timeout=300))
+    assert "shard_optimizer: auto" not in proc.stdout
+    assert not list((out / "ckpt").glob("step-*/zero-rank-*"))
