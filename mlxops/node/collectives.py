@@ -21,7 +21,9 @@ Each collective is evaluated on its own, in the same order on every rank. A wron
 is not an error of the program: each rank writes a
 :class:`~mlxops.node.protocol.collectives.CollectivesAnswer` (what it checked, one line
 per wrong answer) to ``collectives-rank-<r>.json`` in the run directory and exits 0; the
-controller refuses. A collective that hangs is the job's stall timeout's to catch.
+controller refuses. A heartbeat after each check keeps a slow rank (its CPU kernels compiled
+on first use, on a loaded machine) from looking stalled; a collective that hangs is the
+job's stall timeout's to catch.
 
 Test hook: :data:`~mlxops.node.protocol.collectives.FAULT_ENV` corrupts a collective's
 answer on one rank (a broken backend, for the tests that show a wrong answer refused).
@@ -34,6 +36,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -147,21 +150,27 @@ def check_send_recv(group: mx.distributed.Group, size: int, broken: bool) -> lis
 
 
 def run(group: mx.distributed.Group, ops: list[str], backend: str,
-        broken: set[tuple[str, int]] = frozenset()) -> CollectivesAnswer:
-    """Every check of ``ops`` at every size, in the same order on every rank."""
+        broken: set[tuple[str, int]] = frozenset(),
+        beat: Callable[[], None] = lambda: None) -> CollectivesAnswer:
+    """Every check of ``ops`` at every size, in the same order on every rank; ``beat``
+    after each (a rank's first use of an op compiles its CPU kernel, which on a loaded
+    machine takes a while: the heartbeat says it is alive)."""
     rank = group.rank()
     checked, wrong = [], []
     for size in SIZES:
         if ALL_SUM in ops:
             checked.append(f"all_sum float32 x {size}")
             wrong += check_all_sum(group, size, (ALL_SUM, rank) in broken)
+            beat()
         if ALL_GATHER in ops:
             for dtype, name in ((mx.float32, "float32"), (mx.bfloat16, "bfloat16")):
                 checked.append(f"all_gather {name} x {size}")
                 wrong += check_all_gather(group, size, dtype, (ALL_GATHER, rank) in broken)
+                beat()
         if SEND_RECV in ops and group.size() > 1:
             checked.append(f"send_recv float32 x {size}")
             wrong += check_send_recv(group, size, (SEND_RECV, rank) in broken)
+            beat()
     return CollectivesAnswer(rank=rank, world_size=group.size(), backend=backend,
                              mlx=mx.__version__, checked=checked, wrong=wrong)
 
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             state=state).to_dict())
 
     beat(protocol.RUNNING)
-    answer = run(group, args.ops, backend, faults())
+    answer = run(group, args.ops, backend, faults(), lambda: beat(protocol.RUNNING))
     _write(run_dir / collectives_result(rank), answer.to_dict())
     beat(protocol.FINISHED)
     print(f"rank {rank}: {len(answer.checked)} checked, {len(answer.wrong)} wrong"
