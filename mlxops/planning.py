@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mlxops.bench.results import latest_for, predict_us
+from mlxops.bench.results import bus_factor, latest_for, predict_us
 from mlxops.errors import UserError
 from mlxops.finetune.plan import FinetunePlan
 from mlxops.hostfacts import HostFacts
@@ -43,10 +43,14 @@ class NodePlan:
     ranks: int
     plan: MemoryPlan | FinetunePlan
     source: str            # "cached facts" or "asked now"
+    #: Where the job does not fit every node: the plan with the optimizer state sharded
+    #: over the ranks (ZeRO-1), for a workload that can shard it.
+    sharded: MemoryPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "memory_bytes": self.memory_bytes, "chip": self.chip,
-                "ranks": self.ranks, "facts": self.source, **self.plan.to_dict()}
+                "ranks": self.ranks, "facts": self.source, **self.plan.to_dict(),
+                "sharded_plan": self.sharded.to_dict() if self.sharded else None}
 
 
 def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
@@ -82,6 +86,16 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
                               working_set=node.ranks_working_set)
         plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
+    if not all(p.plan.fits for p in plans) and not any(
+            getattr(p.plan, "sharded", False) for p in plans):
+        # What sharding AdamW's state over the ranks would make of it (ZeRO-1); a job
+        # that fits without is planned, and runs, unsharded: nothing to pay for.
+        for p in plans:
+            node = facts[p.host][0]
+            p.sharded = planner.sharded(
+                p.memory_bytes, world, ranks_per_node=p.ranks,
+                per_rank=split.largest(p.host) if split else None,
+                working_set=node.ranks_working_set)
     return plans, results
 
 
@@ -95,7 +109,14 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
     tokens, nbytes = planner.step_work(m)
     out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
                            "attention_gflop": None, "attended_keys": None,
-                           "gradient_bytes": nbytes, "allreduce": None}
+                           "gradient_bytes": nbytes, "allreduce": None, "all_gather": None}
+    sharded = plans[0].sharded
+    gathered = None
+    if sharded is not None:
+        from mlxops.trainer.plan import sharded_terms
+
+        gathered = sharded_terms(planner.config, sharded.world_size).gathered
+        out["all_gather"] = {"bytes": gathered, "predicted_us": None}
     attention = planner.attention(tokens)
     if attention is not None:
         # The bundled model's attention (its window included); a fine-tuned model's is
@@ -108,4 +129,21 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
         out["allreduce"] = {"bench": str(path), "bench_ranks": info["ranks"],
                             "fit": info["fit"],
                             "predicted_us": predict_us(info, nbytes, m.world_size)}
+        if gathered is not None:
+            out["all_gather"]["predicted_us"] = all_gather_us(info, gathered, m.world_size)
     return out
+
+
+def all_gather_us(info: dict[str, Any], nbytes: int, world: int) -> float | None:
+    """ZeRO-1's ``all_gather`` of ``nbytes`` (the weights, every step) over ``world``
+    ranks, predicted from a bench's all-reduce fit ``t(S) = a + b S`` (``info``: its
+    ``allreduce_info``). A ring all_gather carries ``(n - 1) / n`` of the bytes over each
+    link, half an all-reduce's bus factor ``2 (n - 1) / n``, in one call (one ``a``):
+    ``a + b S (n - 1) / n / busfactor(bench ranks)``. None without a fit; 0 on one rank."""
+    params, ranks = info.get("fit"), info.get("ranks")
+    if world < 2:
+        return 0.0
+    if not params or not ranks or ranks < 2:
+        return None
+    return params["a_us"] + params["b_us_per_byte"] * nbytes * (bus_factor(world) / 2) \
+        / bus_factor(ranks)

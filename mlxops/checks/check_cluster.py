@@ -1,7 +1,8 @@
 """Across the hosts: the same mlx, Python and macOS build; mlx-lm where it is needed;
 every pair reaching the other on
 the ring ports; mpirun at the same path when the backend is mpi; one real ``all_sum``
-across every rank. Each is asserted per host,
+across every rank; the collectives a job trusts with data (all of them without
+``--job``) answering right. Each is asserted per host,
 so the table and JUnit name the host that differs."""
 
 from __future__ import annotations
@@ -116,6 +117,31 @@ def check_all_sum(node, all_sum):
         raise node.fail(f"all_sum across the checked hosts' ranks failed: {cluster.all_sum}",
                         "run mlxops bench for the links and the all-reduce, "
                         "mlxops logs mlxops-bench while it runs")
+
+
+def _collectives(cluster, node) -> bool:
+    return (sum(h.slots for h in cluster.target.hosts) > 1
+            and cluster.target.backend not in protocol.JACCL_BACKENDS
+            and bool(cluster.collectives_ops()))
+
+
+@when(_collectives)
+def check_collectives(node, collectives):
+    """The collectives the checked job will trust with its data (``all_gather`` for a
+    sharded optimizer, ``send``/``recv`` for pipeline stages; without ``--job``, all of
+    them) give the right answer on every rank of this host: each rank sends values that
+    name it, and the sums, the order of the gathered rows and what each neighbour sent
+    are checked (mlxops/node/collectives.py), on the backend and ring ports a job uses."""
+    cluster = collectives
+    if cluster.collectives_skipped:
+        pytest.skip(f"collectives not checked: {cluster.collectives_skipped}")
+    if cluster.collectives_error:
+        raise node.fail(f"the collectives check did not run: {cluster.collectives_error}")
+    wrong = (cluster.collectives or {}).get(node.name, [])
+    if wrong:
+        raise node.fail(f"{cluster.collectives_line} (on this host: {wrong[0]})",
+                        "run jobs that use these collectives on another backend or MLX "
+                        "version (docs/node-protocol.md, Collectives check)")
 
 
 @when(lambda cluster, node: cluster.target.backend == protocol.MPI)

@@ -11,6 +11,9 @@ program at one size), once nothing else stands in its way.
 The all_sum's machinery (:mod:`mlxops.bench.allreduce`, and through it a job's launch and
 pre-flight) is imported by :meth:`Cluster.run_all_sum`, when every host has been read:
 not with this module, which every ``mlxops check`` imports before its first connection.
+:meth:`Cluster.run_collectives` runs the collectives check the same way
+(:mod:`mlxops.jobs.collectives`: rank-coded ``all_sum``, ``all_gather``, ``send``/``recv``)
+for those the checked job will trust with data, or all of them without ``--job``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ class Cluster:
         self.all_sum: str | None = None
         self.all_sum_skipped = ""
         self.all_sum_ranks = 0
+        # The collectives check: None until run; then wrong lines by host (none: right),
+        # or why it did not run (collectives_skipped: not run, for a reason named elsewhere).
+        self.collectives: dict[str, list[str]] | None = None
+        self.collectives_line = ""     # the refusal: backend, MLX version, what was wrong
+        self.collectives_error = ""
+        self.collectives_skipped = ""
 
     def read_hosts(self) -> None:
         results = run_parallel(list(self.target.hosts),
@@ -139,6 +148,44 @@ class Cluster:
         self.all_sum = (f"{wrong} of {ranks} ranks x {ALL_SUM_BYTES // 4} values wrong"
                         if wrong else "")
         self.all_sum_ranks = ranks
+
+
+    def collectives_ops(self) -> tuple[str, ...]:
+        """What the collectives check runs: the checked job's (pre-flight's rule,
+        :func:`mlxops.jobs.preflight.collectives_for`), or every collective without one."""
+        from mlxops.node.protocol.collectives import COLLECTIVES
+
+        job = self.target.job
+        if job is None:
+            return COLLECTIVES
+        from mlxops.jobs.preflight import collectives_for
+
+        return collectives_for(job, self.target.world)
+
+    def run_collectives(self) -> None:
+        """Run the collectives check across every rank of the checked hosts (once nothing
+        stands in its way, as the all_sum); records each host's wrong answers."""
+        blocker = self.all_sum_blocker()
+        if blocker:
+            self.collectives_skipped = blocker
+            return
+        from mlxops.jobs import collectives
+        from mlxops.jobs.launch import launch
+
+        target = self.target
+        job = target.job
+        spec = collectives.job_spec(target.inventory.path, ",".join(target.names),
+                                    target.backend, target.base_port, self.collectives_ops(),
+                                    job.env if job is not None else None)
+        try:
+            answers = collectives.run_check(spec, self.connector, launch)
+        except MlxopsError as exc:
+            self.collectives_error = str(exc)
+            return
+        self.collectives = {name: [] for name in target.names}
+        for host, answer in answers:
+            self.collectives.setdefault(host, []).extend(answer.wrong)
+        self.collectives_line = collectives.refusal([a for _, a in answers])
 
 
 class Reading:

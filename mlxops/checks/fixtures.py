@@ -51,6 +51,16 @@ def all_sum(ring_reach: Cluster) -> Cluster:
     return ring_reach
 
 
+@pytest.fixture(scope="session")
+def collectives(all_sum: Cluster) -> Cluster:
+    """``cluster`` once the collectives check ran across every rank (after the all_sum:
+    a cluster whose all_sum fails has its problem named there)."""
+    if all_sum.collectives is None and not (all_sum.collectives_skipped
+                                            or all_sum.collectives_error):
+        all_sum.run_collectives()
+    return all_sum
+
+
 @pytest.fixture(autouse=True)
 def _mlxops_host_reachable(request: pytest.FixtureRequest) -> None:
     """A test of a host that could not be read errors (or skips, host key untrusted)."""

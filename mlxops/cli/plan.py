@@ -105,6 +105,26 @@ def finetune_notes(plans: Sequence[NodePlan]) -> list[str]:
     return lines
 
 
+def sharded_notes(plans: Sequence[NodePlan], step: dict | None) -> list[str]:
+    """Where the job does not fit: whether sharding AdamW's state over the ranks (ZeRO-1)
+    makes it fit, each node's peak then, and the all_gather it adds a step."""
+    sharded = [p for p in plans if p.sharded is not None]
+    if not sharded:
+        return []
+    fits = all(p.sharded.fits for p in sharded)
+    peaks = _grouped({p.host: f"{p.sharded.total_bytes / GB:.2f} GB of "
+                              f"{p.sharded.budget_bytes / GB:.1f}" for p in sharded})
+    head = ("fits with the optimizer state sharded over the ranks (ZeRO-1)" if fits else
+            "does not fit even with the optimizer state sharded over the ranks (ZeRO-1)")
+    lines = [f"{head}: rank peak {'; '.join(peaks)}"]
+    gather = (step or {}).get("all_gather")
+    if gather:
+        cost = ("no 'mlxops bench' of these hosts yet" if gather["predicted_us"] is None
+                else f"~{gather['predicted_us'] / 1e3:.3g} ms a step (from the bench)")
+        lines.append(f"  + weights all_gather {gather['bytes'] / 1e6:.3g} MB: {cost}")
+    return lines
+
+
 def step_notes(step: dict | None) -> list[str]:
     """The compute of one step and, from the last bench of these hosts, its all-reduce."""
     if step is None:
@@ -156,7 +176,7 @@ def command(job, refresh, as_json, connect):
             console.err.print(f"{host}: unreachable: {results[host].message}")
         if plans:
             console.out.print()
-        for line in plan_notes(plans) + step_notes(step):
+        for line in plan_notes(plans) + step_notes(step) + sharded_notes(plans, step):
             console.out.print(line, markup=False)
         if split and plans and shown(split):
             console.out.print()

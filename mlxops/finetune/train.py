@@ -36,7 +36,7 @@ import numpy as np
 from mlxops.node import protocol
 from mlxops.trainer.cursor import DataCursor
 from mlxops.trainer.errors import TrainerError
-from mlxops.trainer.loop import Figures, Log, Loop, Place, Words
+from mlxops.trainer.loop import Figures, Log, Loop, Place, ReplicatedOptimizer, Words
 from mlxops.trainer.plansearch import cut
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 
@@ -54,7 +54,7 @@ WORDS = Words(
              "larger train.patience to go on")
 
 
-class FinetuneWorkload:
+class FinetuneWorkload(ReplicatedOptimizer):
     """Fine-tuning's side of the loop's :class:`~mlxops.trainer.loop.Workload` protocol."""
 
     words = WORDS

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from mlxops.errors import UserError
 from mlxops.jobs.placement import NodePaths, Rank, place_ranks
-from mlxops.jobs.preflight import HostPrep, check_preflight, preflight
+from mlxops.jobs.preflight import HostPrep, check_preflight, preflight, verify_collectives
 from mlxops.jobs.record import HostRecord, JobRecord, launched_job
 from mlxops.jobs.runfiles import run_files, start_command_prefix, tar
 from mlxops.jobs.selection import rdma_devices, select_hosts
@@ -78,6 +78,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     results, preps = preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
     step = check_preflight(spec, preps, ranks, resume, fresh)
+    verify_collectives(spec, ranks, connector, launch)  # those the job trusts with data
     if resume and step is not None:
         # Every node resumes from the same step: drop newer checkpoints only some nodes have.
         _align_checkpoints(spec, preps, step, connector, forks)

@@ -18,12 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxops.errors import MlxopsError
+from mlxops.jobs import collectives
 from mlxops.jobs.code import code_bundle, sync_code
 from mlxops.jobs.content import PlaceReport, place, place_contents
 from mlxops.jobs.data import files_for_node
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec
 from mlxops.node import protocol
+from mlxops.node.protocol.collectives import ALL_SUM
 from mlxops.readiness import HostSaid, Questions, Versions, agreement, mlx_findings, mlx_lm_findings
 from mlxops.readiness import findings as host_findings
 from mlxops.readiness import questions as host_questions
@@ -128,3 +130,42 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
     common = set.intersection(*steps) if steps else set()
     return max(common) if common else None
 
+
+
+def collectives_for(spec: JobSpec, world: int) -> tuple[str, ...]:
+    """The collectives the job's ranks will trust with their data, which pre-flight proves
+    first (:func:`verify_collectives`); none on one rank.
+
+    Its workload's own (:meth:`~mlxops.jobs.workloads.base.Workload.collectives`: ZeRO-1's
+    sharded optimizer ``all_gather``, pipeline stages ``send_recv``), with ``all_sum``
+    beside them (the gradients' mean); a job whose workload names none is not checked
+    here: its ranks use ``all_sum`` alone, which ``mlxops check`` proves (check_all_sum,
+    check_collectives).
+    """
+    if world < 2:
+        return ()
+    named = spec.workload.collectives(world)
+    return (ALL_SUM, *(op for op in named if op != ALL_SUM)) if named else ()
+
+
+def verify_collectives(spec: JobSpec, ranks: list[Rank], connector: Connector,
+                       start: collectives.Start, ops: tuple[str, ...] | None = None) -> None:
+    """Run the collectives check for ``ops`` (the job's, :func:`collectives_for`, by
+    default) on the ranks' hosts with the job's backend, ring ports and ``env:``; one line
+    naming the backend, the MLX version and what came back wrong if any answer is wrong.
+    ``start``: the launcher that starts the check's own job (:func:`mlxops.jobs.launch.
+    launch`, which calls this)."""
+    hosts = list(dict.fromkeys(r.host for r in ranks))
+    ops = collectives_for(spec, len(ranks)) if ops is None else ops
+    if not ops or len(ranks) < 2:
+        return
+    check = collectives.job_spec(spec.inventory, ",".join(hosts), spec.backend,
+                                 spec.base_port, ops, spec.env)
+    try:
+        answers = collectives.run_check(check, connector, start)
+    except MlxopsError as exc:
+        raise PreflightError(f"pre-flight failed: the collectives check did not run: {exc}")\
+            from None
+    line = collectives.refusal([a for _, a in answers])
+    if line:
+        raise PreflightError(f"pre-flight failed: {line}")

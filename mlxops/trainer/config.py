@@ -72,6 +72,10 @@ class TrainConfig(TrainKeys):
     bundled trainer's defaults) and the trainer's own."""
 
     dtype: str = _f("float32", "compute dtype: float32 | bfloat16 (master weights stay fp32)")
+    shard_optimizer: bool | str = _f(False, "AdamW's state (and bfloat16's float32 master "
+                                     "weights) sharded over the ranks, ZeRO-1: true | false "
+                                     "| auto (sharded when the memory plan does not fit "
+                                     "unsharded on some rank); bitwise the same training")
     eval_every: int = default("eval_every", 0, "measure the validation loss every N steps "
                               "(and at the last); 0 = off; needs data.source shards (its "
                               "validation split) or synthetic")
@@ -118,8 +122,18 @@ BALANCE_EQUAL, BALANCE_AUTO = balance.EQUAL, balance.AUTO
 BALANCE_MODES = (BALANCE_EQUAL, BALANCE_AUTO)
 
 
+#: ``train.shard_optimizer``'s word besides true and false.
+SHARD_AUTO = "auto"
+
+
 def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
     """Check ``value`` against the annotated type; ints are accepted where floats are."""
+    if typ == bool | str:  # train.shard_optimizer: true, false or auto
+        if isinstance(value, bool) or value == SHARD_AUTO:
+            return value
+        if value in ("true", "false"):  # --set train.shard_optimizer=true
+            return value == "true"
+        raise ConfigError(f"{where}: {key}: must be true, false or auto, got {value!r}")
     if typ == list | str:  # train.balance: a mode, or one weight per rank
         if value in BALANCE_MODES:
             return value

@@ -149,6 +149,35 @@ class Workload(Protocol):
     def restore_state(self, state: dict[str, Any], path: Path, log: Log) -> None: ...
     def checkpoint_files(self) -> Callable[[Path], None] | None: ...
     def close(self) -> None: ...
+    # The optimizer state: the same on every rank, or each rank's slice (ZeRO-1).
+    @property
+    def replicated_optimizer(self) -> Any: ...  # what the consistency check compares
+    def restore_optimizer(self, saved: dict[str, mx.array], path: Path) -> None: ...
+    def prepare_checkpoint(self, directory: Path, step: int) -> None: ...  # every rank
+    def optimizer_state(self) -> dict[str, mx.array]: ...  # optimizer.safetensors
+
+
+class ReplicatedOptimizer:
+    """The optimizer-state half of a :class:`Workload` whose every rank holds the whole
+    optimizer state (data parallelism): checkpointed by the node's writer, restored as
+    saved, compared by the consistency check. A sharded one (ZeRO-1, the bundled
+    trainer's :mod:`.zero`) answers these otherwise."""
+
+    optimizer: optim.Optimizer
+    model: nn.Module
+
+    @property
+    def replicated_optimizer(self) -> Any:
+        return self.optimizer
+
+    def restore_optimizer(self, saved: dict[str, mx.array], path: Path) -> None:
+        restore_optimizer(self.optimizer, saved, self.model.trainable_parameters())
+
+    def prepare_checkpoint(self, directory: Path, step: int) -> None:
+        return None
+
+    def optimizer_state(self) -> dict[str, mx.array]:
+        return dict(tree_flatten(self.optimizer.state))
 
 
 def _rounded(values: list[float]) -> list[float]:
@@ -211,7 +240,7 @@ class Loop:
             return
         weights, opt, state = load_compatible(latest, w.diff_resume_keys)
         w.load_weights(weights, latest)
-        restore_optimizer(w.optimizer, opt, w.model.trainable_parameters())
+        w.restore_optimizer(opt, latest)
         self.step = state["step"]
         self.repairs = state.get("consistency_repairs", 0)
         if state.get("validation"):
@@ -412,10 +441,11 @@ class Loop:
         w = self.workload
         only = w.trainable_only
         mismatch = consistency.compare(
-            consistency.state_items(w.model, w.optimizer, trainable_only=only), self.group)
+            consistency.state_items(w.model, w.replicated_optimizer, trainable_only=only),
+            self.group)
         if mismatch is None:
             return
-        consistency.repair(w.model, w.optimizer, self.group, trainable_only=only)
+        consistency.repair(w.model, w.replicated_optimizer, self.group, trainable_only=only)
         w.steps.refresh()  # a bfloat16 working copy, cast again from the new weights
         self.repairs += 1
         self.log(f"consistency: step {step}: {mismatch.describe()}; rank 0's {w.words.state} "
@@ -471,9 +501,11 @@ class Loop:
 
     def _checkpoint(self, where: Path | None = None, keep: int | None = None) -> None:
         """A checkpoint of now in ckpt/ (the rolling ones), or in ``where`` (best/)."""
+        w = self.workload
+        # Every rank: what a sharded optimizer gathers and stages (its collectives).
+        w.prepare_checkpoint(where or self.out / protocol.CKPT_DIR, self.step)
         if not self.writer:
             return
-        w = self.workload
         state: dict[str, Any] = {
             "step": self.step, "validation": self.validation.state.to_dict(),
             "world_size": self.world, "consistency_repairs": self.repairs,
@@ -483,7 +515,7 @@ class Loop:
         }
         path = checkpoint.save(
             where or self.out / protocol.CKPT_DIR, self.step, w.weights(),
-            dict(tree_flatten(w.optimizer.state)), state, keep or self.cfg.train.keep,
+            w.optimizer_state(), state, keep or self.cfg.train.keep,
             extra=w.checkpoint_files())
         if self.rank == 0:
             print(f"checkpoint: {path}", flush=True)

@@ -68,6 +68,20 @@ the optimizer update after the last micro-batch::
 says what differs and why). :func:`estimate` takes the backend; the controller plans for
 ``metal`` (a job's hosts are Macs), the trainer for the one it computes on.
 
+**Sharded optimizer state** (ZeRO-1, :mod:`mlxops.trainer.zero`; ``shard=True``, n ranks):
+AdamW's moments are ``8 P / n`` and, in bfloat16, the model holds bfloat16 weights (``2
+P``) beside its ``4 P / n`` float32 master slice, so the state is ``4 P + 8 P / n``
+(float32) or ``2 P + 12 P / n`` (bfloat16) instead of ``12 P``
+(:func:`sharded_terms`). The two moments shift by as much; besides, in bfloat16 the pass
+makes no bfloat16 copy of the weights (they are bfloat16 already: ``BF16`` counts half),
+and the update makes new moments for the slice only (``8 P`` of ``U`` becomes ``8 P /
+n``), holds ``SLICE_ARRAYS`` float32 arrays of the slice's size at its peak (its new
+weights, its gradients and weights copied out for the optimizer, the optimizer's
+intermediates; one fewer in bfloat16) and gathers the new weights (``w P``, in place of
+``U``'s new float32 weights). These terms are derived from the fitted ones above but for
+``SLICE_ARRAYS``, fitted to two float32 runs of ``benchmarks/zero.py`` (2 and 3 ranks);
+bfloat16 is not measured yet.
+
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
 (``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
 84% of a 128 GB M5 Max's by default, as their owners reported (README); raised by ``sysctl
@@ -115,6 +129,10 @@ RECOMPUTED = 0.47  # with grad_checkpoint: layers recomputed side by side, past 
 X_D, X_F, X_S = 25.6, 3.1, 1.7
 # Bytes per logit (N x V): float32 logits, softmax and gradient; bfloat16's extra copy:
 LOGITS, LOGITS_BF16 = 14.3, 3.0
+# ZeRO-1's update: float32 arrays of a rank's slice's size alive at its peak (one fewer in
+# bfloat16, whose master slice is kept, not cut from the weights); fitted to the measured
+# peaks of benchmarks/zero.py at 2 and 3 ranks (benchmarks/README.md).
+SLICE_ARRAYS = 5
 # Left over when the update starts, with one rank and no accumulation (the update is then
 # in the backward pass's graph): bytes per element of the tied embedding (V x D), its
 # gradients, and per logit (N x V), the logits' buffers:
@@ -183,6 +201,36 @@ TERMS[("cuda", "bfloat16")] = Terms(
     g=0.0, bf16=0.0, accumulate=0.03, u=26.46, u_bf16=0.0, a_d=33.12, a_f=6.61, a_s=0.0,
     checkpoint=65.49, x_d=63.3, x_f=4.24, x_s=0.0, logits=16.85, logits_bf16=0.0)
 
+
+@dataclass(frozen=True)
+class Sharded:
+    """ZeRO-1's state per rank, in bytes (the module's docstring): what sharding saves."""
+
+    weights: int        # the model's weights: float32 (4 P), or bfloat16 (2 P)
+    master: int         # bfloat16 runs: this rank's float32 master slice (4 P / n)
+    optimizer: int      # this rank's slice of AdamW's moments (8 P / n)
+    gathered: int       # the weights the all_gather brings every step (w P)
+    unsharded: int      # the state without sharding (12 P)
+
+    @property
+    def state(self) -> int:
+        return self.weights + self.master + self.optimizer
+
+    @property
+    def saved(self) -> int:
+        return self.unsharded - self.state
+
+
+def sharded_terms(cfg: TrainerConfig, world: int) -> Sharded:
+    """ZeRO-1's state over ``world`` ranks (one rank: nothing sharded, nothing saved but
+    the bfloat16 weights)."""
+    p, n = count_params(cfg), max(1, world)
+    bf16 = cfg.train.dtype == "bfloat16"
+    w = 2 if bf16 else 4
+    return Sharded(weights=w * p, master=(4 * p + n - 1) // n if bf16 else 0,
+                   optimizer=(8 * p + n - 1) // n, gathered=w * p, unsharded=STATE * p)
+
+
 @dataclass
 class Peak:
     """One rank's estimated peak in bytes: the larger of its two moments."""
@@ -202,6 +250,7 @@ class MemoryPlan(PlanFields):
     the trainer's own."""
 
     param_bytes: int       # per rank: float32 weights (and their bfloat16 copy)
+    sharded: bool = False  # AdamW's state sharded over the ranks (ZeRO-1)
 
 
 def count_params(cfg: TrainerConfig) -> int:
@@ -228,10 +277,12 @@ def terms(backend: str, dtype: str) -> Terms:
 
 
 def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int = 1,
-             grad_checkpoint: bool | None = None, backend: str = DEFAULT_BACKEND) -> Peak:
+             grad_checkpoint: bool | None = None, shard: bool = False,
+             backend: str = DEFAULT_BACKEND) -> Peak:
     """One rank's peak with ``micro`` sequences per forward/backward, ``accumulation`` of
-    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default), on
-    ``backend`` (the trainer passes the one it runs on; the controller plans for Macs)."""
+    them per step, over ``world`` ranks (``grad_checkpoint``: the config's by default;
+    ``shard``: AdamW's state sharded over the ranks, ZeRO-1), on ``backend`` (the trainer
+    passes the one it runs on; the controller plans for Macs)."""
     m, t = cfg.model, cfg.train
     k = terms(backend, t.dtype)
     ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
@@ -258,6 +309,18 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
     if 0 < m.window < m.seq_len:
         compute += m.seq_len ** 2   # the window's mask, bool
     state = STATE * p
+    if shard:
+        z = sharded_terms(cfg, world)
+        # New moments for the slice only; besides, arrays of the slice's size (4 P / n
+        # each): its new float32 weights before the all_gather, its gradients and (float32:
+        # cut from the model's weights) its weights copied out for the optimizer, and the
+        # optimizer's intermediates (SLICE_ARRAYS, fitted: benchmarks/zero.py).
+        per_slice = (4 * p + world - 1) // max(1, world)
+        update -= (8 * p - z.optimizer) - per_slice * (SLICE_ARRAYS - bf16)
+        if bf16:  # no bfloat16 copy of the weights: half of BF16's term; the gathered
+            compute -= k.bf16 / 2 * p            # weights are bfloat16, not float32
+            update -= 2 * p
+        state = z.state
     return Peak(state, int(state + compute), int(state + update))
 
 
@@ -294,6 +357,7 @@ def plan_memory(
     ranks_per_node: int = 1,
     per_rank: int | None = None,
     working_set: int | None = None,
+    shard: bool = False,
 ) -> MemoryPlan:
     """Plan one rank on a node with ``memory_bytes`` of memory shared by ``ranks_per_node``
     (and, on a Mac, MLX's recommended ``working_set``: the budget, see :func:`budget_bytes`).
@@ -314,14 +378,16 @@ def plan_memory(
     bf16 = t.dtype == "bfloat16"
     choice = search(trainer_micro_batches(per_rank, t.micro_batch), t.grad_checkpoint,
                     lambda micro, ckpt: estimate(cfg, micro, per_rank // micro, world_size,
-                                                 ckpt).total, budget)
+                                                 ckpt, shard).total, budget)
     micro, ckpt = choice.micro_batch, choice.grad_checkpoint
     accumulation = per_rank // micro
-    peak = estimate(cfg, micro, accumulation, world_size, ckpt)
+    peak = estimate(cfg, micro, accumulation, world_size, ckpt, shard)
+    z = sharded_terms(cfg, world_size) if shard else None
     return MemoryPlan(
-        params=n, param_bytes=n * (6 if bf16 else 4),
-        grad_bytes=4 * n * (2 if accumulation > 1 else 1), optimizer_bytes=8 * n,
+        params=n, param_bytes=(z.weights + z.master) if z else n * (6 if bf16 else 4),
+        grad_bytes=4 * n * (2 if accumulation > 1 else 1),
+        optimizer_bytes=z.optimizer if z else 8 * n,
         activation_bytes=peak.compute - peak.state, update_bytes=peak.update - peak.state,
         total_bytes=peak.total, budget_bytes=budget, budget_from=source, micro_batch=micro,
         accumulation=accumulation, grad_checkpoint=ckpt, fits=choice.fits,
-        world_size=world_size)
+        world_size=world_size, sharded=shard)

@@ -9,10 +9,17 @@ share, the compiled evaluation over the corpus's validation split, and what a
 checkpoint holds beyond the loop's: every parameter, the RNG key (restored exactly: MLX's
 global key cannot be set back) and the data cursor, checked on resume against where the
 corpus reads now. Everything else about a run is the loop's.
+
+With ``train.shard_optimizer`` (true, or auto when the unsharded plan does not fit some
+rank's budget) the optimizer state is sharded over the ranks (ZeRO-1, :mod:`.zero`): the
+steps are :class:`~.zero.ZeroSteps`, each rank checkpoints its slice beside the node's
+checkpoint and resumes it (re-sliced on another number of ranks), and the consistency
+check compares the weights alone (the optimizer state is not the same on every rank).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,13 +28,16 @@ import mlx.core as mx
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
-from . import balance, optimizers, plan
-from .config import TrainerConfig, check_world, diff_resume_keys
+from mlxops.node.memory import recommended_working_set
+
+from . import balance, optimizers, plan, zero, zero_checkpoint
+from .config import SHARD_AUTO, TrainerConfig, check_world, diff_resume_keys
 from .cursor import DataCursor
 from .data import Batches, make_source, split_rank
+from .distributed import all_gather_cpu, host_names
 from .errors import TrainerError
 from .evaluate import Evaluator
-from .loop import GB, Figures, Log, Loop, Place, Words
+from .loop import GB, Figures, Log, Loop, Place, ReplicatedOptimizer, Words
 from .model import Transformer, count_params
 from .prefetch import Prefetcher
 from .step import WIRE_DTYPES, Steps, compute_backend
@@ -46,7 +56,7 @@ def make_optimizer(cfg: TrainerConfig) -> optim.Optimizer:
     return optimizers.make_optimizer(cfg.train, cfg.train.steps)
 
 
-class TrainerWorkload:
+class TrainerWorkload(ReplicatedOptimizer):
     """The bundled trainer's side of the loop's :class:`~.loop.Workload` protocol."""
 
     words = WORDS
@@ -77,12 +87,40 @@ class TrainerWorkload:
         mx.random.seed(t.seed)
         self.model = Transformer(cfg.model, grad_checkpoint=t.grad_checkpoint)
         self.optimizer = make_optimizer(cfg)
-        self.optimizer.init(self.model.trainable_parameters())
+        self.shard: zero.Shard | None = None
+        if self._sharded(log):
+            self.shard = zero.Shard(self.model, self.optimizer, place.group, self.dtype)
+        else:
+            self.optimizer.init(self.model.trainable_parameters())
         self.evaluator = Evaluator(self.model)
         # The trainer's own RNG key, saved and restored exactly (MLX's global key cannot be
         # set back); training itself draws no random numbers (no dropout).
         self.key = mx.random.key(t.seed)
         mx.eval(self.model.parameters(), self.optimizer.state)
+
+    def _sharded(self, log: Log) -> bool:
+        """Whether this run shards the optimizer state: ``train.shard_optimizer``, and with
+        auto, whether the unsharded plan exceeds some rank's budget (every rank asks its
+        own node; they agree, all_gather)."""
+        mode, p = self.cfg.train.shard_optimizer, self.place
+        if p.world < 2 or mode is False:
+            return False
+        if mode is not True and mode != SHARD_AUTO:
+            return False
+        if mode is True:
+            return True
+        hosts = host_names(p.group)
+        ranks_here = hosts.count(hosts[p.rank])
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        budget, _ = plan.budget_bytes(memory, recommended_working_set(), ranks_here)
+        over = int(self._planned(shard=False) > budget)
+        need = all_gather_cpu(mx.array([over], dtype=mx.int32), p.group).tolist()
+        if any(need):
+            log(f"shard_optimizer: auto: the unsharded plan exceeds the budget of rank(s) "
+                f"{[r for r, n in enumerate(need) if n]}: the optimizer state is sharded "
+                "over the ranks (ZeRO-1)")
+            return True
+        return False
 
     def start_line(self) -> str:
         world, t = self.place.world, self.cfg.train
@@ -108,8 +146,10 @@ class TrainerWorkload:
 
     def compile(self) -> None:
         t, p = self.cfg.train, self.place
-        self.steps = Steps(self.model, self.optimizer, p.group, self.dtype, t.grad_clip,
-                           WIRE_DTYPES[t.grad_reduce_dtype], balance.scale(self.counts, p.rank))
+        args = (self.model, self.optimizer, p.group, self.dtype, t.grad_clip,
+                WIRE_DTYPES[t.grad_reduce_dtype], balance.scale(self.counts, p.rank))
+        self.steps = (Steps(*args) if self.shard is None
+                      else zero.ZeroSteps(*args, shard=self.shard))
 
     def batches(self, step: int) -> list[tuple[mx.array, ...]]:
         rows = self.batch_plan.micro_batches(step, self.micro, self.prefetch.rows(step))
@@ -138,20 +178,62 @@ class TrainerWorkload:
         return self.evaluator.loss(self.batch_plan, self.micro, self.cfg.train.eval_batches,
                                    self.place.group)
 
-    def _planned(self) -> int:
+    def _planned(self, shard: bool | None = None) -> int:
         """The memory plan's peak for this rank as it runs now (trainer/plan.py)."""
+        sharded = self.shard is not None if shard is None else shard
         return plan.estimate(self.cfg, self.micro, self.accum, self.place.world,
-                             backend=compute_backend()).total
+                             shard=sharded, backend=compute_backend()).total
 
     def figures(self) -> Figures:
         return Figures(micro_batch=self.micro, accumulation=self.accum,
                        planned_memory=self._planned())
 
     def weights(self) -> dict[str, mx.array]:
+        if self.shard is not None:
+            return self._gathered
         return dict(tree_flatten(self.model.parameters()))
 
     def load_weights(self, weights: dict[str, mx.array], path: Path) -> None:
         self.model.load_weights(list(weights.items()), strict=True)
+
+    # -- the optimizer state: replicated, or this rank's slice ------------------------------
+
+    @property
+    def replicated_optimizer(self) -> Any:
+        """What the consistency check compares of the optimizer: all of it, or nothing
+        where each rank holds its own slice."""
+        return super().replicated_optimizer if self.shard is None else zero.NO_OPTIMIZER
+
+    def restore_optimizer(self, saved: dict[str, mx.array], path: Path) -> None:
+        slices = zero_checkpoint.world_of(path)
+        if (slices is not None) != (self.shard is not None):
+            raise TrainerError(
+                f"{path}: saved with the optimizer state {'sharded' if slices else 'whole'};"
+                f" this run {'shards' if self.shard else 'does not shard'} it: set "
+                "train.shard_optimizer as it was")
+        if self.shard is None:
+            super().restore_optimizer(saved, path)
+            return
+        state = zero_checkpoint.load_slices(path, self.shard.layout, slices, self.place.group,
+                                 dict(tree_flatten(self.optimizer.state)))
+        self.shard.load(self.model, self.optimizer, state)
+
+    def prepare_checkpoint(self, directory: Path, step: int) -> None:
+        """Every rank, before its node's writer writes the checkpoint of ``step`` into
+        ``directory``: a sharded run gathers the float32 weights and stages its slice."""
+        if self.shard is None:
+            return
+        self._gathered = self.shard.master_weights(self.model)
+        self._staged = zero_checkpoint.stage_slice(directory, step, self.shard.layout,
+                                        dict(tree_flatten(self.optimizer.state)),
+                                        self.place.group)
+
+    def optimizer_state(self) -> dict[str, mx.array]:
+        """What ``optimizer.safetensors`` holds: the state, or (sharded) its scalars."""
+        state = super().optimizer_state()
+        if self.shard is None:
+            return state
+        return {k: v for k, v in state.items() if not k.startswith(zero.FLAT + ".")}
 
     def _cursor(self, step: int) -> int:
         return self.batch_plan.cursor(step)
@@ -177,7 +259,10 @@ class TrainerWorkload:
                                "changed since the checkpoint")
 
     def checkpoint_files(self) -> Callable[[Path], None] | None:
-        return None
+        if self.shard is None:
+            return None
+        staged = self._staged
+        return lambda directory: zero_checkpoint.place_staged(staged, directory)
 
     def close(self) -> None:
         self.prefetch.close()

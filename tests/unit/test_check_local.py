@@ -26,7 +26,8 @@ from click.testing import CliRunner
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_CHECKS = {"check_interpreter", "check_mlx", "check_env_file", "check_hostfiles",
                 "check_synced_code", "check_ring_ports", "check_leftover_ranks",
-                "check_clock", "check_versions_agree", "check_ring_reach", "check_all_sum"}
+                "check_clock", "check_versions_agree", "check_ring_reach", "check_all_sum",
+                "check_collectives"}
 
 
 def mlxops(*args: str, home: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -73,7 +74,7 @@ def test_a_provisioned_cluster_passes_one_testcase_per_host_per_check(cluster, t
     assert set(cases) == {f"{c}[{h}]" for c in LOCAL_CHECKS for h in "ab"}
     assert all(children == [] for children in cases.values()), cases
     assert proc.stdout.splitlines()[0].split() == ["check", "a", "b"]
-    assert "2 hosts, 11 checks: 22 passed, 0 failed" in proc.stdout
+    assert "2 hosts, 12 checks: 24 passed, 0 failed" in proc.stdout
     assert proc.stderr == ""
 
 
@@ -95,9 +96,11 @@ def test_each_breakage_fails_that_check_on_that_host_only(cluster, tmp_path):
     cases = junit_cases(xml)
     failed = {name for name, children in cases.items() if "failure" in children}
     assert failed == {"check_env_file[b]", "check_synced_code[a]"}
-    # The all_sum would sync the code (a job's pre-flight does): it waits for a clean run.
+    # The all_sum and the collectives check would sync the code (a job's pre-flight
+    # does): they wait for a clean run.
     skipped = {name for name, children in cases.items() if children == ["skipped"]}
-    assert skipped == {"check_all_sum[a]", "check_all_sum[b]"}
+    assert skipped == {"check_all_sum[a]", "check_all_sum[b]", "check_collectives[a]",
+                       "check_collectives[b]"}
     [case] = [tc for tc in ET.parse(xml).getroot().iter("testcase")
               if tc.get("name") == "check_env_file[b]"]
     assert case.find("failure").get("message") == \
@@ -114,7 +117,9 @@ def test_json_with_a_job_checks_its_disk_memory_and_ports(cluster):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] is True and doc["exit_code"] == 0 and doc["hosts"] == ["a", "b"]
-    assert set(doc["checks"]) == LOCAL_CHECKS | {"check_disk", "check_memory"}
+    # The job trusts no collective beyond all_sum with data: no collectives check for it.
+    assert set(doc["checks"]) == LOCAL_CHECKS - {"check_collectives"} | {"check_disk",
+                                                                        "check_memory"}
     assert doc["counts"]["passed"] == 26 and doc["counts"]["failed"] == 0
     assert {r["outcome"] for r in doc["results"]} == {"passed"}
     assert doc["results"][0] == {"check": "check_interpreter", "host": "a",

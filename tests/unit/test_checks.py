@@ -466,3 +466,24 @@ def test_all_sum_fails_every_host_with_the_reason_or_waits_for_the_other_checks(
     cluster.all_sum, cluster.all_sum_skipped = None, cluster.all_sum_blocker()
     with pytest.raises(pytest.skip.Exception, match="all_sum not run: ring ports are busy"):
         check_cluster.check_all_sum(cluster.state("mac2"), cluster)
+
+
+def test_collectives_fails_the_host_whose_ranks_got_wrong_answers_with_backend_and_mlx(
+        tmp_path):
+    cluster = cluster_of(tmp_path)
+    assert cluster.collectives_ops() == ("all_sum", "all_gather", "send_recv")
+    line = ("the ring backend (MLX 0.32.4) returned wrong data: all_gather float32 x 1031: "
+            "rank 1 got rank 1's values where rank 0's belong (order wrong)")
+    cluster.collectives = {"mac1": [], "mac2": [line.split(": ", 1)[1]], "mac3": []}
+    cluster.collectives_line = line
+    check_cluster.check_collectives(cluster.state("mac1"), cluster)
+    assert finding(check_cluster.check_collectives, cluster.state("mac2"), cluster) == (
+        f"mac2: {line} (on this host: all_gather float32 x 1031: rank 1 got rank 1's values "
+        "where rank 0's belong (order wrong)): run jobs that use these collectives on "
+        "another backend or MLX version (docs/node-protocol.md, Collectives check)")
+    cluster.collectives, cluster.collectives_error = None, "the collectives check failed: x"
+    assert "the collectives check did not run" in finding(
+        check_cluster.check_collectives, cluster.state("mac1"), cluster)
+    cluster.collectives_error, cluster.collectives_skipped = "", "mac3 was not read (x)"
+    with pytest.raises(pytest.skip.Exception, match="collectives not checked: mac3"):
+        check_cluster.check_collectives(cluster.state("mac2"), cluster)

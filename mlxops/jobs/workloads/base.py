@@ -99,6 +99,12 @@ class Planner(ABC):
                per_rank: int | None = None, working_set: int | None = None) -> Plan:
         """One rank's plan on a node of ``memory`` bytes (the planner's own search)."""
 
+    def sharded(self, memory: int, world: int, *, ranks_per_node: int,
+                per_rank: int | None = None, working_set: int | None = None) -> Plan | None:
+        """The same plan with the optimizer state sharded over the ranks (ZeRO-1), where
+        the workload can shard it; None where it cannot."""
+        return None
+
     @abstractmethod
     def checkpoints(self) -> tuple[int, int]:
         """Bytes of one checkpoint, and how many a run keeps on disk at most."""
@@ -191,6 +197,13 @@ class Workload(ABC):
         """The address and port its rank 0 listens on, which pre-flight and ``check`` ask
         to be free on that host (:func:`mlxops.readiness.questions`); None: none."""
         return None
+
+    def collectives(self, world: int) -> tuple[str, ...]:
+        """The collectives its ``world`` ranks trust with their data beyond the gradients'
+        ``all_sum`` (ZeRO-1's ``all_gather``, pipeline stages' ``send_recv``), which
+        pre-flight proves first (:func:`mlxops.jobs.preflight.collectives_for`); none by
+        default."""
+        return ()
 
     # --- the ranks --------------------------------------------------------------------------
 

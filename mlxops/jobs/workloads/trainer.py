@@ -28,9 +28,10 @@ from mlxops.errors import bad_input
 from mlxops.jobs.data import DataSpec, apply_manifest, rank_data
 from mlxops.jobs.workloads.base import NodePlacement, Planner, RankPlan, Workload
 from mlxops.node import protocol
+from mlxops.node.protocol.collectives import ALL_GATHER
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer import shardformat
-from mlxops.trainer.config import TrainerConfig
+from mlxops.trainer.config import SHARD_AUTO, TrainerConfig
 
 KIND = "trainer"
 
@@ -162,6 +163,12 @@ class TrainerWorkload(Workload):
     def planner(self, path: Path) -> Planner:
         return TrainerPlanner(self.config)
 
+    def collectives(self, world: int) -> tuple[str, ...]:
+        """A sharded optimizer (``train.shard_optimizer`` true or auto) rebuilds the
+        weights with ``all_gather`` every step."""
+        mode = self.config.train.shard_optimizer
+        return (ALL_GATHER,) if world > 1 and (mode is True or mode == SHARD_AUTO) else ()
+
 
 #: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -175,10 +182,25 @@ class TrainerPlanner(Planner):
 
     def memory(self, memory: int, world: int, *, ranks_per_node: int,
                per_rank: int | None = None, working_set: int | None = None) -> Any:
+        """As the run will be: sharded with ``train.shard_optimizer: true``; with auto,
+        sharded where the unsharded plan does not fit (as the ranks decide,
+        trainer/train.py; they decide for every rank at once, on any rank's budget)."""
+        from mlxops.trainer.plan import plan_memory
+
+        mode = self.config.train.shard_optimizer
+        kwargs = dict(ranks_per_node=ranks_per_node, per_rank=per_rank,
+                      working_set=working_set)
+        unsharded = plan_memory(self.config, memory, world, **kwargs)
+        if world > 1 and (mode is True or (mode == SHARD_AUTO and not unsharded.fits)):
+            return plan_memory(self.config, memory, world, shard=True, **kwargs)
+        return unsharded
+
+    def sharded(self, memory: int, world: int, *, ranks_per_node: int,
+                per_rank: int | None = None, working_set: int | None = None) -> Any:
         from mlxops.trainer.plan import plan_memory
 
         return plan_memory(self.config, memory, world, ranks_per_node=ranks_per_node,
-                           per_rank=per_rank, working_set=working_set)
+                           per_rank=per_rank, working_set=working_set, shard=True)
 
     def checkpoints(self) -> tuple[int, int]:
         from mlxops.trainer.plan import count_params
