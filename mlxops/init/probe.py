@@ -1,0 +1,66 @@
+"""What init reads from one host after its key is trusted: one command.
+
+The facts command (:func:`mlxops.tasks.facts.gather`: chip, memory, macOS build, the
+interpreter) with three reads of init's own riding along, so a host costs one round trip:
+
+- ``ports``: ``networksetup -listallhardwareports`` (a Mac's interface names, the map
+  ``mlx.distributed_config`` reads to find the Thunderbolt ports);
+- ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
+  elsewhere) -- the facts keep addresses without masks;
+- ``python``: the first of the candidate interpreters that imports ``mlx.core``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlxops import shell
+from mlxops.hostfacts import HostFacts
+from mlxops.init.links import (
+    NodeLinks,
+    parse_hardware_ports,
+    parse_ifconfig_addresses,
+    parse_ip_addr,
+)
+from mlxops.tasks.facts import gather
+
+#: Where a Mac keeps a Python that may have mlx, tried after the ones given (Homebrew on
+#: Apple silicon, then Intel's prefix, then the Command Line Tools' python3).
+CANDIDATES = ("python3", "/opt/homebrew/bin/python3", "/usr/local/bin/python3",
+              "/usr/bin/python3")
+
+_ADDRS = ('if [ "$(uname -s)" = Darwin ]; then ifconfig; '
+          "else ip -o -4 addr show || /sbin/ip -o -4 addr show; fi")
+
+
+def _python_read(candidates: Sequence[str]) -> str:
+    words = " ".join(shell.quote(c) for c in candidates)
+    return (f"for p in {words}; do q=$(command -v \"$p\" 2>/dev/null) || continue; "
+            "\"$q\" -c 'import mlx.core' >/dev/null 2>&1 && { printf '%s\\n' \"$q\"; break; }; "
+            "done; true")
+
+
+@dataclass
+class Probed:
+    """One host as init found it."""
+
+    facts: HostFacts
+    links: NodeLinks
+    python: str | None   # an interpreter that imports mlx.core, absolute; None: none
+
+
+def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
+    """Read ``host`` over ``conn`` (a trusted connection); raises RuntimeError when the
+    facts command does not answer."""
+    reads = {"init.ports": "networksetup -listallhardwareports", "init.addrs": _ADDRS,
+             "init.python": _python_read([*pythons, *CANDIDATES])}
+    facts, answers = gather(conn, host, reads)
+    ports = answers.get("init.ports")
+    addrs = answers.get("init.addrs")
+    text = addrs.stdout if addrs else ""
+    parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
+    found = answers.get("init.python")
+    python = (found.stdout.strip().splitlines() or [None])[0] if found else None
+    return Probed(facts, NodeLinks(parse_hardware_ports(ports.stdout) if ports and
+                                   ports.exit_code == 0 else {}, parsed), python)
