@@ -37,7 +37,8 @@ _ADDRS = ('if [ "$(uname -s)" = Darwin ]; then ifconfig; '
 def _python_read(candidates: Sequence[str]) -> str:
     words = " ".join(shell.quote(c) for c in candidates)
     return (f"for p in {words}; do q=$(command -v \"$p\" 2>/dev/null) || continue; "
-            "\"$q\" -c 'import mlx.core' >/dev/null 2>&1 && { printf '%s\\n' \"$q\"; break; }; "
+            "v=$(\"$q\" -c 'import mlx.core as m; print(m.__version__)' 2>/dev/null) && "
+            "{ printf '%s\\n%s\\n' \"$q\" \"$v\"; break; }; "
             "done; true")
 
 
@@ -48,6 +49,7 @@ class Probed:
     facts: HostFacts
     links: NodeLinks
     python: str | None   # an interpreter that imports mlx.core, absolute; None: none
+    mlx: str | None = None  # the mlx it imports
 
 
 def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
@@ -61,6 +63,7 @@ def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
     text = addrs.stdout if addrs else ""
     parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
     found = answers.get("init.python")
-    python = (found.stdout.strip().splitlines() or [None])[0] if found else None
+    lines = found.stdout.split() if found else []
     return Probed(facts, NodeLinks(parse_hardware_ports(ports.stdout) if ports and
-                                   ports.exit_code == 0 else {}, parsed), python)
+                                   ports.exit_code == 0 else {}, parsed),
+                  lines[0] if lines else None, lines[1] if len(lines) > 1 else None)

@@ -9,6 +9,7 @@ as the tool it is called as (``argv[0]``):
   on a real Mac (``recorded/``, sources in ``recorded/README.md``). Two values are kept as
   state, in the node's own directory: ``iogpu.wired_limit_mb`` (``sysctl -w``) and the
   system ``sleep`` (``pmset -a sleep N``), so provision changes them and check reads them.
+- ``networksetup -listallhardwareports``: recorded (which device is Wi-Fi, Thunderbolt).
 - ``ifconfig``: the recorded interfaces of a Mac, with ``en0`` carrying the node's own
   address (it must route: the cluster talks over it).
 - ``ps`` (BSD ``-o`` keywords) and ``stat -f`` (BSD formats): the node's real processes and
@@ -364,6 +365,13 @@ def sudo(args: list[str], env: dict) -> None:
     os.execvpe(args[0], args, {**env, ROOT_MARK: "1"})
 
 
+def networksetup(args: list[str], recorded: Path = RECORDED) -> str:
+    """``networksetup -listallhardwareports`` as recorded (the only form answered)."""
+    if args != ["-listallhardwareports"]:
+        raise ToolError("networksetup (sandbox): only -listallhardwareports is answered")
+    return (recorded / "networksetup-listallhardwareports.txt").read_text()
+
+
 def main(argv: list[str]) -> int:
     tool, args, env = os.path.basename(argv[0]), argv[1:], dict(os.environ)
     err, code = "", 0
@@ -379,7 +387,8 @@ def main(argv: list[str]) -> int:
             out = {"uname": lambda: uname(args), "sw_vers": lambda: sw_vers(args),
                    "pmset": lambda: pmset(args, env), "ioreg": lambda: ioreg(args),
                    "vm_stat": lambda: (RECORDED / "vm_stat.txt").read_text(),
-                   "ps": lambda: ps(args), "stat": lambda: bsd_stat(args)}[tool]()
+                   "ps": lambda: ps(args), "stat": lambda: bsd_stat(args),
+                   "networksetup": lambda: networksetup(args)}[tool]()
     except ToolError as exc:
         sys.stderr.write(f"{exc}\n")
         return exc.code
@@ -390,7 +399,7 @@ def main(argv: list[str]) -> int:
 
 #: The tools this program answers as (``DIR/darwin/bin/<tool>``); ``tar`` links to bsdtar.
 TOOLS = ("uname", "sw_vers", "sysctl", "pmset", "vm_stat", "ioreg", "ifconfig", "ps", "stat",
-         "sudo")
+         "sudo", "networksetup")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
