@@ -97,9 +97,17 @@ def command(hosts, output, job, pick_all, accept_new_host_keys, show_diff, user,
                 connect=connect)
     flow.read_existing()  # bad input first: before any host is touched
     candidates = _candidates(hosts, browse_seconds, interfaces, pick_all)
-    outcome = flow.run(candidates, accept=accept_new_host_keys, dry=show_diff,
-                       confirm=lambda n: click.confirm(f"Record {n} new host key(s)?",
-                                                       default=False))
+    from mlxops.cli.trust import key_blocks
+    from mlxops.transport import Connector
+
+    with Connector(connect) as connector:
+        results, checks, new = flow.check_keys(candidates, connector)
+        for line in key_blocks(results, checks):  # as `mlxops trust` shows them
+            console.out.print(line, soft_wrap=True)
+        record = bool(new) and not show_diff and (
+            accept_new_host_keys or click.confirm(f"Record {len(new)} new host key(s)?",
+                                                  default=False))
+        outcome = flow.finish(connector, record, show_diff)
     if outcome.unreachable:
         console.err.print(f"left out, unreachable: {', '.join(outcome.unreachable)}",
                           markup=False)

@@ -14,7 +14,7 @@ original document (comments kept). Files are written only at the end, atomically
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,47 +104,45 @@ class Init:
         finally:
             draft.unlink(missing_ok=True)
 
-    def run(self, candidates: Sequence[Candidate], accept: bool, dry: bool,
-            confirm: Callable[[int], bool]) -> Outcome:
-        from mlxops.cli.trust import key_blocks
-        from mlxops.transport import Connector, run_parallel
-        from mlxops.trust import KEY_CHANGED, NEW, check_host_keys, every_check, record_new_keys
+    def check_keys(self, candidates: Sequence[Candidate], connector):
+        """The draft's hosts' keys, by ``mlxops trust``'s check: ``(results, checks,
+        new)``, ``new`` the keys not known yet (the caller shows them and asks)."""
+        from mlxops.trust import NEW, check_host_keys, every_check
+
+        self.fresh, draft_doc = self._draft(candidates)
+        self.inventory = self._load_draft(draft_doc)
+        self.results, self.checks = check_host_keys(self.inventory.select(None), connector)
+        return self.results, self.checks, [c for c in every_check(self.checks)
+                                           if c.state == NEW]
+
+    def finish(self, connector, record: bool, dry: bool) -> Outcome:
+        """Record the new keys if ``record`` (never when ``dry``), probe every trusted
+        host, and write (or, ``dry``, diff) the files."""
+        from mlxops.transport import run_parallel
+        from mlxops.trust import BLOCKED, KEY_CHANGED, NEW, record_new_keys
 
         out = Outcome(job=self.job)
-        fresh, draft_doc = self._draft(candidates)
-        inventory = self._load_draft(draft_doc)
-        hosts = inventory.select(None)
-        label = {name: (fresh[name].address if name in fresh else name) for name in
-                 (h.name for h in hosts)}
-        from mlxops import console
-
-        with Connector(self.connect) as connector:
-            results, checks = check_host_keys(hosts, connector)
-            for line in key_blocks(results, checks):
-                console.out.print(line, soft_wrap=True)
-            new = [c for c in every_check(checks) if c.state == NEW]
-            recorded = False
-            if new and not dry and (accept or confirm(len(new))):
-                record_new_keys(checks)
-                recorded = True
-            trusted = []
-            for host in hosts:
-                check = checks.get(host.name)
-                if check is None:
-                    out.unreachable.append(label[host.name])
-                elif check.state == KEY_CHANGED or any(j.state == KEY_CHANGED
-                                                        for j in check.jumps):
-                    out.changed_keys.append(label[host.name])
-                elif (check.state in (NEW, "blocked") and not recorded) or \
-                        check.state == "blocked":
-                    out.refused.append(label[host.name])
-                else:
-                    trusted.append(host)
-            probed_results = run_parallel(
-                trusted, lambda h: probe(connector.connect(h), h, self.pythons))
+        record = record and not dry
+        if record:
+            record_new_keys(self.checks)
+        label = {h.name: (self.fresh[h.name].address if h.name in self.fresh else h.name)
+                 for h in self.inventory.select(None)}
+        trusted = []
+        for host in self.inventory.select(None):
+            check = self.checks.get(host.name)
+            if check is None:
+                out.unreachable.append(label[host.name])
+            elif KEY_CHANGED in (check.state, *(j.state for j in check.jumps)):
+                out.changed_keys.append(label[host.name])
+            elif check.state == BLOCKED or (check.state == NEW and not record):
+                out.refused.append(label[host.name])
+            else:
+                trusted.append(host)
+        probed_results = run_parallel(
+            trusted, lambda h: probe(connector.connect(h), h, self.pythons))
         probed: dict[str, Probed] = probed_results.succeeded_values()
         out.unreachable += [label[h] for h in probed_results if h not in probed]
-        self._build(out, fresh, inventory, probed, dry)
+        self._build(out, self.fresh, self.inventory, probed, dry)
         return out
 
     def _build(self, out: Outcome, fresh: dict[str, Candidate], inventory,
@@ -168,7 +166,8 @@ class Init:
 
             new_hosts.append(writer.NewHost(
                 names[draft], c.address, c.user, chip_family(f.chip, f.system, f.arch),
-                chosen[names[draft]], p.python, 1, summary(f, p.python, p.mlx)))
+                chosen[names[draft]], p.python, 1, summary(f, p.python, p.mlx),
+                p.sudo and f.is_darwin))
         doc = writer.load(self.old_text)
         out.added = writer.merge(doc, new_hosts, self.common)
         new_text = writer.dump(doc)

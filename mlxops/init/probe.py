@@ -7,7 +7,9 @@ interpreter) with three reads of init's own riding along, so a host costs one ro
   ``mlx.distributed_config`` reads to find the Thunderbolt ports);
 - ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
   elsewhere) -- the facts keep addresses without masks;
-- ``python``: the first of the candidate interpreters that imports ``mlx.core``.
+- ``python``: the first of the candidate interpreters that imports ``mlx.core``;
+- ``sudo``: on a Mac, whether ``sudo -n true`` works: provision needs root to set the GPU
+  wired limit and sleep (``ansible_become``), and ``check`` checks them.
 """
 
 from __future__ import annotations
@@ -50,13 +52,15 @@ class Probed:
     links: NodeLinks
     python: str | None   # an interpreter that imports mlx.core, absolute; None: none
     mlx: str | None = None  # the mlx it imports
+    sudo: bool = False      # a Mac where ``sudo -n`` works (no password asked)
 
 
 def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
     """Read ``host`` over ``conn`` (a trusted connection); raises RuntimeError when the
     facts command does not answer."""
     reads = {"init.ports": "networksetup -listallhardwareports", "init.addrs": _ADDRS,
-             "init.python": _python_read([*pythons, *CANDIDATES])}
+             "init.python": _python_read([*pythons, *CANDIDATES]),
+             "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
     facts, answers = gather(conn, host, reads)
     ports = answers.get("init.ports")
     addrs = answers.get("init.addrs")
@@ -66,4 +70,5 @@ def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
     lines = found.stdout.split() if found else []
     return Probed(facts, NodeLinks(parse_hardware_ports(ports.stdout) if ports and
                                    ports.exit_code == 0 else {}, parsed),
-                  lines[0] if lines else None, lines[1] if len(lines) > 1 else None)
+                  lines[0] if lines else None, lines[1] if len(lines) > 1 else None,
+                  getattr(answers.get("init.sudo"), "exit_code", 1) == 0)

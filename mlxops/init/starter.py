@@ -20,7 +20,7 @@ from pathlib import Path
 from mlxops.trainer.plan import MemoryPlan, plan_memory
 
 PER_RANK = 8
-MODEL = {"dims": 128, "layers": 4, "heads": 4, "vocab_size": 256, "seq_len": 128}
+MODEL = {"dims": 64, "layers": 2, "heads": 4, "vocab_size": 256, "seq_len": 64}
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class Node:
 
 def trainer(world: int, micro_batch: int = PER_RANK) -> dict:
     return {"model": dict(MODEL), "data": {"source": "synthetic", "seed": 0},
-            "train": {"steps": 30, "global_batch": world * PER_RANK, "micro_batch": micro_batch,
-                      "lr": 3.0e-3, "warmup": 5, "checkpoint_every": 15, "keep": 2,
+            "train": {"steps": 20, "global_batch": world * PER_RANK, "micro_batch": micro_batch,
+                      "lr": 3.0e-3, "warmup": 5, "checkpoint_every": 10, "keep": 2,
                       "log_every": 5}}
 
 

@@ -40,6 +40,7 @@ class NewHost:
     python: str | None           # mlxops_python: an interpreter with mlx, if one was found
     slots: int
     summary: str                 # "Apple M1 Pro, 32 GiB, macOS 14.4.1 (23E224)"
+    become: bool = False         # a Mac where sudo -n works: ansible_become: true
 
 
 def chip_family(chip: str | None, system: str | None, arch: str | None) -> str:
@@ -128,6 +129,10 @@ def merge(doc: Any, hosts: Sequence[NewHost], common: Mapping[str, Any]) -> list
         if host.python:
             body["mlxops_python"] = host.python
         body["mlxops_slots"] = host.slots
+        if host.become:
+            body["ansible_become"] = True
+            body.yaml_add_eol_comment("sudo -n works here: provision sets the wired limit "
+                                      "and sleep", "ansible_become")
         group_hosts[host.name] = body
         # all: / children: / <family>: / hosts: / <host>: -- the host's key at column 8
         group_hosts.yaml_set_comment_before_after_key(host.name, before=host.summary,

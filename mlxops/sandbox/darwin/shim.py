@@ -365,13 +365,6 @@ def sudo(args: list[str], env: dict) -> None:
     os.execvpe(args[0], args, {**env, ROOT_MARK: "1"})
 
 
-def networksetup(args: list[str], recorded: Path = RECORDED) -> str:
-    """``networksetup -listallhardwareports`` as recorded (the only form answered)."""
-    if args != ["-listallhardwareports"]:
-        raise ToolError("networksetup (sandbox): only -listallhardwareports is answered")
-    return (recorded / "networksetup-listallhardwareports.txt").read_text()
-
-
 def main(argv: list[str]) -> int:
     tool, args, env = os.path.basename(argv[0]), argv[1:], dict(os.environ)
     err, code = "", 0
@@ -388,7 +381,9 @@ def main(argv: list[str]) -> int:
                    "pmset": lambda: pmset(args, env), "ioreg": lambda: ioreg(args),
                    "vm_stat": lambda: (RECORDED / "vm_stat.txt").read_text(),
                    "ps": lambda: ps(args), "stat": lambda: bsd_stat(args),
-                   "networksetup": lambda: networksetup(args)}[tool]()
+                   # -listallhardwareports: the only form asked (mlxops init)
+                   "networksetup": lambda: (RECORDED / "networksetup-listallhardwareports.txt"
+                                            ).read_text()}[tool]()
     except ToolError as exc:
         sys.stderr.write(f"{exc}\n")
         return exc.code

@@ -1,0 +1,135 @@
+"""``mlxops init`` against sandbox nodes: found over mDNS (each node's zeroconf responder,
+mlxops/sandbox/mdns.py) or named, keys recorded on consent, the written inventory loaded by
+Ansible and the written job provisioned, checked and run to the end; a re-run keeps a
+hand edit and its comments; --diff writes nothing; an unreachable host is left out.
+
+Runs on the Mac-like nodes (zsh, networksetup/ifconfig answered from recorded Macs) and
+on plain bash and zsh nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLXOPS_HOME": str(tmp_path / "mlxops-home")}
+    return subprocess.run([sys.executable, "-m", "mlxops", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL)
+
+
+def init(box, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return run(tmp_path, "init", "-o", str(tmp_path / "inventory.yml"), "--user", box.user,
+               "--key", str(box.key_path), "--known-hosts", str(tmp_path / "known_hosts"),
+               "--python", box.python, "--interface", box.controller_ip, *args)
+
+
+def hosts_of(inventory: Path) -> dict[str, dict]:
+    """What Ansible itself reads from the file (ansible-core, the test extra)."""
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    out = subprocess.run(["ansible-inventory", "-i", str(inventory), "--list"],
+                         capture_output=True, text=True, env={**os.environ, "PATH": path})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["_meta"]["hostvars"]
+
+
+def _end_to_end(box, tmp_path: Path, family: str) -> None:
+    inventory, job = tmp_path / "inventory.yml", tmp_path / "first.yml"
+    found = init(box, tmp_path, "--all", "--accept-new-host-keys")
+    assert found.returncode == 0, found.stderr
+    for name, ip in box.info.nodes.items():  # listed as mDNS found them, fingerprints shown
+        assert f"{name}  {ip}:22  {name}.local." in found.stdout
+    assert "SHA256:" in found.stdout and "Next: mlxops provision" in found.stdout
+    hostvars = hosts_of(inventory)
+    assert {v["ansible_host"] for v in hostvars.values()} == set(box.info.nodes.values())
+    text = inventory.read_text()
+    assert f"    {family}:\n" in text and "# data link:" in text
+    assert all(v["mlxops_python"] == box.python for v in hostvars.values())
+
+    for step in (["provision", str(inventory)], ["check", str(inventory)],
+                 ["launch", str(job)]):
+        done = run(tmp_path, *step, timeout=600)
+        assert done.returncode == 0, (step, done.stdout[-3000:], done.stderr[-3000:])
+    status = json.loads(run(tmp_path, "status", "first", "--json").stdout)
+    assert status["state"] == "finished"
+    assert {r["step"] for r in status["ranks"]} == {yaml.safe_load(job.read_text())
+                                                   ["trainer"]["train"]["steps"]}
+
+
+def test_init_found_over_mdns_runs_its_job_mac_nodes(mac_sandbox, tmp_path):
+    _end_to_end(mac_sandbox, tmp_path, "m1_pro")
+    text = (tmp_path / "inventory.yml").read_text()
+    # the recorded Mac's networksetup names en0 Wi-Fi; its facts: chip, memory, build
+    assert "data link: Wi-Fi (en0)" in text
+    assert "# Apple M1 Pro, 32 GiB, macOS 14.4.1 (23E224), mlx " in text
+
+
+def test_init_found_over_mdns_runs_its_job(login_sandbox, tmp_path):
+    _end_to_end(login_sandbox, tmp_path, "linux_x86_64")
+
+
+def test_init_named_hosts_rerun_keeps_edits(mac_sandbox, tmp_path):
+    box = mac_sandbox
+    inventory = tmp_path / "inventory.yml"
+    first, second = list(box.info.nodes.values())[:2]
+    done = init(box, tmp_path, f"{box.user}@{first}", "--accept-new-host-keys")
+    assert done.returncode == 0, done.stderr
+    text = inventory.read_text()
+    edited = text.replace("mlxops_slots: 1", "mlxops_slots: 1  # mine: one rank\n"
+                          "          mlxops_env: {FOO: bar}  # my own variable", 1)
+    edited = "# my cluster, my notes\n" + edited
+    inventory.write_text(edited)
+
+    shown = init(box, tmp_path, second, "--diff", "--accept-new-host-keys")
+    assert shown.returncode == 0, shown.stderr
+    assert f"+          ansible_host: {second}" in shown.stdout
+    assert inventory.read_text() == edited          # --diff wrote nothing
+    assert not (tmp_path / "known_hosts").read_text().count(second)  # nor its key
+
+    again = init(box, tmp_path, first, second, "--accept-new-host-keys")
+    assert again.returncode == 0, again.stderr
+    after = inventory.read_text()
+    assert after.startswith(edited)  # every line the user had, comments too, unchanged
+    assert f"ansible_host: {second}" in after
+    hostvars = hosts_of(inventory)
+    assert sorted(v["ansible_host"] for v in hostvars.values()) == sorted([first, second])
+
+
+def test_init_unreachable_host_left_out_exit_3(mac_sandbox, tmp_path):
+    box = mac_sandbox
+    first = next(iter(box.info.nodes.values()))
+    nobody = box.controller_ip.rsplit(".", 1)[0] + ".250"  # in the subnet, no node there
+    done = init(box, tmp_path, first, nobody, "--accept-new-host-keys",
+                "--connect-timeout", "2")
+    assert done.returncode == 3, done.stderr
+    assert f"unreachable: {nobody}" in done.stderr
+    text = (tmp_path / "inventory.yml").read_text()
+    assert first in text and nobody not in text
+
+
+def test_init_refused_key_not_recorded_nothing_written(mac_sandbox, tmp_path):
+    box = mac_sandbox
+    first = next(iter(box.info.nodes.values()))
+    done = init(box, tmp_path, first)  # no stdin: the prompt's answer is no
+    assert done.returncode != 0 or "key not recorded" in done.stderr
+    assert not (tmp_path / "known_hosts").exists() or \
+        first not in (tmp_path / "known_hosts").read_text()
+    assert not (tmp_path / "inventory.yml").exists()
+
+
+def test_init_bad_existing_inventory_touches_no_host(mac_sandbox, tmp_path):
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text("all:\n  hosts:\n    a:\n      mlxops_slots: lots\n")
+    done = init(mac_sandbox, tmp_path, "--all", "--accept-new-host-keys")
+    assert done.returncode == 2, done.stderr
+    assert "inventory.yml" in done.stderr and "mlxops_slots" in done.stderr
+    assert not (tmp_path / "known_hosts").exists()
