@@ -91,9 +91,9 @@ def test_init_named_hosts_rerun_keeps_edits(mac_sandbox, tmp_path):
 
     shown = init(box, tmp_path, second, "--diff", "--accept-new-host-keys")
     assert shown.returncode == 0, shown.stderr
-    assert f"+          ansible_host: {second}" in shown.stdout
-    assert inventory.read_text() == edited          # --diff wrote nothing
-    assert not (tmp_path / "known_hosts").read_text().count(second)  # nor its key
+    assert f"left out, key not recorded: {second}" in shown.stderr  # --diff records none
+    assert inventory.read_text() == edited
+    assert second not in (tmp_path / "known_hosts").read_text()
 
     again = init(box, tmp_path, first, second, "--accept-new-host-keys")
     assert again.returncode == 0, again.stderr
@@ -102,6 +102,19 @@ def test_init_named_hosts_rerun_keeps_edits(mac_sandbox, tmp_path):
     assert f"ansible_host: {second}" in after
     hostvars = hosts_of(inventory)
     assert sorted(v["ansible_host"] for v in hostvars.values()) == sorted([first, second])
+    assert init(box, tmp_path, first, second).stdout.count("nothing new") == 1
+    assert inventory.read_text() == after
+
+    other = tmp_path / "other.yml"  # both keys known now: --diff shows them, writes nothing
+    shown = run(tmp_path, "init", first, second, "-o", str(other), "--diff", "--user",
+                box.user, "--key", str(box.key_path), "--known-hosts",
+                str(tmp_path / "known_hosts"), "--python", box.python, "--job",
+                str(tmp_path / "other-job.yml"))
+    assert shown.returncode == 0, shown.stderr
+    assert f"+          ansible_host: {first}" in shown.stdout
+    assert f"+          ansible_host: {second}" in shown.stdout
+    assert "+name: other-job" in shown.stdout
+    assert not other.exists() and not (tmp_path / "other-job.yml").exists()
 
 
 def test_init_unreachable_host_left_out_exit_3(mac_sandbox, tmp_path):
