@@ -61,6 +61,9 @@ class Init:
 
     def read_existing(self) -> None:
         """The existing inventory, if any: it must load (exit 2 naming it otherwise)."""
+        for path, option in ((self.output, "-o"), (self.job, "--job")):
+            if not path.parent.is_dir():
+                raise UserError(f"init: {option} {path}: no directory {path.parent}")
         if not self.output.exists():
             return
         self.old_text = self.output.read_text()
@@ -95,7 +98,6 @@ class Init:
         from mlxops.inventory import load_inventory
 
         draft = self.output.with_name(f".{self.output.name}.init-draft.yml")
-        draft.parent.mkdir(parents=True, exist_ok=True)
         try:
             draft.write_text(writer.dump(doc))
             return load_inventory(draft)
@@ -185,7 +187,6 @@ class Init:
                 out.diff += writer.diff("", job_text, self.job)
             return
         if new_text != self.old_text:
-            self.output.parent.mkdir(parents=True, exist_ok=True)
             writer.write_atomic(self.output, new_text)
             out.said.append(f"{self.output}: {len(out.added)} host(s) added"
                             + (f" ({', '.join(out.added)})" if out.added else ""))

@@ -146,3 +146,22 @@ def test_init_bad_existing_inventory_touches_no_host(mac_sandbox, tmp_path):
     assert done.returncode == 2, done.stderr
     assert "inventory.yml" in done.stderr and "mlxops_slots" in done.stderr
     assert not (tmp_path / "known_hosts").exists()
+
+
+def test_sandbox_nodes_advertise_ssh_until_down(subnet_pool):
+    """Each node's responder (mlxops/sandbox/mdns.py) answers from up to down, by pid."""
+    from mlxops.init.discover import discover
+    from mlxops.sandbox import Sandbox, mdns
+
+    box = Sandbox(f"/tmp/mlxops-test-sandbox-mdns-{os.getpid()}",
+                  prefix=f"mxmd{os.getpid() % 10**6}")
+    try:
+        info = box.up(1, subnet_pool=subnet_pool)
+        state = json.loads(box.state_path.read_text())
+        pid = state["nodes"][0]["mdns_pid"]
+        assert mdns.is_ours(pid)
+        found = discover(2, [info.controller_ip])
+        assert [(f.name, f.address, f.port) for f in found] == [("node1", info.ip("node1"), 22)]
+    finally:
+        box.down()
+    assert not mdns.is_ours(pid)
