@@ -115,7 +115,7 @@ def command(hosts, output, job, pick_all, accept_new_host_keys, show_diff, user,
         console.err.print(f"left out, key not recorded: {', '.join(outcome.refused)}",
                           markup=False)
     if show_diff:
-        console.out.print(outcome.diff or f"{output}: no change", markup=False,
+        console.out.print(outcome.diff or f"{output}: no change\n", markup=False,
                           soft_wrap=True, end="")
     else:
         for line in outcome.said:
