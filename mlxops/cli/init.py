@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from mlxops import console
-from mlxops.cli.options import connect_timeout_option
+from mlxops.cli.options import connect_options
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UserError
 
 
@@ -60,8 +60,6 @@ def _pick(answer: str, count: int) -> list[int]:
               help="The starter job to write (default: first.yml beside the inventory; an "
                    "existing one is kept).")
 @click.option("--all", "pick_all", is_flag=True, help="Take every Mac found (no prompt).")
-@click.option("--accept-new-host-keys", is_flag=True,
-              help="Record new host keys without asking (scripts); a changed key is refused.")
 @click.option("--diff", "show_diff", is_flag=True,
               help="Show what would change in the inventory and write nothing (no key "
                    "recorded either).")
@@ -76,8 +74,8 @@ def _pick(answer: str, count: int) -> list[int]:
               show_default=True, help="How long to listen for _ssh._tcp answers.")
 @click.option("--interface", "interfaces", multiple=True, metavar="ADDR",
               help="Browse mDNS on this local address only (repeat; default: every one).")
-@connect_timeout_option
-def command(hosts, output, job, pick_all, accept_new_host_keys, show_diff, user, key_file,
+@connect_options
+def command(hosts, output, job, pick_all, show_diff, user, key_file,
             known_hosts, pythons, browse_seconds, interfaces, connect):
     """Find Macs (mDNS) or take HOSTs, trust their keys, read them, and write an inventory
     and a starter job.
@@ -98,14 +96,16 @@ def command(hosts, output, job, pick_all, accept_new_host_keys, show_diff, user,
     flow.read_existing()  # bad input first: before any host is touched
     candidates = _candidates(hosts, browse_seconds, interfaces, pick_all)
     from mlxops.cli.trust import key_blocks
-    from mlxops.transport import Connector
+    from mlxops.transport import ConnectOptions, Connector
 
-    with Connector(connect) as connector:
+    # --accept-new-host-keys is consent to init's recording, after the keys are shown;
+    # the connections themselves accept no key that is not recorded (as trust's).
+    with Connector(ConnectOptions(connect_timeout=connect.connect_timeout)) as connector:
         results, checks, new = flow.check_keys(candidates, connector)
         for line in key_blocks(results, checks):  # as `mlxops trust` shows them
             console.out.print(line, soft_wrap=True)
         record = bool(new) and not show_diff and (
-            accept_new_host_keys or click.confirm(f"Record {len(new)} new host key(s)?",
+            connect.accept_new_host_keys or click.confirm(f"Record {len(new)} new host key(s)?",
                                                   default=False))
         outcome = flow.finish(connector, record, show_diff)
     if outcome.unreachable:
