@@ -26,7 +26,12 @@ def _candidates(hosts, browse_seconds, interfaces, pick_all):
 
     if hosts:
         return [parse_spec(h) for h in hosts]
-    found = discover(browse_seconds, interfaces or None)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        listening = pool.submit(discover, browse_seconds, interfaces or None)
+        _warm_up()  # while mDNS answers come in: the imports the next steps need
+        found = listening.result()
     if not found:
         raise UserError(f"init: no Mac answered _ssh._tcp over mDNS within {browse_seconds:g} s "
                         "(is Remote Login on?); name the hosts: mlxops init HOST...")
@@ -37,6 +42,16 @@ def _candidates(hosts, browse_seconds, interfaces, pick_all):
         picked = _pick(answer, len(found))
         found = [found[i - 1] for i in picked]
     return [Candidate(f.address, None, f.name) for f in found]
+
+
+def _warm_up() -> None:
+    """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
+    the trainer's plan): seconds of listening for mDNS answers are spent on it."""
+    import mlxops.init.flow  # noqa: F401 - the writer, the probe, the starter's plan
+    import mlxops.transport.connection  # noqa: F401 - Fabric and paramiko
+    from mlxops.init.writer import load
+
+    load(None)  # ruamel.yaml itself
 
 
 def _pick(answer: str, count: int) -> list[int]:
