@@ -31,12 +31,18 @@ def parse_spec(spec: str) -> Candidate:
     return Candidate(host, user or None, host)
 
 
+def is_address(text: str) -> bool:
+    return bool(re.match(r"^\d+\.\d+\.\d+\.\d+$", text))
+
+
 def inventory_name(hostname: str | None, label: str, taken: Iterable[str]) -> str:
-    """The host's own short name (``Studio-1.local`` -> ``studio-1``) when it has one no
-    other host has taken, else ``label`` (an mDNS name made a valid one, or the address)."""
+    """What the user calls the host: ``label`` when it is a name (the mDNS instance name,
+    the name or ssh alias typed); for an address, the host's own short name
+    (``Studio-1.local`` -> ``studio-1``) when no other host has taken it. Else ``label``
+    made valid and unique (``10.0.0.2``, ``10.0.0.2-2``)."""
     taken = set(taken)
     short = re.sub(r"[^a-z0-9_-]", "-", (hostname or "").split(".")[0].lower()).strip("-")
-    if short and short not in taken and short not in ("localhost",):
+    if is_address(label) and short and short not in taken and short != "localhost":
         return short
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", label).strip("-") or "mac"
     name, n = base, 2

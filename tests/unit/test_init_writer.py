@@ -60,8 +60,10 @@ def test_chip_family_and_names():
     assert writer.chip_family("Apple M2 Ultra", "Darwin", "arm64") == "m2_ultra"
     assert writer.chip_family("Apple M4", "Darwin", "arm64") == "m4"
     assert writer.chip_family(None, "Linux", "x86_64") == "linux_x86_64"
-    assert inventory_name("Studio-1.local", "x", []) == "studio-1"
-    assert inventory_name("box", "node2", ["box"]) == "node2"
+    assert inventory_name("Studio-1.local", "192.168.1.21", []) == "studio-1"
+    assert inventory_name("Studio-1.local", "studio1", []) == "studio1"  # as typed / mDNS
+    assert inventory_name("box", "10.0.0.3", ["box"]) == "10.0.0.3"
+    assert inventory_name("box", "My Mac", ["My-Mac"]) == "My-Mac-2"
     assert inventory_name(None, "10.0.0.2", ["10.0.0.2"]) == "10.0.0.2-2"
     assert parse_spec("mlx@studio-1").user == "mlx"
     for bad in ("a b", "-oProxyCommand=x", "u@", "x;y"):
