@@ -165,3 +165,31 @@ def test_sandbox_nodes_advertise_ssh_until_down(subnet_pool):
     finally:
         box.down()
     assert not mdns.is_ours(pid)
+
+
+def test_init_asks_which_macs_and_whether_to_record(mac_sandbox, tmp_path):
+    """The default, interactive: the found Macs listed, one picked by number, its key shown
+    and recorded on "y"; the one not picked is neither trusted nor written."""
+    box = mac_sandbox
+    (name1, ip1), (name2, ip2) = list(box.info.nodes.items())[:2]
+    env = {**os.environ, "MLXOPS_HOME": str(tmp_path / "mlxops-home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxops", "init", "-o", str(tmp_path / "inventory.yml"),
+         "--user", box.user, "--key", str(box.key_path), "--known-hosts",
+         str(tmp_path / "known_hosts"), "--python", box.python, "--interface",
+         box.controller_ip], input="2\ny\n", capture_output=True, text=True, env=env,
+        cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Which ones?" in done.stdout and "Record 1 new host key(s)?" in done.stdout
+    assert f"{name2} ({ip2}): new" in done.stdout
+    known = (tmp_path / "known_hosts").read_text()
+    assert ip2 in known and ip1 not in known
+    hostvars = hosts_of(tmp_path / "inventory.yml")
+    assert list(hostvars) == [name2] and hostvars[name2]["ansible_host"] == ip2
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "mlxops", "init", "-o", str(tmp_path / "other.yml"),
+         "--interface", box.controller_ip], input="7\n", capture_output=True, text=True,
+        env=env, cwd=tmp_path, timeout=300)
+    assert bad.returncode == 2 and "pick numbers from 1 to" in bad.stderr
+    assert not (tmp_path / "other.yml").exists()
