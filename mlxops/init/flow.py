@@ -8,7 +8,8 @@ refused (exit 2) before any host is touched. Every host of the draft (old ones t
 are the new ones' peers and the job's nodes) has its key checked by ``mlxops trust``'s
 code; new keys are recorded only on consent, never under ``--diff``; a host whose key is
 not recorded, changed, or who does not answer is left out. The rest are probed in
-parallel, the link rule picks each data address, and the new hosts are merged into the
+parallel, each tries its peers' addresses in its subnets (a second command on the same
+connection), the link rule picks each data address, and the new hosts are merged into the
 original document (comments kept). Files are written only at the end, atomically.
 """
 
@@ -21,8 +22,8 @@ from pathlib import Path
 from mlxops.errors import UserError
 from mlxops.init import writer
 from mlxops.init.hosts import Candidate, inventory_name
-from mlxops.init.links import data_addresses
-from mlxops.init.probe import Probed, probe
+from mlxops.init.links import data_addresses, peer_targets
+from mlxops.init.probe import Probed, probe, reaches
 from mlxops.init.starter import Node, render
 
 GiB = 2**30
@@ -144,11 +145,32 @@ class Init:
             trusted, lambda h: probe(connector.connect(h), h, self.pythons))
         probed: dict[str, Probed] = probed_results.succeeded_values()
         out.unreachable += [label[h] for h in probed_results if h not in probed]
-        self._build(out, self.fresh, self.inventory, probed, dry)
+        reached = self._reach(connector, [h for h in trusted if h.name in probed], probed, out)
+        self._build(out, self.fresh, self.inventory, probed, dry, reached)
         return out
 
+    def _reach(self, connector, hosts, probed: dict[str, Probed], out: Outcome
+               ) -> set[tuple[str, str]]:
+        """``(host, address)`` for every peer address a host connected to (by inventory
+        names); a host that could not try (no python with mlx) is taken at its subnets'
+        word, and said so."""
+        from mlxops.transport import run_parallel
+
+        targets = peer_targets({h.name: probed[h.name].links for h in hosts})
+        results = run_parallel(
+            [h for h in hosts if probed[h.name].python],
+            lambda h: reaches(connector.connect(h), probed[h.name].python, targets[h.name]))
+        tried = results.succeeded_values()
+        reached = {(name, ip) for name, ips in tried.items() for ip in ips}
+        untried = [h.name for h in hosts if h.name not in tried]
+        reached |= {(name, ip) for name in untried for ip in targets[name]}
+        if untried:
+            out.said.append(f"links not tried from {', '.join(untried)} (no python with "
+                            "mlx): taken from their subnets")
+        return reached
+
     def _build(self, out: Outcome, fresh: dict[str, Candidate], inventory,
-               probed: dict[str, Probed], dry: bool) -> None:
+               probed: dict[str, Probed], dry: bool, reached: set[tuple[str, str]]) -> None:
         old_names = [h.name for h in inventory.select(None) if h.name not in fresh]
         names: dict[str, str] = {n: n for n in old_names}
         for draft in fresh:
@@ -157,7 +179,8 @@ class Init:
                                               fresh[draft].label, names.values())
         order = [n for n in (h.name for h in inventory.select(None)) if n in probed]
         chosen = data_addresses({names[n]: probed[n].links for n in order},
-                                [names[n] for n in order])
+                                [names[n] for n in order],
+                                {(names[n], ip) for n, ip in reached if n in names})
         new_hosts = []
         for draft, c in fresh.items():
             if draft not in probed:

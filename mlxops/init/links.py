@@ -11,8 +11,11 @@ netmask (``ifconfig``; ``ip -o -4 addr`` on Linux). A kind per interface:
 
 Nodes A and B share a link of kind K when an address of A on a K interface and an address
 of B on a K interface lie in one subnet (``addr & mask`` equal, by A's mask and by B's):
-the address of B that A reaches without a router. The data address of a node is its
-address on the fastest kind it shares with any peer, ranked
+the address of B that A reaches without a router. Where ``reached`` is given (each node
+tried a TCP connection to its peers' addresses in its subnets, :func:`peer_targets`), a
+link also needs each side to have reached the other's address on it.
+
+The data address of a node is its address on the fastest kind it shares with any peer, ranked
 
     thunderbolt  <  ethernet  <  wifi        (smaller is faster)
 
@@ -134,9 +137,22 @@ def _same_subnet(a: Address, b: Address) -> bool:
 Pair = tuple[str, str]
 
 
-def shared_links(nodes: Mapping[str, NodeLinks]) -> dict[Pair, list[tuple[str, Address]]]:
+def peer_targets(nodes: Mapping[str, NodeLinks]) -> dict[str, list[str]]:
+    """For each node, the peers' addresses in a subnet of its own (what it should reach)."""
+    return {a: sorted({addr_b.ip for b, nb in nodes.items() if b != a
+                       for addr_b in nb.addresses for addr_a in na.addresses
+                       if _same_subnet(addr_a, addr_b)})
+            for a, na in nodes.items()}
+
+
+def shared_links(nodes: Mapping[str, NodeLinks], reached: set[Pair] | None = None
+                 ) -> dict[Pair, list[tuple[str, Address]]]:
     """``{(a, b): [(kind, a's address), ...]}`` for every ordered pair sharing a subnet on
-    interfaces of one kind."""
+    interfaces of one kind; ``reached``: ``(node, address)`` pairs that connected, both
+    ways required."""
+    def ok(a: str, addr_a: Address, b: str, addr_b: Address) -> bool:
+        return reached is None or ((a, addr_b.ip) in reached and (b, addr_a.ip) in reached)
+
     links: dict[Pair, list[tuple[str, Address]]] = {}
     for a, na in nodes.items():
         for b, nb in nodes.items():
@@ -145,15 +161,15 @@ def shared_links(nodes: Mapping[str, NodeLinks]) -> dict[Pair, list[tuple[str, A
             for addr_a in na.addresses:
                 kind = na.kind(addr_a.iface)
                 if any(nb.kind(addr_b.iface) == kind and _same_subnet(addr_a, addr_b)
-                       for addr_b in nb.addresses):
+                       and ok(a, addr_a, b, addr_b) for addr_b in nb.addresses):
                     links.setdefault((a, b), []).append((kind, addr_a))
     return links
 
 
-def data_addresses(nodes: Mapping[str, NodeLinks],
-                   order: Sequence[str] | None = None) -> dict[str, DataAddress]:
+def data_addresses(nodes: Mapping[str, NodeLinks], order: Sequence[str] | None = None,
+                   reached: set[Pair] | None = None) -> dict[str, DataAddress]:
     """Every node's :class:`DataAddress` by the rule in the module's docstring."""
-    links = shared_links(nodes)
+    links = shared_links(nodes, reached)
     chosen: dict[str, DataAddress] = {}
     for name in order or list(nodes):
         node = nodes[name]

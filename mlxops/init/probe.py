@@ -72,3 +72,29 @@ def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
                                    ports.exit_code == 0 else {}, parsed),
                   lines[0] if lines else None, lines[1] if len(lines) > 1 else None,
                   getattr(answers.get("init.sudo"), "exit_code", 1) == 0)
+
+
+# Runs under the node's interpreter with mlx (found by the probe): a TCP connection to
+# port 22 of every address given, at once, one second each; prints those that connected.
+_REACH = (
+    "import socket, sys, concurrent.futures as f\n"
+    "def t(a):\n"
+    "    try:\n"
+    "        socket.create_connection((a, 22), 1).close(); return a\n"
+    "    except OSError:\n"
+    "        return None\n"
+    "with f.ThreadPoolExecutor(16) as p:\n"
+    "    print('\\n'.join(a for a in p.map(t, sys.argv[1:]) if a))\n"
+)
+
+
+def reaches(conn, python: str, addresses: Sequence[str]) -> set[str]:
+    """Which of ``addresses`` the node connects to (sshd's port: every peer has one open),
+    as ``mlx.distributed_config`` checks that a peer answers on an address before using
+    it. Raises RuntimeError when the command fails."""
+    if not addresses:
+        return set()
+    result = conn.run(shell.join([python, "-c", _REACH, *addresses]), timeout=30)
+    if result.exit_code != 0:
+        raise RuntimeError(f"trying the peers' addresses failed: {result.error_line()}")
+    return set(result.stdout.split()) & set(addresses)

@@ -193,3 +193,27 @@ def test_init_asks_which_macs_and_whether_to_record(mac_sandbox, tmp_path):
         env=env, cwd=tmp_path, timeout=300)
     assert bad.returncode == 2 and "pick numbers from 1 to" in bad.stderr
     assert not (tmp_path / "other.yml").exists()
+
+
+def test_a_peer_address_that_does_not_answer_is_no_link(sandbox, tmp_path):
+    """node1's packets to node2's sshd dropped (in node2's namespace): one subnet, yet no
+    link between them; each still links to node3 (a TCP connection tried from each node,
+    both ways needed)."""
+    from mlxops.sandbox import netns
+
+    ip1, ip2, ip3 = (sandbox.ip(n) for n in ("node1", "node2", "node3"))
+    netns.block_ssh_from(sandbox.node_layout("node2"), ip1)
+    try:
+        done = init(sandbox, tmp_path, ip1, ip2, ip3, "--accept-new-host-keys")
+    finally:
+        netns.block_ssh_from(sandbox.node_layout("node2"), None)
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "inventory.yml").read_text().splitlines()
+    name = {v["ansible_host"]: k for k, v in hosts_of(tmp_path / "inventory.yml").items()}
+
+    def link(ip: str) -> str:
+        return lines[lines.index(f"          ansible_host: {ip}") + 1]
+
+    assert link(ip1).endswith(f"# data link: Ethernet (eth0) to {name[ip3]}")
+    assert link(ip2).endswith(f"# data link: Ethernet (eth0) to {name[ip3]}")
+    assert link(ip3).endswith(f"to {name[ip1]}, {name[ip2]}")

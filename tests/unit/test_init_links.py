@@ -17,6 +17,7 @@ from mlxops.init.links import (
     parse_hardware_ports,
     parse_ifconfig_addresses,
     parse_ip_addr,
+    peer_targets,
 )
 from mlxops.sandbox import darwin
 
@@ -77,3 +78,15 @@ def test_a_subnet_of_other_kinds_is_no_link_and_a_lone_node_keeps_ssh():
     chosen = data_addresses({"a": a, "b": b})
     assert chosen["a"].ip is None and "SSH address" in chosen["a"].comment()
     assert data_addresses({"solo": _mac("192.168.1.10")})["solo"].ip is None
+
+
+def test_a_link_needs_both_sides_to_have_reached_the_other():
+    nodes = {"a": _mac("192.168.1.10", "10.0.0.1"), "b": _mac("192.168.1.11", "10.0.0.2")}
+    assert peer_targets(nodes) == {"a": ["10.0.0.2", "192.168.1.11"],
+                                   "b": ["10.0.0.1", "192.168.1.10"]}
+    # the cable is in, addresses set, but b's Thunderbolt address does not answer a
+    reached = {("a", "192.168.1.11"), ("b", "192.168.1.10"), ("b", "10.0.0.1")}
+    chosen = data_addresses(nodes, reached=reached)
+    assert (chosen["a"].ip, chosen["a"].kind) == ("192.168.1.10", WIFI)
+    reached.add(("a", "10.0.0.2"))
+    assert data_addresses(nodes, reached=reached)["a"].kind == THUNDERBOLT
