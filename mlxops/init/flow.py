@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mlxops.errors import UserError
 from mlxops.init import writer
-from mlxops.init.hosts import Candidate, inventory_name
+from mlxops.init.hosts import Candidate, inventory_name, is_address
 from mlxops.init.links import data_addresses, peer_targets
 from mlxops.init.probe import Probed, probe, reaches
 from mlxops.init.starter import Node, render
@@ -141,8 +141,12 @@ class Init:
                 out.refused.append(label[host.name])
             else:
                 trusted.append(host)
+        # Tried in the probe's own command: the other hosts' SSH addresses (most peers'
+        # data addresses are those; a Thunderbolt one is tried after, where there is one).
+        peers = sorted({h.address for h in trusted if is_address(h.address)})
         probed_results = run_parallel(
-            trusted, lambda h: probe(connector.connect(h), h, self.pythons))
+            trusted, lambda h: probe(connector.connect(h), h, self.pythons,
+                                     [p for p in peers if p != h.address]))
         probed: dict[str, Probed] = probed_results.succeeded_values()
         out.unreachable += [label[h] for h in probed_results if h not in probed]
         reached = self._reach(connector, [h for h in trusted if h.name in probed], probed, out)
@@ -157,13 +161,16 @@ class Init:
         from mlxops.transport import run_parallel
 
         targets = peer_targets({h.name: probed[h.name].links for h in hosts})
+        reached = {(h.name, ip) for h in hosts for ip in probed[h.name].reached}
+        rest = {h.name: [ip for ip in targets[h.name] if ip not in probed[h.name].tried]
+                for h in hosts}
         results = run_parallel(
-            [h for h in hosts if probed[h.name].python],
-            lambda h: reaches(connector.connect(h), probed[h.name].python, targets[h.name]))
+            [h for h in hosts if rest[h.name] and probed[h.name].python],
+            lambda h: reaches(connector.connect(h), probed[h.name].python, rest[h.name]))
         tried = results.succeeded_values()
-        reached = {(name, ip) for name, ips in tried.items() for ip in ips}
-        untried = [h.name for h in hosts if h.name not in tried]
-        reached |= {(name, ip) for name in untried for ip in targets[name]}
+        reached |= {(name, ip) for name, ips in tried.items() for ip in ips}
+        untried = [h.name for h in hosts if rest[h.name] and h.name not in tried]
+        reached |= {(name, ip) for name in untried for ip in rest[name]}
         if untried:
             out.said.append(f"links not tried from {', '.join(untried)} (no python with "
                             "mlx): taken from their subnets")

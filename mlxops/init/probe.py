@@ -8,6 +8,9 @@ interpreter) with three reads of init's own riding along, so a host costs one ro
 - ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
   elsewhere) -- the facts keep addresses without masks;
 - ``python``: the first of the candidate interpreters that imports ``mlx.core``;
+- ``reach``: which of the given addresses (the other hosts' SSH addresses) this host
+  connects to, in the facts' own interpreter (:data:`_REACH`); peers' other addresses
+  (a Thunderbolt one) are tried afterwards by :func:`reaches`, only where needed;
 - ``sudo``: on a Mac, whether ``sudo -n true`` works: provision needs root to set the GPU
   wired limit and sleep (``ansible_become``), and ``check`` checks them.
 """
@@ -25,6 +28,7 @@ from mlxops.init.links import (
     parse_ifconfig_addresses,
     parse_ip_addr,
 )
+from mlxops.tasks.base import PythonRead
 from mlxops.tasks.facts import gather
 
 #: Where a Mac keeps a Python that may have mlx, tried after the ones given (Homebrew on
@@ -53,14 +57,19 @@ class Probed:
     python: str | None   # an interpreter that imports mlx.core, absolute; None: none
     mlx: str | None = None  # the mlx it imports
     sudo: bool = False      # a Mac where ``sudo -n`` works (no password asked)
+    tried: frozenset[str] = frozenset()    # addresses the probe tried to reach
+    reached: frozenset[str] = frozenset()  # ... and those that answered
 
 
-def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
-    """Read ``host`` over ``conn`` (a trusted connection); raises RuntimeError when the
-    facts command does not answer."""
-    reads = {"init.ports": "networksetup -listallhardwareports", "init.addrs": _ADDRS,
-             "init.python": _python_read([*pythons, *CANDIDATES]),
-             "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
+def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) -> Probed:
+    """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
+    raises RuntimeError when the facts command does not answer."""
+    reads: dict[str, str | PythonRead] = {
+        "init.ports": "networksetup -listallhardwareports", "init.addrs": _ADDRS,
+        "init.python": _python_read([*pythons, *CANDIDATES]),
+        "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
+    if peers:
+        reads["init.reach"] = PythonRead(_REACH, tuple(peers))
     facts, answers = gather(conn, host, reads)
     ports = answers.get("init.ports")
     addrs = answers.get("init.addrs")
@@ -68,10 +77,13 @@ def probe(conn, host, pythons: Sequence[str] = ()) -> Probed:
     parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
     found = answers.get("init.python")
     lines = found.stdout.split() if found else []
+    reach = answers.get("init.reach")
+    tried = frozenset(peers) if reach is not None and reach.exit_code == 0 else frozenset()
     return Probed(facts, NodeLinks(parse_hardware_ports(ports.stdout) if ports and
                                    ports.exit_code == 0 else {}, parsed),
                   lines[0] if lines else None, lines[1] if len(lines) > 1 else None,
-                  getattr(answers.get("init.sudo"), "exit_code", 1) == 0)
+                  getattr(answers.get("init.sudo"), "exit_code", 1) == 0,
+                  tried, tried & frozenset(reach.stdout.split()) if tried else frozenset())
 
 
 # Runs under the node's interpreter with mlx (found by the probe): a TCP connection to
