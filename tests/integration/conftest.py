@@ -2,8 +2,10 @@
 
 Each node is a network namespace with its own address, sshd and home (README.md,
 "Testing without Macs"); tests reach them exactly as mlxops reaches Macs. The sandbox
-gets its own dir, name prefix and subnet, so it never collides with a user's
-``mlxops sandbox`` or with another test session, and it is always torn down: on
+gets its own dir, name prefix and subnet (``up`` picks a free one from a pool under the
+machine's sandbox lock, as it makes the node account: docs/testing.md), so it never
+collides with a user's ``mlxops sandbox``, another test session or another program's
+namespaces, and it is always torn down: on
 success, failure, Ctrl-C (finally), SIGTERM (turned into SystemExit) and interpreter
 exit (atexit). Sandboxes left behind by a SIGKILLed session are removed at start.
 

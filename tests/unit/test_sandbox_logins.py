@@ -8,10 +8,11 @@ import ipaddress
 import os
 import pwd
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from mlxops.sandbox import accounts
+from mlxops.sandbox import accounts, netns
 from mlxops.sandbox.layout import SubnetPool
 from mlxops.sandbox.logins import login_problems
 from mlxops.sandbox.netns import conflict
@@ -120,3 +121,19 @@ def test_a_subnet_pool_tries_every_24_once_from_its_seed_on():
     assert len(nets) == len(set(nets)) == 500
     assert nets[:3] == [NET("10.233.249.0/24"), NET("10.232.0.0/24"), NET("10.232.1.0/24")]
     assert pool.describe() == "10.232-233.x.0/24"
+
+
+RECORDED = Path(__file__).parent / "data" / "sandbox"  # its README names the source
+
+
+def test_what_is_taken_is_read_from_ip_addresses_and_routes(monkeypatch):
+    answers = {"addr": (RECORDED / "ip-addr.json").read_text(),
+               "route": (RECORDED / "ip-route.json").read_text()}
+    monkeypatch.setattr(netns, "run", lambda argv, check=True: subprocess.CompletedProcess(
+        argv, 0, answers[argv[3]], ""))
+    used = netns.taken()
+    assert (NET("10.232.5.0/24"), False, "route 10.232.5.0/24 via 10.99.0.2 dev d0") in used
+    assert (NET("10.99.0.0/30"), True, "10.99.0.1 on d0") in used
+    assert conflict(NET("10.232.5.0/24"), used) == "route 10.232.5.0/24 via 10.99.0.2 dev d0"
+    assert conflict(NET("10.232.6.0/24"), used) is None  # 10.0.0.0/8 is wider: no conflict
+    assert str(netns.pick_subnet(SubnetPool(range(232, 233), 5))) == "10.232.6.0/24"
