@@ -202,7 +202,8 @@ class Init:
                 p.sudo and f.is_darwin))
         doc = writer.load(self.old_text)
         out.added = writer.merge(doc, new_hosts, self.common)
-        new_text = writer.dump(doc)
+        # No host taken and no file yet: nothing to write (not a file of all.vars alone).
+        new_text = writer.dump(doc) if out.added or self.old_text else self.old_text
         job_text = None
         hosts = {h.name: h for h in inventory.select(None)}
         nodes = [Node(names[n], int(probed[n].facts.memory_bytes or 0),

@@ -132,11 +132,17 @@ def test_init_unreachable_host_left_out_exit_3(mac_sandbox, tmp_path):
 def test_init_refused_key_not_recorded_nothing_written(mac_sandbox, tmp_path):
     box = mac_sandbox
     first = next(iter(box.info.nodes.values()))
-    done = init(box, tmp_path, first)  # no stdin: the prompt's answer is no
-    assert done.returncode != 0 or "key not recorded" in done.stderr
-    assert not (tmp_path / "known_hosts").exists() or \
-        first not in (tmp_path / "known_hosts").read_text()
-    assert not (tmp_path / "inventory.yml").exists()
+    done = init(box, tmp_path, first)  # nothing to read: the prompt aborts
+    assert done.returncode == 1 and "Aborted" in done.stderr
+    env = {**os.environ, "MLXOPS_HOME": str(tmp_path / "mlxops-home")}
+    said_no = subprocess.run(
+        [sys.executable, "-m", "mlxops", "init", first, "-o", str(tmp_path / "inventory.yml"),
+         "--known-hosts", str(tmp_path / "known_hosts"), "--user", box.user],
+        input="n\n", capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert said_no.returncode == 0, said_no.stderr
+    assert f"left out, key not recorded: {first}" in said_no.stderr
+    assert not (tmp_path / "known_hosts").exists()
+    assert not (tmp_path / "inventory.yml").exists() and not (tmp_path / "first.yml").exists()
 
 
 def test_init_bad_existing_inventory_touches_no_host(mac_sandbox, tmp_path):
