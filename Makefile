@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 # terminal monitor in a real terminal, zsh for nodes that log in as a stock Mac does,
 # bsdtar (libarchive-tools) for nodes whose tar is a Mac's).
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
-	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools prometheus
+	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools prometheus nftables
 
 .PHONY: demo test test-unit test-quick lint venv venv-test system-deps clean
 

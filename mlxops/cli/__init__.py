@@ -53,6 +53,8 @@ COMMANDS: dict[str, Entry] = {
                          "output.")),
     "trust": Entry("trust", ("Show each host's SSH host-key fingerprint, and its jump hosts', and "
                              "record the new ones in known_hosts.")),
+    "init": Entry("init", ("Find Macs (mDNS) or take HOSTs, trust their keys, read them, and "
+                           "write an inventory and a starter job.")),
     "sandbox": Entry("sandbox", ("Fake Mac nodes on Linux (network namespaces + sshd); needs "
                                  "root.")),
     "hostfile": Entry("hostfile", ("Render the hostfile of the selected hosts for BACKEND (one "

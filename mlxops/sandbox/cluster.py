@@ -27,6 +27,7 @@ from mlxops.sandbox import (
     hostlock,
     kernels,
     logins,
+    mdns,
     netns,
     nodes,
 )
@@ -160,6 +161,11 @@ class Sandbox(Faults):
             self._wait_listening(layouts)
         self._write_client_files()
         self._check_logins([n.name for n in layouts])
+        with _step("advertising _ssh._tcp over mDNS"):
+            for node in layouts:  # as Remote Login does on a Mac: `mlxops init` finds them
+                self._entry(node.name)["mdns_pid"] = mdns.start(
+                    node.netns, node.name, node.ip, self._files(node.name).dir / "mdns.log")
+            self._save()
 
     def _check_logins(self, names: list[str]) -> None:
         """Log in to every node as a client will; a refusal names why (:mod:`.logins`)."""
@@ -200,6 +206,7 @@ class Sandbox(Faults):
             if entry.get("asleep"):  # a frozen process takes no signal: thaw it first
                 freezer.thaw(self._freezer(entry["name"]))
         for entry in state["nodes"]:
+            mdns.stop(entry.get("mdns_pid"))
             nodes.stop_sshd(entry.get("sshd_pid"), self._files(entry["name"]))
         netns.kill_netns_processes([n.netns for n in layouts])
         for entry in state["nodes"]:

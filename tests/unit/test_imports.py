@@ -51,6 +51,7 @@ ROOMS: list[tuple[str, ...]] = [
     ("checks",),
     ("monitor",),
     ("selftest",),
+    ("init",),  # mlxops init: trust, inventory, the facts task and the trainer's plan
     ("sandbox",),
     ("adhoc",),
     ("cli",),

@@ -9,6 +9,7 @@ as the tool it is called as (``argv[0]``):
   on a real Mac (``recorded/``, sources in ``recorded/README.md``). Two values are kept as
   state, in the node's own directory: ``iogpu.wired_limit_mb`` (``sysctl -w``) and the
   system ``sleep`` (``pmset -a sleep N``), so provision changes them and check reads them.
+- ``networksetup -listallhardwareports``: recorded (which device is Wi-Fi, Thunderbolt).
 - ``ifconfig``: the recorded interfaces of a Mac, with ``en0`` carrying the node's own
   address (it must route: the cluster talks over it).
 - ``ps`` (BSD ``-o`` keywords) and ``stat -f`` (BSD formats): the node's real processes and
@@ -379,7 +380,10 @@ def main(argv: list[str]) -> int:
             out = {"uname": lambda: uname(args), "sw_vers": lambda: sw_vers(args),
                    "pmset": lambda: pmset(args, env), "ioreg": lambda: ioreg(args),
                    "vm_stat": lambda: (RECORDED / "vm_stat.txt").read_text(),
-                   "ps": lambda: ps(args), "stat": lambda: bsd_stat(args)}[tool]()
+                   "ps": lambda: ps(args), "stat": lambda: bsd_stat(args),
+                   # -listallhardwareports: the only form asked (mlxops init)
+                   "networksetup": lambda: (RECORDED / "networksetup-listallhardwareports.txt"
+                                            ).read_text()}[tool]()
     except ToolError as exc:
         sys.stderr.write(f"{exc}\n")
         return exc.code
@@ -390,7 +394,7 @@ def main(argv: list[str]) -> int:
 
 #: The tools this program answers as (``DIR/darwin/bin/<tool>``); ``tar`` links to bsdtar.
 TOOLS = ("uname", "sw_vers", "sysctl", "pmset", "vm_stat", "ioreg", "ifconfig", "ps", "stat",
-         "sudo")
+         "sudo", "networksetup")
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

@@ -1,0 +1,111 @@
+"""Benchmark: ``mlxops init`` from start to the written files, against ``mlxops trust`` on
+the same N sandbox nodes (needs root).
+
+In the same run, interleaved, median of ``--repeat``, each run with a fresh, empty
+known_hosts (every key new) and a fresh controller home:
+
+- ``mlxops trust INV --yes``: the sandbox's inventory, its ``mlxops_known_hosts`` pointed at
+  the empty file: scan every key, show it, record it;
+- ``mlxops init --all --accept-new-host-keys``: the same nodes found over mDNS (listening
+  ``--browse-seconds``), keys scanned and recorded, one probe each (facts, hardware
+  ports, addresses, an interpreter with mlx), the links, the inventory and the job written;
+- ``mlxops init NODE_IP...``: the same with the nodes named (no mDNS listening).
+
+    sudo .venv/bin/python benchmarks/init.py --nodes 16 [--repeat 3] [--browse-seconds 1]
+         [--subnet 10.244.32.0/24]
+
+Target (issue 32): init within 2x of trust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from mlxops.sandbox import Sandbox
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL)
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}):\n"
+                 f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--browse-seconds", type=float, default=1.0)
+    parser.add_argument("--subnet", default="10.244.32.0/24")
+    opts = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="mlxops-bench-init-"))
+    work.chmod(0o755)
+    box = Sandbox(work / "sandbox", prefix="mxinit", subnet=opts.subnet)
+    print(f"starting {opts.nodes} sandbox nodes ...", file=sys.stderr)
+    box.up(opts.nodes)
+    runs: dict[str, list[float]] = {}
+    try:
+        mlxops = [sys.executable, "-m", "mlxops"]
+        common = ["--user", box.user, "--key", str(box.key_path), "--python", box.python]
+        ips = list(box.info.nodes.values())
+
+        def fresh(tag: str, i: int) -> tuple[Path, dict[str, str]]:
+            d = work / f"{tag}-{i}"
+            d.mkdir()
+            return d, {**os.environ, "MLXOPS_HOME": str(d / "home")}
+
+        def trust(i: int) -> float:
+            d, env = fresh("trust", i)
+            doc = yaml.safe_load(box.inventory_path.read_text())
+            doc["all"]["vars"]["mlxops_known_hosts"] = str(d / "known_hosts")
+            (d / "inventory.yml").write_text(yaml.safe_dump(doc))
+            return timed([*mlxops, "trust", str(d / "inventory.yml"), "--yes"], env)
+
+        def init(i: int, named: bool) -> float:
+            d, env = fresh("named" if named else "found", i)
+            where = ips if named else ["--all", "--interface", box.controller_ip,
+                                       "--browse-seconds", str(opts.browse_seconds)]
+            took = timed([*mlxops, "init", *where, "-o", str(d / "inventory.yml"),
+                          "--accept-new-host-keys", "--known-hosts", str(d / "known_hosts"),
+                          *common], env)
+            written = yaml.safe_load((d / "inventory.yml").read_text())
+            hosts = [h for g in written["all"]["children"].values() for h in g["hosts"]]
+            assert len(hosts) == opts.nodes, hosts
+            return took
+
+        trust(-1)  # untimed: bytecode and page cache
+        init(-1, True)
+        for i in range(opts.repeat):
+            runs.setdefault("mlxops trust INV --yes", []).append(trust(i))
+            runs.setdefault(f"mlxops init --all (mDNS, {opts.browse_seconds:g} s listening)",
+                            []).append(init(i, False))
+            runs.setdefault("mlxops init NODE... (named)", []).append(init(i, True))
+    finally:
+        box.down()
+        shutil.rmtree(work, ignore_errors=True)
+    median = {name: statistics.median(values) for name, values in runs.items()}
+    base = median["mlxops trust INV --yes"]
+    print(f"\nfrom start to written files, {opts.nodes} sandbox nodes, {os.cpu_count()} cores, "
+          f"median of {opts.repeat}\n")
+    print(f"{'':48} {'s':>6} {'x trust':>8}")
+    for name, seconds in median.items():
+        print(f"{name:48} {seconds:6.2f} {seconds / base:7.2f}x")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

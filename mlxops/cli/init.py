@@ -1,0 +1,144 @@
+"""``mlxops init [HOST...]``: find or take Macs, trust their keys on consent, read them,
+and write the inventory and a starter job (docs/cli.md, "mlxops init").
+
+The steps, each one a module of mlxops/init/: the candidates (named, or found over mDNS
+and picked), a draft inventory (the existing file plus the candidates) loaded by the same
+loader as every command, so bad input is refused before any host is touched; the keys
+(``mlxops trust``'s own check and blocks); one probe command per host; the link rule; the
+merged inventory and the job, written atomically only when nothing failed on the way.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from mlxops import console
+from mlxops.cli.options import connect_options
+from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UserError
+
+
+def _candidates(hosts, browse_seconds, interfaces, pick_all):
+    from mlxops.init.discover import discover
+    from mlxops.init.hosts import Candidate, parse_spec
+
+    if hosts:
+        return [parse_spec(h) for h in hosts]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        listening = pool.submit(discover, browse_seconds, interfaces or None)
+        _warm_up()  # while mDNS answers come in: the imports the next steps need
+        found = listening.result()
+    if not found:
+        raise UserError(f"init: no Mac answered _ssh._tcp over mDNS within {browse_seconds:g} s "
+                        "(is Remote Login on?); name the hosts: mlxops init HOST...")
+    for i, f in enumerate(found, 1):
+        console.out.print(f"  {i}. {f.name}  {f.address}:{f.port}  {f.server}", markup=False)
+    if not pick_all:
+        answer = click.prompt("Which ones? (numbers, e.g. 1,3; 'all')", default="all")
+        picked = _pick(answer, len(found))
+        found = [found[i - 1] for i in picked]
+    return [Candidate(f.address, None, f.name) for f in found]
+
+
+def _warm_up() -> None:
+    """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
+    the trainer's plan): seconds of listening for mDNS answers are spent on it."""
+    import mlxops.init.flow  # noqa: F401 - the writer, the probe, the starter's plan
+    import mlxops.transport.connection  # noqa: F401 - Fabric and paramiko
+    from mlxops.init.writer import load
+
+    load(None)  # ruamel.yaml itself
+
+
+def _pick(answer: str, count: int) -> list[int]:
+    if answer.strip().lower() == "all":
+        return list(range(1, count + 1))
+    try:
+        picked = sorted({int(w) for w in answer.replace(",", " ").split()})
+    except ValueError:
+        picked = []
+    if not picked or any(not 1 <= i <= count for i in picked):
+        raise UserError(f"init: {answer!r}: pick numbers from 1 to {count}, or 'all'")
+    return picked
+
+
+@click.command("init")
+@click.argument("hosts", nargs=-1)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("inventory.yml"), show_default=True,
+              help="The inventory to write; an existing one gets the new hosts only.")
+@click.option("--job", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The starter job to write (default: first.yml beside the inventory; an "
+                   "existing one is kept).")
+@click.option("--all", "pick_all", is_flag=True, help="Take every Mac found (no prompt).")
+@click.option("--diff", "show_diff", is_flag=True,
+              help="Show what would change in the inventory and write nothing (no key "
+                   "recorded either).")
+@click.option("--user", help="SSH user of every node (all.vars.ansible_user).")
+@click.option("--key", "key_file", help="SSH private key (all.vars."
+                                         "ansible_ssh_private_key_file).")
+@click.option("--known-hosts", help="A known_hosts file for this cluster (all.vars."
+                                     "mlxops_known_hosts; default ~/.ssh/known_hosts).")
+@click.option("--python", "pythons", multiple=True, metavar="PATH",
+              help="An interpreter to try first for mlx (repeat); then python3 and Homebrew's.")
+@click.option("--browse-seconds", type=click.FloatRange(0.5, 60), default=3.0,
+              show_default=True, help="How long to listen for _ssh._tcp answers.")
+@click.option("--interface", "interfaces", multiple=True, metavar="ADDR",
+              help="Browse mDNS on this local address only (repeat; default: every one).")
+@connect_options
+def command(hosts, output, job, pick_all, show_diff, user, key_file,
+            known_hosts, pythons, browse_seconds, interfaces, connect):
+    """Find Macs (mDNS) or take HOSTs, trust their keys, read them, and write an inventory
+    and a starter job.
+
+    Without HOST, the Macs offering SSH on the local network (Remote Login advertises
+    _ssh._tcp over Bonjour) are listed to pick from (--all: every one). Each host's key
+    fingerprint is shown and recorded only on consent, as `mlxops trust` does. The
+    inventory gets a group per chip family, each host's address, user, data address on
+    its fastest link to its peers (Thunderbolt, then Ethernet, then Wi-Fi), interpreter
+    with MLX and slots; a re-run adds new hosts and keeps everything written, comments
+    included. Unreachable hosts are left out (exit 3).
+    """
+    from mlxops.init.flow import Init
+
+    flow = Init(output=output, job=job or output.with_name("first.yml"), user=user,
+                key_file=key_file, known_hosts=known_hosts, pythons=list(pythons),
+                connect=connect)
+    flow.read_existing()  # bad input first: before any host is touched
+    candidates = _candidates(hosts, browse_seconds, interfaces, pick_all)
+    from mlxops.cli.trust import key_blocks
+    from mlxops.transport import ConnectOptions, Connector
+
+    # --accept-new-host-keys is consent to init's recording, after the keys are shown;
+    # the connections themselves accept no key that is not recorded (as trust's).
+    with Connector(ConnectOptions(connect_timeout=connect.connect_timeout)) as connector:
+        results, checks, new = flow.check_keys(candidates, connector)
+        for line in key_blocks(results, checks):  # as `mlxops trust` shows them
+            console.out.print(line, soft_wrap=True)
+        record = bool(new) and not show_diff and (
+            connect.accept_new_host_keys or click.confirm(f"Record {len(new)} new host key(s)?",
+                                                  default=False))
+        outcome = flow.finish(connector, record, show_diff)
+    if outcome.unreachable:
+        console.err.print(f"left out, unreachable: {', '.join(outcome.unreachable)}",
+                          markup=False)
+    if outcome.refused:
+        console.err.print(f"left out, key not recorded: {', '.join(outcome.refused)}",
+                          markup=False)
+    if show_diff:
+        console.out.print(outcome.diff or f"{output}: no change\n", markup=False,
+                          soft_wrap=True, end="")
+    else:
+        for line in outcome.said:
+            console.out.print(line, markup=False)
+        if outcome.added or outcome.job_written:
+            console.out.print(f"Next: mlxops provision {output} | mlxops bench {output} | "
+                              f"mlxops check {output} | mlxops launch {outcome.job}",
+                              markup=False)
+    if outcome.unreachable:
+        sys.exit(EXIT_UNREACHABLE)
+    sys.exit(EXIT_FAILED if outcome.changed_keys else EXIT_OK)

@@ -1,0 +1,11 @@
+"""``mlxops init``: from a few Macs (found over mDNS or named) to a checked inventory and a
+starter job (docs/cli.md, "mlxops init"; docs/inventory.md, "What mlxops init writes").
+
+Rooms: :mod:`.discover` (Bonjour ``_ssh._tcp`` through zeroconf), :mod:`.hosts` (what the
+user typed or picked, and the names hosts get), :mod:`.probe` (one command per host after
+its key is trusted), :mod:`.links` (each node's interfaces, their kinds and the data
+address: a pure rule), :mod:`.writer` (the inventory, comments kept on a re-run),
+:mod:`.starter` (the job sized by the trainer's memory plan) and :mod:`.flow` (one run:
+draft, keys, probes, files). The command itself (mlxops/cli/init.py) shows the keys, asks,
+and prints.
+"""

@@ -1,0 +1,231 @@
+"""One ``mlxops init`` run: the draft, the keys, the probes, the files.
+
+Policy. The draft inventory is the existing file (kept as text) plus one entry per new
+candidate (``ansible_host``, ``ansible_user``) and the command line's ``all.vars``; it is
+written to a hidden file beside the output (so relative paths and group_vars resolve as
+they will) and loaded by :func:`mlxops.inventory.load_inventory`: a bad file or value is
+refused (exit 2) before any host is touched. Every host of the draft (old ones too: they
+are the new ones' peers and the job's nodes) has its key checked by ``mlxops trust``'s
+code; new keys are recorded only on consent, never under ``--diff``; a host whose key is
+not recorded, changed, or who does not answer is left out. The rest are probed in
+parallel, each tries its peers' addresses in its subnets (a second command on the same
+connection), the link rule picks each data address, and the new hosts are merged into the
+original document (comments kept). Files are written only at the end, atomically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlxops.errors import UserError
+from mlxops.init import writer
+from mlxops.init.hosts import Candidate, inventory_name, is_address
+from mlxops.init.links import data_addresses, peer_targets
+from mlxops.init.probe import Probed, probe, reaches
+from mlxops.init.starter import Node, render
+
+GiB = 2**30
+
+
+@dataclass
+class Outcome:
+    added: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    changed_keys: list[str] = field(default_factory=list)
+    diff: str = ""
+    job: Path | None = None
+    job_written: bool = False
+    said: list[str] = field(default_factory=list)
+
+
+def summary(facts, python: str | None, mlx: str | None) -> str:
+    """The comment above a host: what was found."""
+    parts = [facts.chip or f"{facts.system or '?'} {facts.arch or ''}".strip()]
+    if facts.memory_bytes:
+        parts.append(f"{facts.memory_bytes / GiB:.0f} GiB")
+    if facts.macos_version:
+        parts.append(f"macOS {facts.macos_version} ({facts.macos_build})")
+    parts.append(f"mlx {mlx}" if python else "no python with mlx found")
+    return ", ".join(parts)
+
+
+class Init:
+    def __init__(self, output: Path, job: Path, user: str | None, key_file: str | None,
+                 known_hosts: str | None, pythons: Sequence[str], connect) -> None:
+        self.output, self.job, self.pythons, self.connect = output, job, list(pythons), connect
+        self.common = {"ansible_user": user, "ansible_ssh_private_key_file": key_file,
+                       "mlxops_known_hosts": known_hosts}
+        self.old_text = ""
+
+    def read_existing(self) -> None:
+        """The existing inventory, if any: it must load (exit 2 naming it otherwise)."""
+        for path, option in ((self.output, "-o"), (self.job, "--job")):
+            if not path.parent.is_dir():
+                raise UserError(f"init: {option} {path}: no directory {path.parent}")
+        if not self.output.exists():
+            return
+        self.old_text = self.output.read_text()
+        from mlxops.inventory import load_inventory
+
+        load_inventory(self.output)
+        try:
+            writer.load(self.old_text)
+        except Exception as exc:  # ruamel's own errors: one line naming the file
+            raise UserError(f"{self.output}: {exc}") from None
+
+    def _draft(self, candidates: Sequence[Candidate]) -> tuple[dict[str, Candidate], object]:
+        doc = writer.load(self.old_text)
+        known = writer.existing_hosts(doc)
+        addresses = set(known.values())
+        fresh: dict[str, Candidate] = {}
+        for c in candidates:
+            if c.address in addresses or c.address in known:
+                continue  # already in the file: left as the user has it
+            addresses.add(c.address)
+            # named as typed (or as mDNS said) until its own name is known
+            fresh[inventory_name(None, c.label, [*known, *fresh])] = c
+        from mlxops.init.links import DataAddress
+
+        blank = DataAddress(None, None, None, None, ())
+        writer.merge(doc, [writer.NewHost(name, c.address, c.user, "init_draft", blank,
+                                          None, 1, "draft")
+                           for name, c in fresh.items()], self.common)
+        return fresh, doc
+
+    def _load_draft(self, doc):
+        from mlxops.inventory import load_inventory
+
+        draft = self.output.with_name(f".{self.output.name}.init-draft.yml")
+        try:
+            draft.write_text(writer.dump(doc))
+            return load_inventory(draft)
+        except UserError as exc:
+            raise UserError(str(exc).replace(str(draft), str(self.output))) from None
+        finally:
+            draft.unlink(missing_ok=True)
+
+    def check_keys(self, candidates: Sequence[Candidate], connector):
+        """The draft's hosts' keys, by ``mlxops trust``'s check: ``(results, checks,
+        new)``, ``new`` the keys not known yet (the caller shows them and asks)."""
+        from mlxops.trust import NEW, check_host_keys, every_check
+
+        self.fresh, draft_doc = self._draft(candidates)
+        self.inventory = self._load_draft(draft_doc)
+        self.results, self.checks = check_host_keys(self.inventory.select(None), connector)
+        return self.results, self.checks, [c for c in every_check(self.checks)
+                                           if c.state == NEW]
+
+    def finish(self, connector, record: bool, dry: bool) -> Outcome:
+        """Record the new keys if ``record`` (never when ``dry``), probe every trusted
+        host, and write (or, ``dry``, diff) the files."""
+        from mlxops.transport import run_parallel
+        from mlxops.trust import BLOCKED, KEY_CHANGED, NEW, record_new_keys
+
+        out = Outcome(job=self.job)
+        record = record and not dry
+        if record:
+            record_new_keys(self.checks)
+        label = {h.name: (self.fresh[h.name].address if h.name in self.fresh else h.name)
+                 for h in self.inventory.select(None)}
+        trusted = []
+        for host in self.inventory.select(None):
+            check = self.checks.get(host.name)
+            if check is None:
+                out.unreachable.append(label[host.name])
+            elif KEY_CHANGED in (check.state, *(j.state for j in check.jumps)):
+                out.changed_keys.append(label[host.name])
+            elif check.state == BLOCKED or (check.state == NEW and not record):
+                out.refused.append(label[host.name])
+            else:
+                trusted.append(host)
+        # Tried in the probe's own command: the other hosts' SSH addresses (most peers'
+        # data addresses are those; a Thunderbolt one is tried after, where there is one).
+        peers = sorted({h.address for h in trusted if is_address(h.address)})
+        probed_results = run_parallel(
+            trusted, lambda h: probe(connector.connect(h), h, self.pythons,
+                                     [p for p in peers if p != h.address]))
+        probed: dict[str, Probed] = probed_results.succeeded_values()
+        out.unreachable += [label[h] for h in probed_results if h not in probed]
+        reached = self._reach(connector, [h for h in trusted if h.name in probed], probed, out)
+        self._build(out, self.fresh, self.inventory, probed, dry, reached)
+        return out
+
+    def _reach(self, connector, hosts, probed: dict[str, Probed], out: Outcome
+               ) -> set[tuple[str, str]]:
+        """``(host, address)`` for every peer address a host connected to (by inventory
+        names); a host that could not try (no python with mlx) is taken at its subnets'
+        word, and said so."""
+        from mlxops.transport import run_parallel
+
+        targets = peer_targets({h.name: probed[h.name].links for h in hosts})
+        reached = {(h.name, ip) for h in hosts for ip in probed[h.name].reached}
+        rest = {h.name: [ip for ip in targets[h.name] if ip not in probed[h.name].tried]
+                for h in hosts}
+        results = run_parallel(
+            [h for h in hosts if rest[h.name] and probed[h.name].python],
+            lambda h: reaches(connector.connect(h), probed[h.name].python, rest[h.name]))
+        tried = results.succeeded_values()
+        reached |= {(name, ip) for name, ips in tried.items() for ip in ips}
+        untried = [h.name for h in hosts if rest[h.name] and h.name not in tried]
+        reached |= {(name, ip) for name in untried for ip in rest[name]}
+        if untried:
+            out.said.append(f"links not tried from {', '.join(untried)} (no python with "
+                            "mlx): taken from their subnets")
+        return reached
+
+    def _build(self, out: Outcome, fresh: dict[str, Candidate], inventory,
+               probed: dict[str, Probed], dry: bool, reached: set[tuple[str, str]]) -> None:
+        old_names = [h.name for h in inventory.select(None) if h.name not in fresh]
+        names: dict[str, str] = {n: n for n in old_names}
+        for draft in fresh:
+            if draft in probed:
+                names[draft] = inventory_name(probed[draft].facts.hostname,
+                                              fresh[draft].label, names.values())
+        order = [n for n in (h.name for h in inventory.select(None)) if n in probed]
+        chosen = data_addresses({names[n]: probed[n].links for n in order},
+                                [names[n] for n in order],
+                                {(names[n], ip) for n, ip in reached if n in names})
+        new_hosts = []
+        for draft, c in fresh.items():
+            if draft not in probed:
+                continue
+            p = probed[draft]
+            f = p.facts
+            from mlxops.init.writer import chip_family
+
+            new_hosts.append(writer.NewHost(
+                names[draft], c.address, c.user, chip_family(f.chip, f.system, f.arch),
+                chosen[names[draft]], p.python, 1, summary(f, p.python, p.mlx),
+                p.sudo and f.is_darwin))
+        doc = writer.load(self.old_text)
+        out.added = writer.merge(doc, new_hosts, self.common)
+        # No host taken and no file yet: nothing to write (not a file of all.vars alone).
+        new_text = writer.dump(doc) if out.added or self.old_text else self.old_text
+        job_text = None
+        hosts = {h.name: h for h in inventory.select(None)}
+        nodes = [Node(names[n], int(probed[n].facts.memory_bytes or 0),
+                      probed[n].facts.ranks_working_set, hosts[n].slots)
+                 for n in order if probed[n].facts.memory_bytes]
+        if nodes and not self.job.exists():
+            job_text = render(self.job.stem, self.job, self.output, nodes)
+        out.diff = writer.diff(self.old_text, new_text, self.output) if new_text != \
+            self.old_text else ""
+        if dry:
+            if job_text:
+                out.diff += writer.diff("", job_text, self.job)
+            return
+        if new_text != self.old_text:
+            writer.write_atomic(self.output, new_text)
+            out.said.append(f"{self.output}: {len(out.added)} host(s) added"
+                            + (f" ({', '.join(out.added)})" if out.added else ""))
+        else:
+            out.said.append(f"{self.output}: nothing new")
+        if job_text:
+            writer.write_atomic(self.job, job_text)
+            out.job_written = True
+            out.said.append(f"{self.job}: starter job for {len(nodes)} node(s)")
+        elif self.job.exists():
+            out.said.append(f"{self.job}: kept as it is")

@@ -1,0 +1,188 @@
+"""Which pairs of nodes share a link, of what kind, and each node's data address.
+
+Policy (a pure rule, no I/O). Each node says what its interfaces are (``networksetup
+-listallhardwareports`` on a Mac: ``Hardware Port: Thunderbolt 1`` / ``Device: en2``, the
+map ``mlx.distributed_config`` reads) and which IPv4 addresses they carry, with their
+netmask (``ifconfig``; ``ip -o -4 addr`` on Linux). A kind per interface:
+
+    thunderbolt  the port is "Thunderbolt N" or "Thunderbolt Bridge" (bridge0)
+    wifi         "Wi-Fi" / "AirPort" (or, with no hardware ports, a ``wl*`` name)
+    ethernet     anything else that carries an address (Ethernet, USB LAN, eth0, ...)
+
+Nodes A and B share a link of kind K when an address of A on a K interface and an address
+of B on a K interface lie in one subnet (``addr & mask`` equal, by A's mask and by B's):
+the address of B that A reaches without a router. Where ``reached`` is given (each node
+tried a TCP connection to its peers' addresses in its subnets, :func:`peer_targets`), a
+link also needs each side to have reached the other's address on it.
+
+The data address of a node is its address on the fastest kind it shares with any peer, ranked
+
+    thunderbolt  <  ethernet  <  wifi        (smaller is faster)
+
+ties going to the link shared with the most peers, then to the interface listed first.
+A node with no peer (a cluster of one, or on no common subnet) keeps the address SSH
+reaches (``ansible_host``), said so in the comment.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+THUNDERBOLT, ETHERNET, WIFI = "thunderbolt", "ethernet", "wifi"
+RANK = {THUNDERBOLT: 0, ETHERNET: 1, WIFI: 2}
+LABEL = {THUNDERBOLT: "Thunderbolt", ETHERNET: "Ethernet", WIFI: "Wi-Fi"}
+
+
+@dataclass(frozen=True)
+class Address:
+    iface: str
+    ip: str
+    prefix: int  # netmask length
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"{self.ip}/{self.prefix}", strict=False)
+
+
+@dataclass
+class NodeLinks:
+    """One node's interfaces as it reported them."""
+
+    ports: dict[str, str] = field(default_factory=dict)   # device -> hardware port name
+    addresses: list[Address] = field(default_factory=list)
+
+    def kind(self, iface: str) -> str:
+        return iface_kind(iface, self.ports)
+
+
+@dataclass(frozen=True)
+class DataAddress:
+    """The address a node's peers use (``mlxops_ip``) and why."""
+
+    ip: str | None          # None: keep ansible_host
+    kind: str | None
+    iface: str | None
+    port: str | None        # the hardware port's name, when the node said
+    peers: tuple[str, ...]  # the nodes reached on it
+
+    def comment(self) -> str:
+        if self.ip is None or self.kind is None:
+            return "data link: none found to a peer; the ranks use the SSH address"
+        port = f", {self.port}" if self.port and self.port != LABEL[self.kind] else ""
+        return (f"data link: {LABEL[self.kind]} ({self.iface}{port}) to "
+                f"{', '.join(self.peers)}")
+
+
+def parse_hardware_ports(text: str) -> dict[str, str]:
+    """``networksetup -listallhardwareports`` -> ``{device: port name}`` (as mlx's
+    ``parse_hardware_ports``, keyed by device)."""
+    ports: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("Hardware Port:"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("Device:") and name is not None:
+            ports[line.split(":", 1)[1].strip()] = name
+            name = None
+    return ports
+
+
+def parse_ifconfig_addresses(text: str) -> list[Address]:
+    """macOS ``ifconfig``: every IPv4 ``inet X netmask 0xffffff00`` with its interface
+    (loopback left out)."""
+    found, iface = [], None
+    for line in text.splitlines():
+        head = re.match(r"^([A-Za-z0-9_.-]+): flags=", line)
+        if head:
+            iface = head.group(1)
+            continue
+        words = line.split()
+        if iface and len(words) >= 4 and words[0] == "inet" and words[2] == "netmask":
+            mask = int(words[3], 16) if words[3].startswith("0x") else \
+                int(ipaddress.IPv4Address(words[3]))
+            found.append(Address(iface, words[1], bin(mask).count("1")))
+    return [a for a in found if not a.ip.startswith("127.")]
+
+
+def parse_ip_addr(text: str) -> list[Address]:
+    """Linux ``ip -o -4 addr show``: ``2: eth0    inet 10.0.0.2/24 brd ...``."""
+    found = []
+    for line in text.splitlines():
+        m = re.match(r"^\d+:\s+(\S+)\s+inet\s+([\d.]+)/(\d+)", line)
+        if m and not m.group(2).startswith("127."):
+            found.append(Address(m.group(1).split("@")[0], m.group(2), int(m.group(3))))
+    return found
+
+
+def iface_kind(iface: str, ports: Mapping[str, str]) -> str:
+    port = ports.get(iface)
+    if port is not None:
+        if port.startswith("Thunderbolt"):
+            return THUNDERBOLT
+        if port in ("Wi-Fi", "AirPort"):
+            return WIFI
+        return ETHERNET
+    if iface == "bridge0" and ports:  # macOS's Thunderbolt Bridge, when not listed
+        return THUNDERBOLT
+    return WIFI if iface.startswith("wl") else ETHERNET
+
+
+def _same_subnet(a: Address, b: Address) -> bool:
+    return ipaddress.IPv4Address(b.ip) in a.network and ipaddress.IPv4Address(a.ip) in b.network
+
+
+Pair = tuple[str, str]
+
+
+def peer_targets(nodes: Mapping[str, NodeLinks]) -> dict[str, list[str]]:
+    """For each node, the peers' addresses in a subnet of its own (what it should reach)."""
+    return {a: sorted({addr_b.ip for b, nb in nodes.items() if b != a
+                       for addr_b in nb.addresses for addr_a in na.addresses
+                       if _same_subnet(addr_a, addr_b)})
+            for a, na in nodes.items()}
+
+
+def shared_links(nodes: Mapping[str, NodeLinks], reached: set[Pair] | None = None
+                 ) -> dict[Pair, list[tuple[str, Address]]]:
+    """``{(a, b): [(kind, a's address), ...]}`` for every ordered pair sharing a subnet on
+    interfaces of one kind; ``reached``: ``(node, address)`` pairs that connected, both
+    ways required."""
+    def ok(a: str, addr_a: Address, b: str, addr_b: Address) -> bool:
+        return reached is None or ((a, addr_b.ip) in reached and (b, addr_a.ip) in reached)
+
+    links: dict[Pair, list[tuple[str, Address]]] = {}
+    for a, na in nodes.items():
+        for b, nb in nodes.items():
+            if a == b:
+                continue
+            for addr_a in na.addresses:
+                kind = na.kind(addr_a.iface)
+                if any(nb.kind(addr_b.iface) == kind and _same_subnet(addr_a, addr_b)
+                       and ok(a, addr_a, b, addr_b) for addr_b in nb.addresses):
+                    links.setdefault((a, b), []).append((kind, addr_a))
+    return links
+
+
+def data_addresses(nodes: Mapping[str, NodeLinks], order: Sequence[str] | None = None,
+                   reached: set[Pair] | None = None) -> dict[str, DataAddress]:
+    """Every node's :class:`DataAddress` by the rule in the module's docstring."""
+    links = shared_links(nodes, reached)
+    chosen: dict[str, DataAddress] = {}
+    for name in order or list(nodes):
+        node = nodes[name]
+        best: tuple | None = None
+        for index, addr in enumerate(node.addresses):
+            peers = tuple(b for b in nodes if (name, b) in links
+                          and any(x is addr or x == addr for _, x in links[(name, b)]))
+            if not peers:
+                continue
+            kind = node.kind(addr.iface)
+            key = (RANK[kind], -len(peers), index)
+            if best is None or key < best[0]:
+                best = (key, DataAddress(addr.ip, kind, addr.iface, node.ports.get(addr.iface),
+                                         peers))
+        chosen[name] = best[1] if best else DataAddress(None, None, None, None, ())
+    return chosen
