@@ -32,6 +32,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent   # DIR/darwin
+sys.path.insert(0, str(HERE))            # macrdma.py beside it (up copies both)
+import macrdma  # noqa: E402  (found where this program is, not in a package)
+
 RECORDED = HERE / "recorded"
 NODE = HERE / "node"                      # this node's own directory (a bind mount)
 REAL_PROC = NODE / "proc"                 # the node's /proc, moved out of the way
@@ -210,7 +213,8 @@ def ifconfig(addresses: list[tuple[str, int]], mac: str, recorded: Path = RECORD
         else:
             en0.append(line)
     return ((recorded / "ifconfig-head.txt").read_text() + "\n".join(en0) + "\n"
-            + (recorded / "ifconfig-thunderbolt.txt").read_text())
+            + (recorded / "ifconfig-thunderbolt.txt").read_text()
+            + macrdma.bridge_stanza(recorded, NODE))
 
 
 def node_link() -> tuple[list[tuple[str, int]], str]:
@@ -375,6 +379,11 @@ def main(argv: list[str]) -> int:
             return 127
         elif tool == "ifconfig":
             out = ifconfig(*node_link())
+        elif tool in RDMA_TOOLS:
+            try:
+                out = getattr(macrdma, tool)(args, RECORDED, NODE)
+            except ValueError as exc:
+                raise ToolError(str(exc)) from None
         else:
             out = {"uname": lambda: uname(args), "sw_vers": lambda: sw_vers(args),
                    "pmset": lambda: pmset(args, env), "ioreg": lambda: ioreg(args),
@@ -389,8 +398,9 @@ def main(argv: list[str]) -> int:
 
 
 #: The tools this program answers as (``DIR/darwin/bin/<tool>``); ``tar`` links to bsdtar.
+RDMA_TOOLS = ("rdma_ctl", "ibv_devinfo", "networksetup", "system_profiler")
 TOOLS = ("uname", "sw_vers", "sysctl", "pmset", "vm_stat", "ioreg", "ifconfig", "ps", "stat",
-         "sudo")
+         "sudo") + RDMA_TOOLS
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
