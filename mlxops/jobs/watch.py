@@ -23,6 +23,7 @@ from collections.abc import Callable
 from mlxops import events
 from mlxops.errors import InternalError, MlxopsError
 from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
+from mlxops.jobs.jacclinit import jaccl_init_failure
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import (
     JobRecord,
@@ -203,6 +204,12 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 if not stopping:
                     channels.stop_ranks(record.stop_grace)
                 channels.close()  # the attempt it watched is about to end
+                init_failed = jaccl_init_failure(status, record.backend)
+                if init_failed:   # never retried in a loop (mlxops/jobs/jacclinit.py)
+                    stop_job(record, connector, mark_stopped=False)
+                    _end(record.name, FAILED, init_failed)
+                    on_event(init_failed)
+                    return job_status(load_record(record.name), connector, hosts=hosts)
                 if len(record.restarts) >= record.restart.max_restarts:
                     stop_job(record, connector, mark_stopped=False)
                     message = f"gave up after {len(record.restarts)} restarts: {problem}"
