@@ -1,8 +1,9 @@
-"""RDMA readiness end to end: ``mlxops check`` of a jaccl inventory on Mac-like sandbox
-nodes, whose ``rdma_ctl``, ``ibv_devinfo``, ``system_profiler``, ``networksetup`` and
-``ifconfig`` answer from output recorded on real Macs (mlxops/sandbox/darwin/recorded/
-README.md), broken one fault at a time as real Macs break (mlxops/sandbox/darwin/
-macrdma.py): each problem is reported on its node with its fix; a good set passes."""
+"""RDMA readiness and the data link end to end: ``mlxops check`` of a jaccl inventory on
+Mac-like sandbox nodes, whose ``rdma_ctl``, ``ibv_devinfo``, ``system_profiler``,
+``networksetup`` and ``ifconfig`` answer from output recorded on real Macs
+(mlxops/sandbox/darwin/recorded/README.md), broken one fault at a time as real Macs break
+(mlxops/sandbox/darwin/macrdma.py): each problem is reported on its node with its fix; a
+good set passes."""
 
 from __future__ import annotations
 
@@ -28,24 +29,27 @@ def jaccl_inventory(mac_sandbox, tmp_path_factory) -> Path:
     return path
 
 
-def rdma_results(tmp_path: Path, inventory: Path) -> dict[str, dict]:
+CHECKS = ("check_rdma", "check_data_link")
+
+
+def results_of(tmp_path: Path, inventory: Path, check: str) -> dict[str, dict]:
     done = mlxops(tmp_path, "check", str(inventory), "--json", timeout=180)
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
-    return {r["host"]: r for r in json.loads(done.stdout)["results"]
-            if r["check"] == "check_rdma"}
+    return {r["host"]: r for r in json.loads(done.stdout)["results"] if r["check"] == check}
 
 
-@pytest.mark.parametrize("fault, found, fix", [
-    ("rdma-off", "RDMA is disabled", "rdma_ctl enable"),
-    ("tb4", "40 Gb/s", "Thunderbolt 5"),
-    ("bridge", "rdma_en2: en2 is held by the Thunderbolt Bridge",
+@pytest.mark.parametrize("fault, check, found, fix", [
+    ("rdma-off", "check_rdma", "RDMA is disabled", "rdma_ctl enable"),
+    ("tb4", "check_rdma", "40 Gb/s", "Thunderbolt 5"),
+    ("bridge", "check_rdma", "rdma_en2: en2 is held by the Thunderbolt Bridge",
      "'Thunderbolt Bridge' off"),
+    ("wifi", "check_data_link", "en0 (Wi-Fi)", "thunderbolt_ips"),
 ])
-def test_check_reports_each_rdma_fault_on_its_node_with_the_fix(mac_sandbox, jaccl_inventory,
-                                                                tmp_path, fault, found, fix):
+def test_check_reports_each_fault_on_its_node_with_the_fix(mac_sandbox, jaccl_inventory,
+                                                           tmp_path, fault, check, found, fix):
     try:
         mac_sandbox.mac_faults("node2", fault)
-        results = rdma_results(tmp_path, jaccl_inventory)
+        results = results_of(tmp_path, jaccl_inventory, check)
     finally:
         mac_sandbox.mac_faults("node2")
     assert results["node1"]["outcome"] == "passed", results
@@ -54,7 +58,8 @@ def test_check_reports_each_rdma_fault_on_its_node_with_the_fix(mac_sandbox, jac
     assert found in message and fix in message, message
 
 
-def test_a_good_set_passes(mac_sandbox, jaccl_inventory, tmp_path):
-    results = rdma_results(tmp_path, jaccl_inventory)
+@pytest.mark.parametrize("check", CHECKS)
+def test_a_good_set_passes(mac_sandbox, jaccl_inventory, tmp_path, check):
+    results = results_of(tmp_path, jaccl_inventory, check)
     assert {h: r["outcome"] for h, r in results.items()} == {"node1": "passed",
                                                              "node2": "passed"}, results
