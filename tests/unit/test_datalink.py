@@ -75,3 +75,19 @@ def test_a_host_that_does_not_name_its_ports_has_no_finding():
     facts = HostFacts.unknown()
     facts.interfaces = {"eth0": ["10.0.0.5"]}
     assert data_link_finding(facts, "10.0.0.5", "10.0.0.5") is None
+
+
+def test_bench_warns_of_a_data_path_on_wifi_from_the_cached_facts(tmp_path, monkeypatch):
+    from mlxops.bench.run import data_link_findings
+    from mlxops.inventory import Host
+    from mlxops.tasks.facts import save_facts
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path))
+    save_facts("mac1", mac({"en3": ["192.168.1.21"]}))
+    save_facts("mac2", mac({"en0": ["192.168.1.22"], "en2": ["10.0.0.2"]}))
+    hosts = [Host("mac1", {"ansible_host": "192.168.1.21"}),
+             Host("mac2", {"ansible_host": "192.168.1.22"})]
+    (finding,) = data_link_findings(hosts)
+    assert finding["kind"] == "data_link" and finding["host"] == "mac2"
+    assert "Wi-Fi" in finding["message"] and "en2" in finding["message"]
+    assert data_link_findings(hosts[:1]) == []   # one host: no data path to judge
