@@ -7,7 +7,7 @@ where it says. A hostfile that takes the LAN address sends that traffic over Wi-
 (exo-explore/exo#2295: 3x slower).
 
 The rule (pure, over the facts: ``ifconfig``'s addresses, ``networksetup
--listallhardwareports``' port names, see mlxops/tasks/macnet.py):
+-listallhardwareports``' port names, see mlxops/macnet.py):
 
 - the data address's interface is the one whose IPv4 addresses include it; its kind is
   its hardware port's: ``Thunderbolt N`` -> thunderbolt, ``Thunderbolt Bridge`` ->

@@ -4,7 +4,7 @@
 wanted devices are the host's ``mlxops_rdma`` values for the peers it runs with
 (``{device: [peers]}``); the facts are :class:`~mlxops.hostfacts.RdmaState` and
 :class:`~mlxops.hostfacts.MacState` (``rdma_ctl status``, ``ibv_devinfo -v``,
-``system_profiler SPThunderboltDataType``, ``ifconfig``; see mlxops/tasks/macnet.py).
+``system_profiler SPThunderboltDataType``, ``ifconfig``; see mlxops/macnet.py).
 Findings, in the order a user fixes them (each names the device and the fix):
 
 1. ``rdma_ctl`` missing: macOS before 26.2 has no RDMA over Thunderbolt; update.
@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mlxops.hostfacts import HostFacts
-from mlxops.tasks.macnet import TB4_GBPS
+from mlxops.macnet import TB4_GBPS
 
 REBOOT = "reboot this Mac"
 ENABLE = ("enable RDMA: in Recovery run `rdma_ctl enable` (or System Settings > "

@@ -23,11 +23,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mlxops import shell
+from mlxops import macnet, shell
 from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState, decode
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
-from mlxops.tasks import macnet
 from mlxops.tasks.base import Outcome, Prefetched, PythonRead, TaskContext, task
 
 MARK = "@@mlxops:"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mlxops import macnet
 from mlxops.datalink import (
     BRIDGE,
     ETHERNET,
@@ -20,7 +21,6 @@ from mlxops.datalink import (
 )
 from mlxops.hostfacts import HostFacts, MacState
 from mlxops.sandbox import darwin
-from mlxops.tasks import macnet
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 PORTS = macnet.parse_hardware_ports(

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from mlxops import macnet
 from mlxops.hostfacts import HostFacts
 from mlxops.rdmaready import REBOOT, rdma_findings, wanted_devices
 from mlxops.sandbox import darwin
 from mlxops.sandbox.darwin import macrdma, shim
 from mlxops.tasks import facts as F
-from mlxops.tasks import macnet
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 WANTED = {"rdma_en2": ["mac2"]}
