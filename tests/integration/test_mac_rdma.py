@@ -29,7 +29,7 @@ def jaccl_inventory(mac_sandbox, tmp_path_factory) -> Path:
     return path
 
 
-CHECKS = ("check_rdma", "check_data_link")
+CHECKS = ("check_rdma", "check_data_link", "check_macos_release")
 
 
 def results_of(tmp_path: Path, inventory: Path, check: str) -> dict[str, dict]:
@@ -44,6 +44,8 @@ def results_of(tmp_path: Path, inventory: Path, check: str) -> dict[str, dict]:
     ("bridge", "check_rdma", "rdma_en2: en2 is held by the Thunderbolt Bridge",
      "'Thunderbolt Bridge' off"),
     ("wifi", "check_data_link", "en0 (Wi-Fi)", "thunderbolt_ips"),
+    ("beta", "check_macos_release", "build 25A5316i is a beta", "release build"),
+    ("beta", "check_versions_agree", "25A5316i", "macOS"),   # a mix of builds
 ])
 def test_check_reports_each_fault_on_its_node_with_the_fix(mac_sandbox, jaccl_inventory,
                                                            tmp_path, fault, check, found, fix):

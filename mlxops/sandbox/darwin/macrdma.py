@@ -14,7 +14,8 @@ Ethernet port. The node's ``faults`` file (one word a line, written by
 - ``rdma-off``: ``rdma_ctl status`` says disabled and ``ibv_devinfo`` finds no device;
 - ``tb4``: the cable to the other Mac runs at 40 Gb/s (a Thunderbolt 4 port);
 - ``bridge``: ``bridge0`` holds ``en1`` and ``en2`` (the Thunderbolt Bridge is on);
-- ``wifi``: ``en0`` is the Mac's Wi-Fi port (so is the data address on it).
+- ``wifi``: ``en0`` is the Mac's Wi-Fi port (so is the data address on it);
+- ``beta``: ``sw_vers`` answers a beta build.
 
 Standard library only.
 """
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-FAULTS = ("rdma-off", "tb4", "bridge", "wifi")
+FAULTS = ("rdma-off", "tb4", "bridge", "wifi", "beta")
+#: The build ``sw_vers`` answers with the ``beta`` fault: a seed's form (recorded/README.md).
+BETA_BUILD = "25A5316i"
 #: The device the good node's cable is on (the recorded Mac's third Thunderbolt port).
 CABLED = "rdma_en2"
 #: ``ibv_devinfo -v``'s limit lines for Apple's driver (recorded/README.md: measured in
@@ -98,3 +101,8 @@ def system_profiler(args: list[str], recorded: Path, node: Path) -> str:
 def bridge_stanza(recorded: Path, node: Path) -> str:
     """What ``ifconfig`` adds for the Thunderbolt Bridge: nothing unless it is on."""
     return (recorded / "ifconfig-bridge.txt").read_text() if "bridge" in faults(node) else ""
+
+
+def build(recorded_build: str, node: Path) -> str:
+    """``sw_vers -buildVersion``: the recorded build, or a beta's with the ``beta`` fault."""
+    return BETA_BUILD if "beta" in faults(node) else recorded_build

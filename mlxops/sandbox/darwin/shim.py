@@ -110,7 +110,8 @@ def sw_vers(args: list[str], recorded: Path = RECORDED) -> str:
     values = recorded_sysctl(recorded)
     fields = {"-productName": ("ProductName", "macOS"),
               "-productVersion": ("ProductVersion", values["kern.osproductversion"]),
-              "-buildVersion": ("BuildVersion", values["kern.osversion"])}
+              "-buildVersion": ("BuildVersion", macrdma.build(values["kern.osversion"],
+                                                              NODE))}
     if not args:
         return "".join(f"{name}:\t\t{value}\n" for name, value in fields.values())
     if len(args) == 1 and args[0] in fields:
