@@ -130,6 +130,7 @@ class JobStatus:
     launcher: LauncherStatus | None = None   # mpi only
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
     serve: ServeFigures | None = None        # a probed job's live figures, when known
+    fast_synch: bool = False                 # its ranks run with MLX_METAL_FAST_SYNCH=1
 
     def live(self) -> dict[str, Any]:
         """The live figures as a status document or a sample line holds them (empty: none)."""
@@ -212,6 +213,8 @@ class JobStatus:
             doc["launcher"] = asdict(self.launcher)
         if self.stray:
             doc["stray"] = self.stray
+        if self.fast_synch:
+            doc["fast_synch"] = True
         return doc | self.live()
 
 
@@ -294,7 +297,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
     return JobStatus(record.name,
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
-                     record.message, launcher, [h.name for h in record.stray])
+                     record.message, launcher, [h.name for h in record.stray],
+                     fast_synch=record.fast_synch)
 
 
 def _probed(record: JobRecord) -> bool:
