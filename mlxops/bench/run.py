@@ -141,7 +141,7 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
     finally:
         if not keep_run_dirs and not removed:
             _remove_run_dirs(nodes, connector, result)
-    result.findings = findings(result) + data_link_findings(hosts)
+    result.findings = findings(result) + data_link_findings(hosts) + fast_synch_findings(hosts)
     result.seconds["total"] = time.monotonic() - start
     return result
 
@@ -157,6 +157,20 @@ def data_link_findings(hosts: list) -> list[dict]:
             out.append({"kind": "data_link", "host": host.name,
                         "message": f"{host.name}: {found[0]}: {found[1]}"})
     return out
+
+
+def fast_synch_findings(hosts: list) -> list[dict]:
+    """A ``fast_synch`` finding: MLX_METAL_FAST_SYNCH does not apply where no host is a
+    Mac (no Metal); on Macs its cost is not measured by this version (docs/cli.md)."""
+    systems = {f.system for h in hosts if (f := load_cached_facts(h.name)) is not None}
+    if systems and "Darwin" not in systems:
+        return [{"kind": "fast_synch", "message": "MLX_METAL_FAST_SYNCH does not apply: "
+                                                  "no host is a Mac (no Metal)"}]
+    if "Darwin" in systems:
+        return [{"kind": "fast_synch", "message": "MLX_METAL_FAST_SYNCH: its cost on a "
+                 "small all-reduce from the GPU is not measured by this version; off is "
+                 "MLX's advice (on, a fence can wedge the GPU until reboot)"}]
+    return []
 
 
 def _network(req: Request, result: BenchResult, net: Network) -> None:

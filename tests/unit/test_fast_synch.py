@@ -66,3 +66,22 @@ def test_status_prints_the_risk(capsys):
     with console.out.capture() as captured:
         print_status(JobStatus("j", "running", [], fast_synch=True))
     assert "MLX_METAL_FAST_SYNCH on" in captured.get()
+
+
+def test_bench_says_fast_synch_does_not_apply_on_linux(tmp_path, monkeypatch):
+    from mlxops.bench.run import fast_synch_findings
+    from mlxops.hostfacts import HostFacts
+    from mlxops.tasks.facts import save_facts
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path))
+    hosts = [Host("n1", {}), Host("n2", {})]
+    assert fast_synch_findings(hosts) == []               # never provisioned: unknown
+    for name, system in (("n1", "Linux"), ("n2", "Linux")):
+        facts = HostFacts.unknown()
+        facts.system = system
+        save_facts(name, facts)
+    (finding,) = fast_synch_findings(hosts)
+    assert finding["kind"] == "fast_synch" and "does not apply" in finding["message"]
+    facts.system = "Darwin"
+    save_facts("n2", facts)
+    assert "not measured" in fast_synch_findings(hosts)[0]["message"]
