@@ -17,7 +17,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -54,10 +54,54 @@ class MacState:
     sleep: int | None                      # pmset's system sleep minutes (0: never)
     # Thunderbolt Bridge (bridge0) up holds the ports jaccl needs to itself.
     thunderbolt_bridge_up: bool
+    # The interfaces bridge0 holds (``member:`` lines of ifconfig), up or not: a port held
+    # by the bridge fails jaccl's init (errno 22) even while the bridge is inactive.
+    bridge_members: list[str] = field(default_factory=list)
+    # networksetup -listallhardwareports: {device: hardware port} ("en2": "Thunderbolt 2").
+    hardware_ports: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def unknown(cls) -> MacState:
         return cls(wired_limit_mb=None, sleep=None, thunderbolt_bridge_up=False)
+
+
+@dataclass
+class RdmaDevice:
+    """One RDMA device as ``ibv_devinfo -v`` shows it (port 1: Apple's have one port)."""
+
+    name: str                              # rdma_en2: the RDMA side of interface en2
+    port_state: str | None                 # PORT_ACTIVE, PORT_DOWN, ...
+    link_layer: str | None                 # "Thunderbolt" on a Mac
+    max_qp: int | None = None              # queue pairs the device can hold
+    max_pd: int | None = None              # protection domains
+    max_mr: int | None = None              # memory regions
+
+    @property
+    def interface(self) -> str | None:
+        """The network interface the device rides on (``rdma_en2`` -> ``en2``)."""
+        return self.name[len("rdma_"):] if self.name.startswith("rdma_") else None
+
+
+@dataclass
+class ThunderboltLink:
+    """A Thunderbolt bus with another Mac at the end of its cable
+    (``system_profiler SPThunderboltDataType -json``)."""
+
+    bus: str                               # thunderboltusb4_bus_1
+    speed_gbps: int | None                 # the receptacle's current speed: 80 = TB5
+    peer: str | None                       # the peer's model name ("MacBook Pro")
+
+
+@dataclass
+class RdmaState:
+    """RDMA over Thunderbolt on a Mac (macOS 26.2+): its switch, devices and cables."""
+
+    enabled: bool | None                   # rdma_ctl status; None: no rdma_ctl (older macOS)
+    devices: list[RdmaDevice] = field(default_factory=list)
+    links: list[ThunderboltLink] = field(default_factory=list)
+
+    def device(self, name: str) -> RdmaDevice | None:
+        return next((d for d in self.devices if d.name == name), None)
 
 
 @dataclass
@@ -80,6 +124,7 @@ class HostFacts:
     disk_free_bytes: int | None            # free under the node user's home
     root: str | None                       # mlxops_root, absolute as the node sees it
     macos: MacState | None                 # Darwin only
+    rdma: RdmaState | None = None          # Darwin only, where rdma_ctl exists
 
     @classmethod
     def unknown(cls) -> HostFacts:
@@ -138,4 +183,10 @@ def _value(hint: Any, value: Any, where: str) -> Any:
     for option in options:
         if dataclasses.is_dataclass(option):
             return decode(option, value, where)
+        # list[Record] and dict[str, Record]: each item decoded as its record.
+        origin, args = typing.get_origin(option), typing.get_args(option)
+        if origin is list and args and dataclasses.is_dataclass(args[0]):
+            if not isinstance(value, list):
+                raise FactsError(f"{where}: expected a list")
+            return [decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     return value

@@ -48,6 +48,7 @@ so ``mlxops check --job`` reports every one of these that launch would refuse on
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -371,3 +372,20 @@ def findings(said: Mapping[str, HostSaid], asked: Mapping[str, Questions], backe
     if backend == MPI and launcher is not None:
         out += mpi_findings(said, launcher)
     return out
+
+
+#: A macOS build: the major (digits), the train letter, the build number, maybe a letter.
+_BUILD = re.compile(r"(\d+)([A-Z])(\d+)([a-z]?)")
+
+
+def beta_build(build: str | None) -> bool:
+    """A macOS build that is a beta (a developer or public seed), by Apple's numbering:
+    ``25A5316i`` (seeds number from 5000, often with a letter) is; ``24F74``, ``25F80``,
+    ``26A428`` (releases) and ``22E772610a`` (a Rapid Security Response: a long number,
+    its letter the response's) are not. Betas have run MLX several times slower
+    (exo-explore/exo#2166)."""
+    match = _BUILD.fullmatch(build or "")
+    if not match:
+        return False
+    number, letter = match.group(3), match.group(4)
+    return len(number) == 4 and (number.startswith("5") or bool(letter))

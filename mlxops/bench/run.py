@@ -26,12 +26,14 @@ from mlxops.bench.measure import Network, Node, Settings, server_deadline
 from mlxops.bench.results import BenchResult, RingResult, average_busbw, bench_dir, fit
 from mlxops.bench.ring import best_ring, ring_bottleneck
 from mlxops.bench.schedule import disjoint_rounds, ring_edges, round_robin
+from mlxops.datalink import data_link_finding
 from mlxops.errors import MlxopsError, bad_input
 from mlxops.inventory import load_inventory
 from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import preflight
 from mlxops.jobs.spec import JobSpec
+from mlxops.tasks.facts import load_cached_facts
 from mlxops.transport import Connector, GroupError, run_parallel
 
 OnEvent = Callable[[str], None]
@@ -139,9 +141,36 @@ def _run(req: Request, inv, hosts: list, backend: str, connector: Connector,
     finally:
         if not keep_run_dirs and not removed:
             _remove_run_dirs(nodes, connector, result)
-    result.findings = findings(result)
+    result.findings = findings(result) + data_link_findings(hosts) + fast_synch_findings(hosts)
     result.seconds["total"] = time.monotonic() - start
     return result
+
+
+def data_link_findings(hosts: list) -> list[dict]:
+    """``data_link`` findings: a host whose data address (what bench measures) is on Wi-Fi
+    or SSH's slower link, by the facts provision last cached (mlxops/datalink.py)."""
+    out = []
+    for host in hosts:
+        facts = load_cached_facts(host.name) if len(hosts) > 1 else None
+        found = facts and data_link_finding(facts, render.cluster_ip(host), host.address)
+        if found:
+            out.append({"kind": "data_link", "host": host.name,
+                        "message": f"{host.name}: {found[0]}: {found[1]}"})
+    return out
+
+
+def fast_synch_findings(hosts: list) -> list[dict]:
+    """A ``fast_synch`` finding: MLX_METAL_FAST_SYNCH does not apply where no host is a
+    Mac (no Metal); on Macs its cost is not measured by this version (docs/cli.md)."""
+    systems = {f.system for h in hosts if (f := load_cached_facts(h.name)) is not None}
+    if systems and "Darwin" not in systems:
+        return [{"kind": "fast_synch", "message": "MLX_METAL_FAST_SYNCH does not apply: "
+                                                  "no host is a Mac (no Metal)"}]
+    if "Darwin" in systems:
+        return [{"kind": "fast_synch", "message": "MLX_METAL_FAST_SYNCH: its cost on a "
+                 "small all-reduce from the GPU is not measured by this version; off is "
+                 "MLX's advice (on, a fence can wedge the GPU until reboot)"}]
+    return []
 
 
 def _network(req: Request, result: BenchResult, net: Network) -> None:

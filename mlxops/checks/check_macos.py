@@ -1,9 +1,11 @@
 """On a Mac, the settings the provision ``macos`` task makes: the GPU's wired memory limit
-and no system sleep. Worked out by that task's own rules and arguments."""
+and no system sleep (worked out by that task's own rules and arguments); and a release
+build of macOS, not a beta."""
 
 from __future__ import annotations
 
 from mlxops.checks import when
+from mlxops.readiness import beta_build
 from mlxops.tasks.macos import wired_limit_mb
 
 PRIVILEGED = "run mlxops provision with ansible_become: true"
@@ -36,3 +38,14 @@ def check_sleep(node, cluster):
     if sleep != 0:
         found = "sleep setting unknown" if sleep is None else f"sleeps after {sleep} min idle"
         raise node.fail(found, f"{PRIVILEGED}, or sudo pmset -a sleep 0")
+
+
+@when(lambda cluster, node: node.system == "Darwin")
+def check_macos_release(node, cluster):
+    """Not a beta of macOS (betas have run MLX several times slower); a mix of builds
+    across the hosts is check_versions_agree's finding."""
+    build = node.facts.macos_build
+    if beta_build(build):
+        raise node.fail(f"macOS {node.facts.macos_version} build {build} is a beta",
+                        "install the release build on every Mac of the job (betas have "
+                        "run MLX several times slower)")

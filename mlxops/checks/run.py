@@ -38,7 +38,8 @@ from mlxops.transport import Connector
 
 CHECKS_DIR = Path(__file__).resolve().parent
 #: The shipped check modules, in the order the table lists them.
-SHIPPED = ("check_host", "check_files", "check_resources", "check_macos", "check_cluster")
+SHIPPED = ("check_host", "check_files", "check_resources", "check_macos", "check_network",
+           "check_rdma", "check_cluster")
 ENTRY_POINT = "mlxops"          # ours, in pyproject.toml: the plugin object replaces it
 RETRY_SECONDS = 5.0
 NO_AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"

@@ -41,10 +41,11 @@ def command(inventory, limit, job_path, junitxml, wait, forks, as_json, connect,
 
     Per host: SSH with a verified host key, the interpreter and the pinned mlx, env.sh,
     the hostfiles and the synced code as provision makes them, disk and memory for --job,
-    ring ports free, no rank of any job left, the clock, and on macOS the wired limit and
-    sleep. Across hosts: the same versions, every pair reaching the other on the ring
-    ports, mpirun at the same path (mpi). CHECK_DIRs: your own checks (check_*.py or
-    test_*.py, pytest with testinfra's `host` fixture), run in the same session.
+    ring ports free, no rank of any job left, the clock, and on macOS the wired limit,
+    sleep and, for jaccl, RDMA over Thunderbolt. Across hosts: the same versions, every
+    pair reaching the other on the ring ports, mpirun at the same path (mpi). CHECK_DIRs:
+    your own checks (check_*.py or test_*.py, pytest with testinfra's `host` fixture),
+    run in the same session.
 
     Exit 0 all passed, 1 a check failed, 2 bad input (nothing contacted), 3 a host
     unreachable.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from mlxops import console
+from mlxops.jobs.fastsynch import RISK
 from mlxops.jobs.notifying import start_notifier
 from mlxops.jobs.record import JobRecord, supervisor_lock
 from mlxops.jobs.serveprobe import ServeFigures
@@ -136,6 +137,8 @@ def print_status(status: JobStatus) -> None:
     console.out.print(head)
     if status.message:
         console.out.print(f"  {status.message}", markup=False)
+    if status.fast_synch:
+        console.out.print(f"  [yellow]{RISK}[/]")
     console.print_table(status_table(status))
     if status.validation:
         console.out.print(f"  {status.validation}", markup=False)

@@ -192,6 +192,24 @@ def ip_address(value: Any) -> str:
     return text
 
 
+def thunderbolt_ips(value: Any) -> dict[str, str]:
+    """``{device: "IPv4/prefix"}``: the data addresses of a Mac's Thunderbolt ports."""
+    if not isinstance(value, Mapping) or not value:
+        raise Invalid(f"must be a mapping of device: IPv4/prefix (en2: 10.0.0.1/30), "
+                      f"got {value!r}")
+    for device, cidr in value.items():
+        if not isinstance(device, str) or not re.fullmatch(r"en\d+", device):
+            raise Invalid(f"must name a device such as en2, got {device!r}", subkey=str(device))
+        try:
+            iface = ipaddress.IPv4Interface(str(cidr))
+        except ValueError:
+            iface = None
+        if iface is None or "/" not in str(cidr) or iface.ip == iface.network.network_address:
+            raise Invalid(f"must be an IPv4 address with its prefix such as 10.0.0.1/30, got "
+                          f"{cidr!r}", subkey=device)
+    return {str(k): str(c) for k, c in value.items()}
+
+
 def host_address(value: Any) -> str:
     """A host name (or ``~/.ssh/config`` alias) or an IP address."""
     text = _text(value, "a host name or IP address")

@@ -143,6 +143,8 @@ register("mlxops_backend", None, v.backend,
 register("mlxops_wired_limit_mb", None,
          v.int_range(1, MAX_WIRED_LIMIT_MB, "no Mac has more than 512 GB of memory"),
          "iogpu.wired_limit_mb: GPU-wired memory limit in MB (default: wired_share of RAM, 75%)")
+register("mlxops_thunderbolt_ips", None, v.thunderbolt_ips,
+         "opt-in: {device: IP/prefix} the thunderbolt_ips task sets with networksetup")
 register("mlxops_btl_tcp_links", 4,
          v.int_range(1, MAX_BTL_TCP_LINKS, "more TCP connections per peer only use up ports"),
          "OMPI_MCA_btl_tcp_links: TCP connections per peer (mpi backend only)")

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from mlxops.errors import UserError
+from mlxops.jobs.fastsynch import fast_synch_on
 from mlxops.jobs.placement import NodePaths, Rank, place_ranks
 from mlxops.jobs.preflight import HostPrep, check_preflight, preflight, verify_collectives
 from mlxops.jobs.record import HostRecord, JobRecord, launched_job
@@ -97,6 +98,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         created=previous.created if previous else time.time(),
         stopped_at=previous.stopped_at if previous else None,
         message=f"resumed from step {step}" if resume and step is not None else "",
+        fast_synch=fast_synch_on(spec.env, hosts),
     )
     record.save()
     for host, answer in sorted(started.succeeded_values().items()):

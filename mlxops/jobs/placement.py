@@ -15,6 +15,7 @@ rank gets").
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Sequence
@@ -32,10 +33,26 @@ class Rank:
     ip: str            # address other ranks reach it at
     port: int
     local_rank: int    # index among the ranks on the same host
+    # Its host's management address (ansible_host) when that is an IP address: where
+    # jaccl's coordinator listens, apart from the data plane (``ip``). None: a name that
+    # only the controller may resolve (an ssh_config alias), so the data address serves.
+    management: str | None = None
 
     def to_dict(self) -> dict:
         return {"rank": self.rank, "host": self.host, "ip": self.ip, "port": self.port,
-                "local_rank": self.local_rank}
+                "local_rank": self.local_rank, "management": self.management}
+
+    @property
+    def coordinator(self) -> str:
+        """``ip:port`` of jaccl's coordinator when this is rank 0: management, else data."""
+        return f"{self.management or self.ip}:{self.port}"
+
+
+def _ip_literal(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 def place_ranks(hosts: Sequence, base_port: int, *, one_per_host: bool = False) -> list[Rank]:
@@ -45,7 +62,8 @@ def place_ranks(hosts: Sequence, base_port: int, *, one_per_host: bool = False) 
     ranks: list[Rank] = []
     for n, host in enumerate(hosts if one_per_host else render.rank_hosts(hosts)):
         local = sum(r.host == host.name for r in ranks)
-        ranks.append(Rank(n, host.name, host.ip, base_port + n, local))
+        ranks.append(Rank(n, host.name, host.ip, base_port + n, local,
+                          management=_ip_literal(host.address)))
     return ranks
 
 
@@ -136,7 +154,7 @@ def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: 
         if backend == protocol.RING:
             env[rankenv.MLX_HOSTFILE] = paths.run_file(protocol.RING_HOSTFILE)
         elif backend in protocol.JACCL_BACKENDS:
-            env[rankenv.MLX_JACCL_COORDINATOR] = f"{ranks[0].ip}:{ranks[0].port}"
+            env[rankenv.MLX_JACCL_COORDINATOR] = ranks[0].coordinator
             env[rankenv.MLX_IBV_DEVICES] = paths.run_file(protocol.IBV_DEVICES)
             if backend == protocol.JACCL_RING:
                 env[rankenv.MLX_JACCL_RING] = "1"

@@ -120,6 +120,7 @@ class JobRecord:
     message: str = ""
     stopped_at: float | None = None        # the last `mlxops stop` (see the module doc)
     workload: Workload | None = None       # what the job runs, as launched (typed)
+    fast_synch: bool = False               # its ranks run with MLX_METAL_FAST_SYNCH=1
 
     def __post_init__(self) -> None:
         if self.job is not None:

@@ -21,6 +21,7 @@ less the watchdog's own.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -106,12 +107,19 @@ class ProbeWatch:
     last: ProbeResult | None = None
     canary: ProbeResult | None = None    # the last canary answered
     canary_at: float = float("-inf")     # when it was sent (monotonic)
+    # The server's request count (its log's, the node's count) when a probe was last
+    # answered, and the probes timed out in a row since: what tells busy from hung.
+    counted: int | None = None
+    timeouts: int = 0
 
-    def look(self, conn: Connection, now: float | None = None) -> str | None:
+    def look(self, conn: Connection, now: float | None = None,
+             count: Callable[[], int | None] = lambda: None) -> str | None:
         """Probe, and every :data:`CANARY_EVERY` seconds of answers also a canary;
-        the problem, or None."""
+        the problem, or None. ``count``: the server's request count now (asked only when
+        a probe timed out)."""
         now = time.monotonic() if now is None else now
-        problem = self.problem(probe(conn, self.serve), now)
+        result = probe(conn, self.serve)
+        problem = self.problem(result, now, count() if result.hung else None)
         if problem is None and self.answered and now - self.canary_at >= CANARY_EVERY:
             self.canary_at = now
             canary = probe(conn, self.serve, tokens=CANARY_TOKENS)
@@ -141,15 +149,33 @@ class ProbeWatch:
         return f"the server on {self.host} could not be probed: {self.host} not answering " \
                f"({reason})"
 
-    def problem(self, result: ProbeResult, now: float | None = None) -> str | None:
+    def answered_at(self, requests: int | None) -> None:
+        """The request count read after an answered probe: the next timeout's baseline."""
+        if isinstance(requests, int):
+            self.counted = requests
+
+    def problem(self, result: ProbeResult, now: float | None = None,
+                requests: int | None = None) -> str | None:
+        """``requests``: the server's request count when ``result`` timed out (None: not
+        known). A probe that timed out while the server started other requests since the
+        last answered one (a long generation ahead of it: mlx-lm serves a request with a
+        ``seed`` alone) is busy, not hung, until ``serve.hung_probes`` time out in a row."""
         self.last = result
         if result.ok:
             self.answered += 1
+            self.timeouts = 0
             return None
         server = f"the server on {self.host}"
         if result.hung:
+            self.timeouts += 1
+            moved = (requests is not None and self.counted is not None
+                     and requests > self.counted)
+            if moved and self.timeouts < self.serve.hung_probes:
+                return None   # busy: working on requests that arrived before the probe
+            why = (f"{self.timeouts} probes in a row" if moved else
+                   "and its request count has not moved since the last answer")
             return (f"{server} did not answer a one-token completion in "
-                    f"{self.serve.probe_timeout:g}s (hung)")
+                    f"{self.serve.probe_timeout:g}s, {why} (hung)")
         if self.answered:
             return f"{server} stopped answering ({result.error})"
         waited = (time.monotonic() if now is None else now) - self.started

@@ -15,9 +15,11 @@ Checked when the job file loads, every key (one line naming the file and the key
 * ``port`` (8080) and ``bind`` (``127.0.0.1``: the node's loopback, reached through
   ``mlxops serve``'s forward; another address exposes the server on the network);
 * the server's own options, passed as its flags (:data:`SERVER_OPTIONS`);
-* ``probe_timeout``: seconds the watchdog's one-token completion may take before the
-  server counts as hung; ``start_timeout``: seconds a new server may take to answer at all
-  (loading the model).
+* ``probe_timeout``: seconds the watchdog's one-token completion may wait for its answer;
+  the server counts as hung when one waits that long and its request count has not moved
+  since the last answered probe, or ``hung_probes`` (3) do so in a row however it moves
+  (:mod:`mlxops.jobs.serveprobe`); ``start_timeout``: seconds a new server may take to
+  answer at all (loading the model).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ SERVER_OPTIONS: dict[str, type] = {
 }
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 SERVE_KEYS = {"model", "parallel", "port", "bind", "probe_timeout", "start_timeout",
-              *SERVER_OPTIONS}
+              "hung_probes", *SERVER_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class ServeSpec:
     probe_timeout: float = 30.0
     start_timeout: float = 300.0
     options: dict[str, Any] = field(default_factory=dict)  # SERVER_OPTIONS set
+    hung_probes: int = 3                   # timed-out probes in a row that are hung anyway
 
     @property
     def export_arch(self) -> str:
@@ -105,9 +108,13 @@ def parse_serve(path: Path, data: Any) -> ServeSpec:
                                                   f"got {value!r}")
         timeouts[key] = float(value)
     options = {key: _option(path, key, data[key]) for key in SERVER_OPTIONS if key in data}
+    hung_probes = data.get("hung_probes", 3)
+    if not isinstance(hung_probes, int) or isinstance(hung_probes, bool) or hung_probes < 1:
+        raise bad_input(path, "serve.hung_probes", f"must be a whole number of probes, 1 or "
+                                                   f"more, got {hung_probes!r}")
     return ServeSpec(model=model, model_job=model_job, model_step=model_step,
-                     model_best=model_best,
-                     parallel=parallel, port=port, bind=str(bind), options=options, **timeouts)
+                     model_best=model_best, parallel=parallel, port=port, bind=str(bind),
+                     options=options, hung_probes=hung_probes, **timeouts)
 
 
 def _number(value: Any) -> bool:

@@ -43,7 +43,7 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "workdir", "env", "restart", "port",
-            "stop_grace", "blas", "alerts", "balance", "notify", "data", *KINDS}
+            "stop_grace", "blas", "alerts", "balance", "notify", "data", "fast_synch", *KINDS}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -72,6 +72,7 @@ class JobSpec:
     # :func:`mlxops.jobs.notifying.job_notify` once the inventory is known); None: none.
     notify: NotifySection | None = None
     data: DataSpec | None = None               # prepared shards (mlxops data prepare)
+    fast_synch: bool | None = None             # MLX_METAL_FAST_SYNCH (jobs/fastsynch.py)
 
     @property
     def total_steps(self) -> int | None:
@@ -155,6 +156,15 @@ def load_job(path: str | Path) -> JobSpec:
         if not isinstance(v, (str, int, float, bool)):
             raise bad_input(path, f"env.{k}", "must be a string or a number")
     env = {k: str(v) for k, v in env.items()}
+    fast_synch = data.get("fast_synch")
+    if fast_synch is not None:
+        if not isinstance(fast_synch, bool):
+            raise bad_input(path, "fast_synch", f"must be true or false, got {fast_synch!r}")
+        wanted = "1" if fast_synch else "0"
+        if env.get("MLX_METAL_FAST_SYNCH", wanted) != wanted:
+            raise bad_input(path, "fast_synch", "disagrees with env.MLX_METAL_FAST_SYNCH "
+                                                f"({env['MLX_METAL_FAST_SYNCH']}): give one")
+        env["MLX_METAL_FAST_SYNCH"] = wanted
 
     return JobSpec(
         path=path.resolve(), name=name, inventory=inventory_path, workload=workload,
@@ -166,7 +176,7 @@ def load_job(path: str | Path) -> JobSpec:
         alerts=parse_alerts(path, data.get("alerts")),
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), kind.splits_batch),
         notify=_notify(path, data.get("notify")),
-        data=prepared,
+        data=prepared, fast_synch=fast_synch,
     )
 
 

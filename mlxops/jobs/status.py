@@ -44,6 +44,7 @@ class RankStatus:
     best_val_loss: float | None = None
     best_step: int | None = None     # where best_val_loss was measured (checkpoint in best/)
     requests: int | None = None      # a serve job's rank 0: requests its server answered
+    busy: bool | None = None         # alive: its CPU busy (True) or idle (False) just now
 
 
 #: What a rank's error says when it failed because a peer rank went away (MLX's ring
@@ -130,6 +131,7 @@ class JobStatus:
     launcher: LauncherStatus | None = None   # mpi only
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
     serve: ServeFigures | None = None        # a probed job's live figures, when known
+    fast_synch: bool = False                 # its ranks run with MLX_METAL_FAST_SYNCH=1
 
     def live(self) -> dict[str, Any]:
         """The live figures as a status document or a sample line holds them (empty: none)."""
@@ -188,8 +190,10 @@ class JobStatus:
         stalled = [r for r in self.ranks if r.state == STALLED]
         if stalled:
             r = stalled[0]
+            kind = {True: ", its CPU busy: a collective spinning on a lost peer?",
+                    False: ", idle: a collective waiting forever?"}.get(r.busy, "")
             return (f"rank {r.rank} on {r.host} made no progress for "
-                    f"{r.heartbeat_age:.0f}s (stalled)")
+                    f"{r.heartbeat_age:.0f}s (stalled{kind})")
         return None
 
     @property
@@ -212,6 +216,8 @@ class JobStatus:
             doc["launcher"] = asdict(self.launcher)
         if self.stray:
             doc["stray"] = self.stray
+        if self.fast_synch:
+            doc["fast_synch"] = True
         return doc | self.live()
 
 
@@ -290,11 +296,12 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             rank.rank, rank.host, state, node_rank.pid, node_rank.exit, progress.step,
             progress.loss, progress.tokens_per_sec, age, node_rank.ended_ago, node_rank.failure,
             progress.val_loss, progress.best_val_loss, progress.best_step,
-            node_rank.requests))
+            node_rank.requests, node_rank.busy))
     return JobStatus(record.name,
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
-                     record.message, launcher, [h.name for h in record.stray])
+                     record.message, launcher, [h.name for h in record.stray],
+                     fast_synch=record.fast_synch)
 
 
 def _probed(record: JobRecord) -> bool:

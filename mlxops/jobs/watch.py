@@ -16,6 +16,7 @@ as launched (kept in the record), not the job file as it reads now.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from mlxops import events
 from mlxops.errors import InternalError, MlxopsError
 from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
+from mlxops.jobs.jacclinit import jaccl_init_failure
 from mlxops.jobs.launch import launch
 from mlxops.jobs.policy import not_restarted
 from mlxops.jobs.record import (
@@ -166,12 +168,19 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 # far more often): its figures stand until the next one.
                 if time.monotonic() >= next_probe:
                     next_probe = time.monotonic() + record.restart.interval
-                    probed = _probe(probes, connector, hosts)
-                    if probed is None:
+                    probed = _probe(probes, connector, hosts,
+                                    functools.partial(counts.count, record))
+                    if probed is None and probes.timeouts:
+                        on_event(f"the server on {probes.host} is busy: the probe waited "
+                                 f"{probes.serve.probe_timeout:g}s behind requests it "
+                                 f"started since (not hung; {probes.timeouts} of "
+                                 f"{probes.serve.hung_probes} in a row)")
+                    if probed is None and probes.timeouts == 0:
                         served = counts.read(record)
                         if served is _Counts.LATE:  # its host may be asleep: probe at once
                             next_probe = 0.0
                         elif served is not _Counts.BUSY:
+                            probes.answered_at(served)
                             figures = probes.figures(served)
                 status.serve = figures
             stopping = status.problem is not None and status.state not in (FINISHED, STOPPED)
@@ -204,7 +213,11 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                 if not stopping:
                     channels.stop_ranks(record.stop_grace)
                 channels.close()  # the attempt it watched is about to end
-                final = not_restarted(status.ranks)
+                # Causes a restart cannot cure end the job with their own line: bad input
+                # (exit 2) and a failed jaccl set-up, never retried in a loop
+                # (jobs/policy.py, jobs/jacclinit.py).
+                final = (not_restarted(status.ranks)
+                         or jaccl_init_failure(status, record.backend))
                 if final or len(record.restarts) >= record.restart.max_restarts:
                     stop_job(record, connector, mark_stopped=False)
                     message = final or (f"gave up after {len(record.restarts)} restarts: "
@@ -291,14 +304,15 @@ def _probes(record: JobRecord) -> ProbeWatch | None:
     return record.workload.probe_watch(record.ranks[0].host)
 
 
-def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:
+def _probe(probes: ProbeWatch, connector: Connector, hosts: dict,
+           count: Callable[[], int | None]) -> str | None:
     """A serve job's probe (:mod:`mlxops.jobs.serveprobe`): its problem, or None. A host
     that cannot be reached is one: the server's clients cannot reach it either, and a
     server writes no heartbeat whose age would tell the watchdog (a sleeping Mac's
     channel is asked again, for up to ASK_TIMEOUT, before the unreachable rule's
     stall_timeout even starts)."""
     try:
-        return probes.look(connector.connect(hosts[probes.host]))
+        return probes.look(connector.connect(hosts[probes.host]), count=count)
     except HostUnreachable as exc:
         return probes.unreachable(exc.reason)
 
@@ -320,6 +334,11 @@ class _Counts:
         self.connector, self.hosts = connector, hosts
         self._thread: threading.Thread | None = None
         self._answer: dict[str, object] = {}
+
+    def count(self, record: JobRecord) -> int | None:
+        """The count as a number, None when it is not known now (late, busy, unread)."""
+        answer = self.read(record)
+        return answer if isinstance(answer, int) else None
 
     def read(self, record: JobRecord) -> object:
         """Requests rank 0's node counted (None: not known); :attr:`LATE` when this ask

@@ -7,7 +7,10 @@ and the report flag the same things:
 * ``tokens_per_sec_drop``: the global tokens/s of the last three metrics lines (their
   median) fell below ``1 - drop`` times the median of up to 50 lines before them;
 * ``heartbeat_age``: a running rank's heartbeat is older than it (seconds), before the
-  watchdog's ``stall_timeout`` calls it stalled;
+  watchdog's ``stall_timeout`` calls it stalled. Silence only: a rank that has not made
+  its first step is starting (loading, compiling its kernels: 40 s cold on a node), which
+  the watchdog judges by ``restart.start_timeout``; it is alerted once that calls it
+  stalled, not while it starts;
 * ``val_loss_rise``: the validation loss rose more than this fraction above its best while
   the training loss fell (the rule is trainer/validation.py's, shared with the trainer).
 """
@@ -70,7 +73,9 @@ def evaluate(limits: Mapping[str, float], sample: Mapping[str, Any] | None,
     limit = limits.get("heartbeat_age", 0)
     for r in sample.get("ranks", []):
         age = r.get("heartbeat_age")
-        if limit and r.get("state") in (RUNNING, STALLED) and age is not None and age > limit:
+        starting = r.get("step") is None and r.get("state") == RUNNING
+        if limit and r.get("state") in (RUNNING, STALLED) and age is not None and age > limit \
+                and not starting:
             found.append({"kind": "heartbeat_age", "rank": r["rank"], "host": r["host"],
                           "message": f"rank {r['rank']} on {r['host']}: no heartbeat for "
                                      f"{age:.0f}s (alert at {limit:g}s)"})

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxops.errors import UserError
+from mlxops.jobs.fastsynch import RISK
 from mlxops.jobs.record import JobRecord
 from mlxops.monitor import bench
 from mlxops.monitor.data import Mirror, document
@@ -56,6 +57,8 @@ def plan(record: JobRecord) -> list[dict[str, Any]] | None:
 def report_document(mirror: Mirror, *, points: int | None = None) -> JobDocument:
     record = mirror.record
     extras = {"plan": plan(record), "bench": bench.latest([h.name for h in record.hosts])}
+    if record.fast_synch:   # said in the report, with the risk (mlxops/jobs/fastsynch.py)
+        extras["fast_synch"] = RISK
     return document(mirror, points=points, extras=extras)
 
 
@@ -72,6 +75,8 @@ def _inline(name: str) -> str:
 def html_report(doc: JobDocument) -> str:
     title = html.escape(f"mlxops report: {doc.name}")
     scripts = "\n".join(f"<script>\n{_inline(name)}\n</script>" for name in SCRIPTS)
+    warning = (f'<p class="warning">{html.escape(doc["fast_synch"])}</p>'
+               if doc.get("fast_synch") else "")
     return f"""<!doctype html>
 <html lang="en">
 <head>
@@ -84,7 +89,7 @@ def html_report(doc: JobDocument) -> str:
 </style>
 </head>
 <body>
-<header><h1>{title}</h1></header>
+<header><h1>{title}</h1>{warning}</header>
 <main><section id="report"><noscript>This report draws its plots with JavaScript; the data
 is in the mlxops-data element of this file.</noscript></section></main>
 <script type="application/json" id="mlxops-data">{_script_data(doc.to_dict())}</script>

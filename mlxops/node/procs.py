@@ -89,3 +89,17 @@ def descendants(pid: int, table: Table) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def group_running(pgid: int | None, table: Table) -> bool | None:
+    """Whether a process of the group is on a CPU now (state R): a rank that made no
+    progress yet runs is busy (a collective spinning on a peer that is gone), one whose
+    processes all sleep is idle (a collective waiting forever). One look at the table: a
+    spin shows R nearly always, a wait almost never. None without a group, or with a
+    process of it stopped (T: SIGSTOP, a debugger): neither busy nor waiting."""
+    if not pgid:
+        return None
+    states = {state for _, _, g, state, _ in table if g == pgid}
+    if states & {"T", "t"}:
+        return None
+    return "R" in states

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mlxops.node import protocol
 from mlxops.node.failure import read_failure
-from mlxops.node.procs import Table, alive, process_table
+from mlxops.node.procs import Table, alive, group_running, process_table
 from mlxops.node.rundir import (
     checkpoint_steps,
     has_launcher,
@@ -67,6 +67,8 @@ def rank_status(run_dir: Path, rank: int, now: float,
         progress=beat,
         log_bytes=log.stat().st_size if log.exists() else 0,
         failure=read_failure(log, code) if failed else None,
+        busy=group_running(pid, table if table is not None else process_table())
+        if is_alive else None,
     )
 
 

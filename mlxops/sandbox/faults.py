@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pwd
 
-from mlxops.sandbox import cgroups, clientfiles, freezer, netns, nodes
+from mlxops.sandbox import cgroups, clientfiles, darwin, freezer, netns, nodes
+from mlxops.sandbox.darwin import macrdma
 from mlxops.sandbox.layout import parse_rate
 from mlxops.sandbox.state import SandboxState
 
@@ -51,6 +52,18 @@ class Faults(SandboxState):
         freezer.thaw(self._freezer(name))
         self._entry(name).pop("asleep", None)
         self._save()
+
+    def mac_faults(self, name: str, *faults: str) -> None:
+        """What a Mac-like node's RDMA and port tools answer (none: a Mac ready for
+        jaccl); each of :data:`mlxops.sandbox.darwin.macrdma.FAULTS` breaks it as a real
+        Mac breaks. :meth:`restore` clears them."""
+        unknown = set(faults) - set(macrdma.FAULTS)
+        if unknown:
+            raise ValueError(f"unknown Mac faults {sorted(unknown)} (known: "
+                             f"{', '.join(macrdma.FAULTS)})")
+        path = darwin.node_dir(self.dir, name) / "faults"
+        path.write_text("".join(f + "\n" for f in faults))
+        path.chmod(0o644)
 
     def asleep(self, name: str) -> bool:
         return bool(self._entry(name).get("asleep"))
@@ -150,6 +163,7 @@ class Faults(SandboxState):
             if not self.sshd_alive(name):
                 self._entry(name)["sshd_pid"] = None
                 self.start_node(name)
+            darwin.node_dir(self.dir, name).joinpath("faults").unlink(missing_ok=True)
         host_keys = {self.ip(n): self._files(n).host_key_line() for n in self.nodes}
         clientfiles.write_atomic(self.known_hosts_path, clientfiles.known_hosts(host_keys))
         # The nodes' own known_hosts (node-to-node SSH, e.g. mpirun) follow new host keys.

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mlxops import shell
+from mlxops import macnet, shell
 from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState, decode
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
@@ -76,13 +76,14 @@ if [ "$(uname -s)" = Darwin ]; then
   echo '@@mlxops:ioreg'; ioreg -rd1 -c AGXAccelerator 2>/dev/null | grep gpu-core-count
   echo '@@mlxops:ifconfig'; ifconfig 2>/dev/null
   echo '@@mlxops:pmset'; pmset -g 2>/dev/null
-else
+@MACNET@else
   echo '@@mlxops:meminfo'; grep MemTotal /proc/meminfo
   echo '@@mlxops:nproc'; getconf _NPROCESSORS_ONLN
   echo '@@mlxops:cpuinfo'; grep -m1 'model name' /proc/cpuinfo
   echo '@@mlxops:ip'; ip -4 -o addr show 2>/dev/null
 fi
 """
+_BODY = _BODY.replace("@MACNET@", macnet.SCRIPT.lstrip("\n"))
 READ, EXIT = "read:", "exit:"  # a read's sections: what it printed, then its exit code
 
 # After the probe, in the same interpreter: each Python read (label, source, argv) prints
@@ -310,7 +311,10 @@ def build_facts(sections: Mapping[str, str], root: str) -> HostFacts:
             # it holds the ports that jaccl (RDMA over Thunderbolt) needs to itself.
             thunderbolt_bridge_up=bool(bridge and bridge["up"]
                                        and bridge["active"] is not False),
+            bridge_members=list(bridge["members"]) if bridge else [],
+            hardware_ports=macnet.parse_hardware_ports(sections.get("hardwareports", "")),
         )
+        facts.rdma = macnet.rdma_state(sections)
     else:
         mem_kib = _int(parse_key_values(sections.get("meminfo", "")).get("MemTotal"))
         facts.chip = parse_key_values(sections.get("cpuinfo", "")).get("model name")

@@ -75,7 +75,13 @@ def test_facts_are_the_recorded_mac(mac_sandbox, connector):
     assert facts.macos == MacState(
         wired_limit_mb=int(node_state(mac_sandbox, "node1", "iogpu.wired_limit_mb")),
         sleep=int(node_state(mac_sandbox, "node1", "sleep")),
-        thunderbolt_bridge_up=False)
+        thunderbolt_bridge_up=False,
+        # networksetup's recorded ports, en0 (the node's wire) the Ethernet adapter.
+        hardware_ports={"en0": "Ethernet Adapter (en0)", "bridge0": "Thunderbolt Bridge",
+                        "en3": "Wi-Fi", "en1": "Thunderbolt 1", "en6": "Thunderbolt 2",
+                        "en2": "Thunderbolt 3"})
+    assert facts.rdma.enabled is True and facts.rdma.device("rdma_en2").port_state \
+        == "PORT_ACTIVE"
     # The node really has no /proc, and its tools are the BSD ones.
     assert on_node(mac_sandbox, "node1", "ls -A /proc") == ""
     assert "bsdtar" in on_node(mac_sandbox, "node1", "tar --version")

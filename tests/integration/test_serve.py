@@ -249,11 +249,58 @@ def test_a_hung_server_is_restarted(sandbox, tmp_path, served_model):
                 time.sleep(0.5)
             reasons = [r.reason for r in load_record("serve-hung").restarts]
             assert reasons == ["the server on node1 did not answer a one-token completion "
-                               "in 3s (hung)"]
+                               "in 3s, and its request count has not moved since the last "
+                               "answer (hung)"]
             wait_answering(client)
         finally:
             forward.close()
             stop_job(load_record("serve-hung"), connector)
+        watchdog.result(timeout=30)
+
+
+def test_a_long_seeded_request_holding_up_the_probe_is_not_a_hang(sandbox, tmp_path,
+                                                                  served_model):
+    """mlx-lm serves a request with a ``seed`` alone: a long one holds the watchdog's probe
+    up past probe_timeout. Its start moved the server's request count, so the server is
+    busy, not hung: not restarted (the request goes on), the watchdog says it is busy."""
+    import threading
+
+    spec = load_job(serve_job(tmp_path, sandbox, "serve-busy", port=8186, probe_timeout=2,
+                              hung_probes=1000))
+    with Connector() as connector:
+        record = launch(spec, connector)
+        watchdog = BackgroundWatchdog(record, connector)
+        forward = Forward("serve-busy")
+        failed: list[BaseException] = []
+
+        def long_request():
+            # Streamed, through the forward: under way while the server generates.
+            try:
+                stream = forward.client(timeout=120).completions.create(
+                    model="default_model", prompt=PROMPT, max_tokens=100000, seed=7,
+                    temperature=0.8, stream=True,
+                    # One byte always (the tiny model's byte vocabulary): never its end.
+                    extra_body={"logit_bias": {"65": 100.0}})
+                for _ in stream:
+                    pass
+            except Exception as exc:   # the forward closed under it at the end
+                failed.append(exc)
+
+        try:
+            wait_answering(forward.client(timeout=30))
+            worker = threading.Thread(target=long_request, daemon=True)
+            worker.start()
+            deadline = time.monotonic() + 90
+            while not any("is busy" in e for e in watchdog.events):
+                assert time.monotonic() < deadline, watchdog.events
+                assert worker.is_alive(), f"the long request ended first: {failed}"
+                time.sleep(0.3)
+            time.sleep(5)   # more probes wait behind it
+            assert worker.is_alive() and load_record("serve-busy").restarts == []
+            assert load_record("serve-busy").attempt == 1
+        finally:
+            forward.close()
+            stop_job(load_record("serve-busy"), connector)
         watchdog.result(timeout=30)
 
 
@@ -304,7 +351,8 @@ def test_two_node_pipeline_answers_like_one_node_and_goes_on_alone_when_one_slee
     assert moved.world_size == 1 and moved.excluded == ["node2"] and moved.stray == []
     [restart] = moved.restarts
     assert restart.reason == ("the server on node1 did not answer a one-token completion in "
-                              "3s (hung)"), restart
+                              "3s, and its request count has not moved since the last answer "
+                              "(hung)"), restart
     # node2's old server was stopped once it answered (a stop verifies nothing is left).
     assert any(e.startswith("continuing without node2") for e in watchdog.events)
 

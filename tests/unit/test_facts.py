@@ -51,7 +51,9 @@ def test_darwin_details() -> None:
     assert facts.macos_build == "23E224" and facts.chip == "Apple M2 Ultra"
     assert facts.gpu_cores == 76 and facts.perf_cores == 16
     # bridge0 exists but no cable: not "up" for jaccl's purposes; en5 keeps its address.
-    assert facts.macos == MacState(wired_limit_mb=0, sleep=1, thunderbolt_bridge_up=False)
+    # It still holds en2 and en3: jaccl over those ports fails (mlxops/rdmaready.py).
+    assert facts.macos == MacState(wired_limit_mb=0, sleep=1, thunderbolt_bridge_up=False,
+                                   bridge_members=["en2", "en3"])
     assert facts.interfaces["en5"] == ["10.0.5.1"] and "bridge0" not in facts.interfaces
 
 

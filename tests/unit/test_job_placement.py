@@ -43,6 +43,25 @@ def test_ring_environment_is_what_mlx_launch_exports_plus_ours():
     assert env["MLXOPS_HOST"] == "a"  # the inventory name (balance: auto's calibration)
 
 
+def test_jaccl_s_coordinator_is_on_the_management_address_apart_from_the_data_plane():
+    """SSH and the coordinator go to ansible_host; the ring and jaccl's data to mlxops_ip
+    (docs/inventory.md). A management name the nodes may not resolve (an ssh_config
+    alias) leaves the coordinator on the data address."""
+    lan = Host("a", {"ansible_host": "192.168.1.21", "mlxops_ip": "10.0.0.1"})
+    alias = Host("a", {"mlxops_ip": "10.0.0.1"})   # ansible_host: the name "a"
+    other = Host("b", {"ansible_host": "192.168.1.22", "mlxops_ip": "10.0.0.2"})
+    paths = NodePaths("/r", "j")
+    for first, want in ((lan, "192.168.1.21:30000"), (alias, "10.0.0.1:30000")):
+        ranks = place_ranks([first, other], 30000)
+        assert ranks[0].ip == "10.0.0.1" and ranks[1].ip == "10.0.0.2"   # the data plane
+        env = rank_environment(backend="jaccl", rank=ranks[1], ranks=ranks, paths=paths,
+                               host_env={}, job_env={}, resume=False)
+        assert env["MLX_JACCL_COORDINATOR"] == want
+    ring = rank_environment(backend="ring", rank=ranks[1], ranks=ranks, paths=paths,
+                            host_env={}, job_env={}, resume=False)
+    assert "MLX_JACCL_COORDINATOR" not in ring
+
+
 def test_jaccl_environment_names_the_coordinator_and_devices():
     ranks = place_ranks([host("a", ip="10.0.0.1"), host("b", ip="10.0.0.2")], 30000)
     paths = NodePaths("/r", "j")

@@ -120,7 +120,7 @@ def look(state="running", ranks=(), nodes=None):
 
 def test_alerts_past_each_threshold():
     limits = {"memory_share": 0.9, "tokens_per_sec_drop": 0.5, "heartbeat_age": 30}
-    rank = {"rank": 2, "host": "mac3", "state": "running", "heartbeat_age": 42.0}
+    rank = {"rank": 2, "host": "mac3", "state": "running", "step": 7, "heartbeat_age": 42.0}
     node = {"memory_used": 95, "memory_total": 100}
     found = alerts.evaluate(limits, look(ranks=[rank], nodes={"mac1": node}),
                             [1000.0] * 10 + [400.0] * 3)

@@ -66,7 +66,7 @@ def test_bundled_provision_playbook_is_valid() -> None:
     play = load_playbook(playbooks_dir() / "provision.yml")
     names = [t.spec.name for t in play.tasks]
     assert names == ["facts", "env", "python", "mlx_lm", "skew", "blas", "hostfiles", "sync",
-                     "macos"]
+                     "macos", "thunderbolt_ips"]
     assert "always" in play.tasks[0].tags
 
 

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from mlxops.errors import UserError
 from mlxops.jobs.serveprobe import ProbeResult, ProbeWatch, probe
 from mlxops.jobs.servespec import ServeSpec
 from mlxops.transport import HostUnreachable, LocalConnection
@@ -120,8 +121,37 @@ def test_the_probes_add_up_to_a_problem_or_not():
     assert watch.problem(ProbeResult(True, 0.01), now=62.0) is None
     assert watch.problem(refused, now=63.0) == "the server on node1 stopped answering (refused)"
     assert watch.problem(ProbeResult(False, hung=True), now=64.0) == (
-        "the server on node1 did not answer a one-token completion in 2s (hung)")
+        "the server on node1 did not answer a one-token completion in 2s, and its request "
+        "count has not moved since the last answer (hung)")
     assert watch.answered == 1
+
+
+def test_a_probe_held_up_behind_other_requests_is_busy_not_hung():
+    """Hung = the probe timed out AND the request count has not moved since the last
+    answered probe, or serve.hung_probes timed out in a row (a generation that never ends)."""
+    hung = ProbeResult(False, hung=True)
+    watch = ProbeWatch(spec(1234, hung_probes=3), "node1", started=0.0)
+    assert watch.problem(ProbeResult(True, 0.01), now=1.0) is None
+    watch.answered_at(10)                          # the count after that answer
+    assert watch.problem(hung, now=2.0, requests=11) is None    # a long request started
+    assert watch.problem(hung, now=3.0, requests=11) is None    # still on it
+    assert watch.problem(hung, now=4.0, requests=11).endswith(
+        "in 2s, 3 probes in a row (hung)")
+    # Answered again: the streak starts over; a server frozen with nothing new is hung.
+    assert watch.problem(ProbeResult(True, 0.01), now=5.0) is None
+    watch.answered_at(12)
+    assert "has not moved" in watch.problem(hung, now=6.0, requests=12)
+    # A count not known (its host slow to say) is not a move.
+    watch.timeouts = 0
+    assert "has not moved" in watch.problem(hung, now=7.0, requests=None)
+
+
+def test_hung_probes_is_a_whole_number(tmp_path):
+    from mlxops.jobs.servespec import parse_serve
+
+    with pytest.raises(UserError) as caught:
+        parse_serve(tmp_path / "job.yml", {"model": "/m", "hung_probes": 0})
+    assert "serve.hung_probes" in str(caught.value)
 
 
 def test_a_canary_every_30_seconds_of_answers_gives_tokens_per_second(server):
@@ -169,7 +199,7 @@ def test_a_host_that_does_not_answer_the_probe_is_the_servers_problem():
     from mlxops.jobs.watch import _probe
 
     watch = ProbeWatch(spec(8080), "node1", started=0.0)
-    problem = _probe(watch, AsleepHost(), {"node1": object()})
+    problem = _probe(watch, AsleepHost(), {"node1": object()}, lambda: None)
     assert problem == ("the server on node1 could not be probed: node1 not answering "
                        "(connection lost: Timeout opening channel.)")
     assert watch.last.unreached and not watch.last.ok

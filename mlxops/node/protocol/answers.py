@@ -94,6 +94,7 @@ class RankAnswer(Record):
     log_bytes: int
     failure: str | None = None           # ended non-zero: the line of its log saying why
     requests: int | None = None          # asked (serve jobs, rank 0): requests answered
+    busy: bool | None = None             # alive: a process of its group running (state R)
 
 
 

@@ -72,6 +72,8 @@ def install(state_dir: Path, python: str) -> Path:
     body = (HERE / "shim.py").read_text()
     program.write_text(f"#!{python}\n{body}")
     program.chmod(0o755)
+    shutil.copy(HERE / "macrdma.py", top / "macrdma.py")
+    (top / "macrdma.py").chmod(0o644)
     bins = bin_dir(state_dir)
     bins.mkdir()
     for tool in TOOLS:

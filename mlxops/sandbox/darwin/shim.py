@@ -19,7 +19,8 @@ as the tool it is called as (``argv[0]``):
   with a marker (``MLXOPS_SANDBOX_ROOT=1``) that ``sysctl -w`` and ``pmset`` take for
   root; without it they refuse, as macOS does for a user.
 
-Standard library only: it runs under the node's interpreter, outside any package.
+Standard library only: it runs under the node's interpreter, outside any package. (Just
+over 400 lines: the one program every shimmed tool runs; RDMA's tools are in macrdma.py.)
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent   # DIR/darwin
+sys.path.insert(0, str(HERE))            # macrdma.py beside it (up copies both)
+import macrdma  # noqa: E402  (found where this program is, not in a package)
+
 RECORDED = HERE / "recorded"
 NODE = HERE / "node"                      # this node's own directory (a bind mount)
 REAL_PROC = NODE / "proc"                 # the node's /proc, moved out of the way
@@ -108,7 +112,8 @@ def sw_vers(args: list[str], recorded: Path = RECORDED) -> str:
     values = recorded_sysctl(recorded)
     fields = {"-productName": ("ProductName", "macOS"),
               "-productVersion": ("ProductVersion", values["kern.osproductversion"]),
-              "-buildVersion": ("BuildVersion", values["kern.osversion"])}
+              "-buildVersion": ("BuildVersion", macrdma.build(values["kern.osversion"],
+                                                              NODE))}
     if not args:
         return "".join(f"{name}:\t\t{value}\n" for name, value in fields.values())
     if len(args) == 1 and args[0] in fields:
@@ -211,7 +216,8 @@ def ifconfig(addresses: list[tuple[str, int]], mac: str, recorded: Path = RECORD
         else:
             en0.append(line)
     return ((recorded / "ifconfig-head.txt").read_text() + "\n".join(en0) + "\n"
-            + (recorded / "ifconfig-thunderbolt.txt").read_text())
+            + (recorded / "ifconfig-thunderbolt.txt").read_text()
+            + macrdma.bridge_stanza(recorded, NODE))
 
 
 def node_link() -> tuple[list[tuple[str, int]], str]:
@@ -376,14 +382,16 @@ def main(argv: list[str]) -> int:
             return 127
         elif tool == "ifconfig":
             out = ifconfig(*node_link())
+        elif tool in RDMA_TOOLS:
+            try:
+                out = getattr(macrdma, tool)(args, RECORDED, NODE)
+            except ValueError as exc:
+                raise ToolError(str(exc)) from None
         else:
             out = {"uname": lambda: uname(args), "sw_vers": lambda: sw_vers(args),
                    "pmset": lambda: pmset(args, env), "ioreg": lambda: ioreg(args),
                    "vm_stat": lambda: (RECORDED / "vm_stat.txt").read_text(),
-                   "ps": lambda: ps(args), "stat": lambda: bsd_stat(args),
-                   # -listallhardwareports: the only form asked (mlxops init)
-                   "networksetup": lambda: (RECORDED / "networksetup-listallhardwareports.txt"
-                                            ).read_text()}[tool]()
+                   "ps": lambda: ps(args), "stat": lambda: bsd_stat(args)}[tool]()
     except ToolError as exc:
         sys.stderr.write(f"{exc}\n")
         return exc.code
@@ -393,8 +401,9 @@ def main(argv: list[str]) -> int:
 
 
 #: The tools this program answers as (``DIR/darwin/bin/<tool>``); ``tar`` links to bsdtar.
+RDMA_TOOLS = ("rdma_ctl", "ibv_devinfo", "networksetup", "system_profiler")
 TOOLS = ("uname", "sw_vers", "sysctl", "pmset", "vm_stat", "ioreg", "ifconfig", "ps", "stat",
-         "sudo", "networksetup")
+         "sudo") + RDMA_TOOLS
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
