@@ -85,7 +85,7 @@ def prepare(spec: JobSpec, hosts: list, connector: Connector) -> SupervisorRecor
                         "controller only (the supervisor host has no copy of the workdir)")
     host.check_local_files()
     try:
-        done = connector.connect(host).run(shell.posix_sh(_check_command(host)), timeout=60)
+        done = connector.connect(host).run(_check_command(host), timeout=60)
     except HostUnreachable as exc:
         raise MlxopsError(f"supervisor {host.name}: unreachable: {exc.reason}") from None
     lines = done.stdout.split()
@@ -196,11 +196,11 @@ def start(record: JobRecord, connector: Connector, where: SupervisorRecord) -> J
                *(_entry(n, data) for n, data in files.items())]
     d = shell.quote(spot.dir)
     conn = connector.connect(host)
-    done = conn.run(shell.posix_sh(f"umask 077; mkdir -p {d} && rm -rf {d}/lib && "
+    done = conn.run((f"umask 077; mkdir -p {d} && rm -rf {d}/lib && "
                                    f"tar -xf - -C {d}"), stdin=_tar(entries), timeout=120)
     if not done.ok:
         raise MlxopsError(f"supervisor {host.name}: shipping it: {done.error_line()}")
-    done = conn.run(shell.posix_sh(rules.start_command(spot, where.method)),
+    done = conn.run(rules.start_command(spot, where.method),
                     stdin=rules.start_stdin(spot, where.method), timeout=60)
     if not done.ok:
         raise MlxopsError(f"supervisor {host.name}: starting it: {done.error_line()}")
@@ -233,7 +233,7 @@ def lease(record: JobRecord, connector: Connector) -> Lease:
     try:
         host = _host(record)
         done = connector.connect(host).run(
-            shell.posix_sh(rules.lease_command(host.python, site(record))), timeout=60)
+            (rules.lease_command(host.python, site(record))), timeout=60)
     except HostUnreachable as exc:
         return Lease(name, False, None, reachable=False, reason=exc.reason)
     if not done.ok:
@@ -247,7 +247,7 @@ def stop(record: JobRecord, connector: Connector, grace: float = 10.0) -> Lease:
     the lease as it is afterwards (not held, unless it could not be stopped)."""
     host = _host(record)
     done = connector.connect(host).run(
-        shell.posix_sh(rules.stop_command(host.python, site(record),
+        (rules.stop_command(host.python, site(record),
                                           record.supervisor.method, grace)),
         timeout=grace + 60)
     if not done.ok:
@@ -263,7 +263,7 @@ def fetch(record: JobRecord, connector: Connector) -> JobRecord:
         return record
     spot = site(record)
     try:
-        done = connector.connect(_host(record)).run(shell.posix_sh(
+        done = connector.connect(_host(record)).run((
             f"cd {shell.quote(spot.job_dir)} && tar -cf - --exclude '*.lock' . | base64"),
             timeout=120)
     except HostUnreachable:

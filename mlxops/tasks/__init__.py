@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from mlxops.tasks.base import REGISTRY
 
 #: Every module that defines a task.
-TASK_MODULES = ("blas", "env", "facts", "hostfiles", "macos", "mlx_lm", "python", "sync")
+TASK_MODULES = ("blas", "env", "facts", "hostfiles", "macos", "mlx_lm", "python", "supervisor",
+                "sync")
 
 __all__ = ["REGISTRY", "Outcome", "TaskContext", "TaskSpec", "task"]
 
