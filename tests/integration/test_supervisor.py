@@ -146,7 +146,10 @@ def test_a_node_supervises_with_the_controller_gone(login_sandbox, tmp_path, con
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     again = cli("provision", str(inv), "--tags", "supervisor", "--json", timeout=300)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert '"changed"' not in again.stdout, again.stdout[-2000:]
+    assert '"status": "changed"' not in again.stdout, again.stdout[-2000:]
+    assert again.stdout.count("node1's key authorised") == len(sandbox.nodes)
+    check = cli("provision", str(inv), "--tags", "supervisor", "--check", "--json")
+    assert check.returncode == 0 and '"status": "changed"' not in check.stdout
 
     # The reference: the same job, uninterrupted, supervised here.
     reference = f"sv-ref-{sandbox.login_shell}"
