@@ -240,6 +240,12 @@ def logs(name, rank, follow_, connect):
     from mlxops.transport import Connector
 
     record = load_record(name)
+    if record.supervisor is not None:  # the attempt running now is in the supervisor's
+        from mlxops.jobs.supervising import fetch
+        from mlxops.transport import Connector
+
+        with Connector(connect) as connector:
+            record = fetch(record, connector)
     if rank is not None and rank not in {r.rank for r in record.ranks}:
         raise click.BadParameter(f"job {name!r} has ranks 0..{record.world_size - 1}",
                                  param_hint="--rank")
