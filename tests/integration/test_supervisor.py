@@ -6,7 +6,8 @@ authorised on every node); ``mlxops launch --detach`` starts the ranks and node1
 watchdog and returns. With no mlxops process left on the controller, a ``kill -9`` of a
 rank on node3 is restarted by node1 (losses bitwise equal to an uninterrupted run), the
 restart reaches a webhook (listening on the bridge's controller-side address) once, and
-``mlxops status`` shows it afterwards. A ``stop`` leaves no supervisor and no rank.
+``mlxops status`` shows it afterwards. A ``serve:`` job whose server is killed comes back
+with no mlxops process on the controller. A ``stop`` leaves no supervisor and no rank.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from job_helpers import Hold, losses, run_dir
+from test_serve import served_model, server_pid  # noqa: F401 - the module's fixture
 
 from mlxops.devtools.webhook import Receiver
 from mlxops.jobs.launch import launch
@@ -212,3 +214,44 @@ def test_stop_leaves_no_supervisor_and_no_rank(login_sandbox, tmp_path):
     assert [line for line in ps.splitlines() if "pgrep" not in line] == []
     doc = json.loads(cli("status", name, "--json").stdout)
     assert doc["state"] == "stopped" and doc["supervisor"]["running"] is False, doc
+
+
+def answers(sandbox, port: int) -> bool:
+    """The server answers on node1's loopback (where it listens), asked on node1."""
+    probe = (f"import urllib.request; urllib.request.urlopen("
+             f"'http://127.0.0.1:{port}/v1/models', timeout=5).read()")
+    return sandbox.exec_in("node1", [sandbox.python, "-c", probe]).returncode == 0
+
+
+def test_a_served_model_comes_back_with_no_mlxops_on_the_controller(sandbox, tmp_path,
+        served_model):  # noqa: F811 - the fixture imported from test_serve
+    inv = inventory(sandbox, tmp_path)
+    done = cli("provision", str(inv), "--tags", "supervisor", timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    name, port = "sv-serve", 8183
+    path = tmp_path / f"{name}.yml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "inventory": str(inv), "hosts": "node1",
+        "restart": {"max_restarts": 2, "stall_timeout": 30, "poll_interval": 0.5},
+        "serve": {"model": {"job": served_model[0]}, "port": port, "max_tokens": 16}}))
+    started = cli("launch", str(path), "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        assert mlxops_processes_here() == []
+        wait_until(lambda: answers(sandbox, port), 180, "the server to answer")
+        os.kill(server_pid(sandbox, name), signal.SIGKILL)
+        assert not answers(sandbox, port)
+        record = wait_until(lambda: (r := supervisor_record(sandbox, name))
+                            and r["restarts"] and r, 120, "node1's supervisor to restart it")
+        assert len(record["restarts"]) == 1, record["restarts"]
+        wait_until(lambda: answers(sandbox, port), 180, "the server to answer again")
+        assert mlxops_processes_here() == []  # nobody here brought it back
+        doc = json.loads(cli("status", name, "--json").stdout)
+        assert doc["state"] == "running" and doc["attempt"] == 2, doc
+        assert doc["supervisor"]["host"] == "node1" and doc["supervisor"]["running"], doc
+    finally:
+        stopped = cli("stop", name)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    ps = subprocess.run(["pgrep", "-af", f"mlxops watch {name}|/runs/{name}/"],
+                        capture_output=True, text=True).stdout
+    assert [line for line in ps.splitlines() if "pgrep" not in line] == []
