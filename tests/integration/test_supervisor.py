@@ -255,3 +255,23 @@ def test_a_served_model_comes_back_with_no_mlxops_on_the_controller(sandbox, tmp
     ps = subprocess.run(["pgrep", "-af", f"mlxops watch {name}|/runs/{name}/"],
                         capture_output=True, text=True).stdout
     assert [line for line in ps.splitlines() if "pgrep" not in line] == []
+
+
+def test_check_job_asks_the_supervisor_host_to_reach_the_webhook(sandbox, tmp_path):
+    inv = inventory(sandbox, tmp_path)
+    hook = Receiver(host=sandbox.controller_ip)
+    try:
+        outcomes = {}
+        for label, url in (("bridge", hook.url), ("its own loopback", "http://127.0.0.1:9/")):
+            path = job(tmp_path, inv, "sv-check", {}, {"webhook": url})
+            proc = cli("check", str(inv), "--job", str(path), "--limit", "node1", "--json")
+            doc = json.loads(proc.stdout)
+            found = [r for r in doc["results"]
+                     if r["check"] == "check_supervisor_reaches_webhook"]
+            assert [r["host"] for r in found] == ["node1"], (label, doc["results"])
+            outcomes[label] = (found[0]["outcome"], found[0]["message"])
+    finally:
+        hook.close()
+    assert outcomes["bridge"][0] == "passed", outcomes
+    assert outcomes["its own loopback"][0] == "failed", outcomes
+    assert "cannot reach its webhook at 127.0.0.1:9" in outcomes["its own loopback"][1]
