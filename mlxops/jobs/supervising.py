@@ -22,6 +22,7 @@ import base64
 import io
 import json
 import os
+import posixpath
 import tarfile
 import tempfile
 import time
@@ -158,7 +159,7 @@ def _known_hosts(record: JobRecord, connector: Connector, hosts: list) -> str:
 
 def _package_files() -> dict[str, Path]:
     """The controller's mlxops package (and its data directories when they sit beside it,
-    in a checkout), by their names under ``lib/``."""
+    in a checkout), by their names under the job's ``lib/``."""
     package = Path(rules.__file__).resolve().parents[1]
     out: dict[str, Path] = {}
     tops = [(package, "mlxops")]
@@ -168,7 +169,7 @@ def _package_files() -> dict[str, Path]:
     for top, name in tops:
         for path in sorted(top.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                out[f"lib/{name}/{path.relative_to(top)}"] = path
+                out[f"{name}/{path.relative_to(top)}"] = path
     return out
 
 
@@ -192,12 +193,13 @@ def start(record: JobRecord, connector: Connector, where: SupervisorRecord) -> J
     timeline = events.path(record.name)
     if timeline.is_file():
         files[f"home/jobs/{record.name}/{timeline.name}"] = timeline.read_bytes()
-    entries = [*(_entry(n, p) for n, p in _package_files().items()),
+    lib = posixpath.relpath(spot.lib, spot.dir)
+    entries = [*(_entry(f"{lib}/{n}", p) for n, p in _package_files().items()),
                *(_entry(n, data) for n, data in files.items())]
     d = shell.quote(spot.dir)
     conn = connector.connect(host)
-    done = conn.run((f"umask 077; mkdir -p {d} && rm -rf {d}/lib && "
-                                   f"tar -xf - -C {d}"), stdin=_tar(entries), timeout=120)
+    done = conn.run(f"umask 077; mkdir -p {d} && rm -rf {shell.quote(spot.lib)} && "
+                    f"tar -xf - -C {d}", stdin=_tar(entries), timeout=120)
     if not done.ok:
         raise MlxopsError(f"supervisor {host.name}: shipping it: {done.error_line()}")
     done = conn.run(rules.start_command(spot, where.method),

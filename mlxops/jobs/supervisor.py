@@ -7,7 +7,7 @@ Policy (docs/supervisor.md):
   ``controller``, the controller, as before). A named host must be a host of the inventory:
   refused before any host is touched, naming the file and the key (exit 2).
 - On a node, the watchdog is the controller's own code (``python -m mlxops watch NAME``,
-  :mod:`mlxops.jobs.watch`), shipped at every launch into ``<mlxops_root>/supervisor/lib``
+  :mod:`mlxops.jobs.watch`), shipped at every launch into ``<mlxops_root>/supervisor/jobs/NAME/lib``
   (:mod:`mlxops.jobs.supervising`) and run by ``<mlxops_root>/supervisor/venv/bin/python``,
   the venv the opt-in ``supervisor`` provision task makes over the node's ``mlxops_python``
   with the controller's dependencies installed. Its state (``MLXOPS_HOME``) is
@@ -107,7 +107,9 @@ class Site:
 
     @property
     def lib(self) -> str:
-        return posixpath.join(self.dir, "lib")
+        """The controller's code, one copy per job: a resume replacing one job's never
+        pulls the modules from under another job's watchdog on the same host."""
+        return posixpath.join(self.dir, "jobs", self.job, "lib")
 
     @property
     def python(self) -> str:

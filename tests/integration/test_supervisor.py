@@ -275,3 +275,52 @@ def test_check_job_asks_the_supervisor_host_to_reach_the_webhook(sandbox, tmp_pa
     assert outcomes["bridge"][0] == "passed", outcomes
     assert outcomes["its own loopback"][0] == "failed", outcomes
     assert "cannot reach its webhook at 127.0.0.1:9" in outcomes["its own loopback"][1]
+
+
+def test_a_dead_supervisor_is_noticed_by_status_and_restarted_by_watch(sandbox, tmp_path):
+    inv = inventory(sandbox, tmp_path)
+    done = cli("provision", str(inv), "--tags", "supervisor", timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    name = "sv-dead"
+    with Hold(sandbox, name, HOSTS, at=3) as hold:
+        started = cli("launch", str(job(tmp_path, inv, name, hold.env)), "--detach")
+        assert started.returncode == 0, started.stdout + started.stderr
+        first = json.loads(cli("status", name, "--json").stdout)["supervisor"]
+        os.kill(first["pid"], signal.SIGKILL)  # all nodes share this machine's pids
+        shown = cli("status", name)
+        assert "supervisor on node1 is not running" in shown.stdout, shown.stdout
+        assert f"mlxops watch {name} starts it again" in shown.stdout
+        watch = subprocess.Popen([sys.executable, "-m", "mlxops", "watch", name], cwd=ROOT,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        try:
+            again = wait_until(
+                lambda: (s := json.loads(cli("status", name, "--json").stdout)["supervisor"])
+                and s["running"] and s, 120, "watch to start the supervisor again")
+            assert again["pid"] != first["pid"]
+            hold.release()
+            out, _ = watch.communicate(timeout=300)
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    assert watch.returncode == 0, out[-3000:]
+    assert "node1 supervises this job: following only" in out
+    assert "supervisor on node1 is not running: starting it again" in out
+    assert json.loads(cli("status", name, "--json").stdout)["state"] == "finished"
+
+
+def test_a_supervisor_without_its_environment_is_refused_before_anything_starts(
+        sandbox, tmp_path):
+    inv = inventory(sandbox, tmp_path)
+    path = job(tmp_path, inv, "sv-noenv", {})
+    doc = yaml.safe_load(path.read_text())
+    doc["supervisor"] = "node6"  # never provisioned as a supervisor
+    path.write_text(yaml.safe_dump(doc))
+    refused = cli("launch", str(path), "--detach")
+    assert refused.returncode != 0
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "mlxops: error: supervisor node6: no mlxops node environment for the supervisor"), lines
+    ps = subprocess.run(["pgrep", "-af", "/runs/sv-noenv/"], capture_output=True, text=True)
+    assert [line for line in ps.stdout.splitlines() if "pgrep" not in line] == []
+    assert not run_dir(sandbox, "node1", "sv-noenv").exists()
