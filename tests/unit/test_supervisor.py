@@ -226,3 +226,44 @@ def test_only_the_named_watchdog_supervises(monkeypatch):
     record.supervisor = None
     assert not rules.supervised_elsewhere(record)
     assert os.environ[rules.ENV_HOST] == "mini1"
+
+
+def _sh(command: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                          env={**os.environ, "HOME": str(home)})
+
+
+def test_authorising_the_key_is_once_and_check_changes_nothing(tmp_path):
+    from mlxops.tasks.supervisor import AUTHORIZED, authorize_command
+
+    line = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK mlxops-supervisor@mini1"
+    keys = tmp_path / AUTHORIZED.removeprefix("~/")
+    assert _sh(authorize_command(line, check=True), tmp_path).stdout == "absent\n"
+    assert not keys.exists()
+    assert _sh(authorize_command(line, check=False), tmp_path).stdout == "added\n"
+    assert _sh(authorize_command(line, check=False), tmp_path).stdout == "present\n"
+    # The same key under another comment is the same key.
+    other = line.replace("@mini1", "@elsewhere")
+    assert _sh(authorize_command(other, check=True), tmp_path).stdout == "present\n"
+    assert keys.read_text() == line + "\n"
+    assert keys.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_key_is_made_once_and_never_under_check(tmp_path):
+    from mlxops.tasks.supervisor import key_command
+
+    assert _sh(key_command("mini1", create=False), tmp_path).stdout == ""
+    made = _sh(key_command("mini1", create=True), tmp_path)
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("ssh-ed25519 ") and "mlxops-supervisor@mini1" in made.stdout
+    assert _sh(key_command("mini1", create=True), tmp_path).stdout == made.stdout
+    assert _sh(key_command("mini1", create=False), tmp_path).stdout == made.stdout
+
+
+def test_the_venv_is_pinned_to_the_controllers_versions():
+    from importlib import metadata
+
+    from mlxops.tasks.supervisor import requirements
+
+    assert f"paramiko=={metadata.version('paramiko')}" in requirements()
+    assert f"pyyaml=={metadata.version('pyyaml')}" in requirements()
