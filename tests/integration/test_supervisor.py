@@ -89,18 +89,19 @@ def job(tmp_path: Path, inv: Path, name: str, env: dict, notify: dict | None = N
 
 
 def mlxops_processes_here() -> list[str]:
-    """mlxops processes of this machine's controller side: not in a node's namespace."""
-    out = subprocess.run(["pgrep", "-af", "-m", "mlxops"], capture_output=True, text=True)
-    mine = os.readlink("/proc/self/ns/net")
+    """mlxops processes of this test's controller: those whose environment has its
+    ``MLXOPS_HOME`` (the CLI runs here inherit it; a supervisor on a node has its own; other
+    people's mlxops on this machine have theirs), this process left out."""
+    home = f"MLXOPS_HOME={os.environ['MLXOPS_HOME']}".encode()
     found = []
-    for line in out.stdout.splitlines():
-        pid = line.split()[0]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            same = os.readlink(f"/proc/{pid}/ns/net") == mine
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if same and "pgrep" not in line and "pytest" not in line and int(pid) != os.getpid():
-            found.append(line)
+        if int(pid) != os.getpid() and home in environ and b"mlxops" in b" ".join(argv):
+            found.append(b" ".join(argv).decode(errors="replace"))
     return found
 
 
