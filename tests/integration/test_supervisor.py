@@ -197,24 +197,39 @@ def test_a_node_supervises_with_the_controller_gone(login_sandbox, tmp_path, con
         == ["started", "restarted", "finished"], events
 
 
-def test_stop_leaves_no_supervisor_and_no_rank(login_sandbox, tmp_path):
+def test_stop_leaves_no_supervisor_and_no_rank_and_resume_restarts_both(login_sandbox,
+                                                                        tmp_path):
     sandbox = login_sandbox
     inv = inventory(sandbox, tmp_path)
     done = cli("provision", str(inv), "--tags", "supervisor", timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     name = f"sv-stop-{sandbox.login_shell}"
+
+    def left() -> list[str]:
+        ps = subprocess.run(["pgrep", "-af", f"mlxops watch {name}|/runs/{name}/"],
+                            capture_output=True, text=True).stdout
+        return [line for line in ps.splitlines() if "pgrep" not in line]
+
     with Hold(sandbox, name, HOSTS, at=3) as hold:
         started = cli("launch", str(job(tmp_path, inv, name, hold.env)), "--detach")
         assert started.returncode == 0, started.stdout + started.stderr
         shown = json.loads(cli("status", name, "--json").stdout)
         assert shown["supervisor"]["host"] == "node1" and shown["supervisor"]["running"]
+        assert any(f"mlxops watch {name}" in line for line in left())
         stopped = cli("stop", name)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    ps = subprocess.run(["pgrep", "-af", f"mlxops watch {name}|/runs/{name}/"],
-                        capture_output=True, text=True).stdout
-    assert [line for line in ps.splitlines() if "pgrep" not in line] == []
-    doc = json.loads(cli("status", name, "--json").stdout)
-    assert doc["state"] == "stopped" and doc["supervisor"]["running"] is False, doc
+        assert left() == []
+        doc = json.loads(cli("status", name, "--json").stdout)
+        assert doc["state"] == "stopped" and doc["supervisor"]["running"] is False, doc
+
+        resumed = cli("resume", name, "--detach")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        doc = json.loads(cli("status", name, "--json").stdout)
+        assert doc["state"] == "running" and doc["attempt"] == 2, doc
+        assert doc["supervisor"]["running"] and doc["supervisor"]["pid"] != \
+            shown["supervisor"]["pid"], doc
+        assert cli("stop", name).returncode == 0
+    assert left() == []
 
 
 def answers(sandbox, port: int) -> bool:
