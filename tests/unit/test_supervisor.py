@@ -267,3 +267,38 @@ def test_the_venv_is_pinned_to_the_controllers_versions():
 
     assert f"paramiko=={metadata.version('paramiko')}" in requirements()
     assert f"pyyaml=={metadata.version('pyyaml')}" in requirements()
+
+
+class _Unreachable:
+    """A connector whose every host is down, as the transport says it."""
+
+    def connect(self, host):
+        from mlxops.transport import HostUnreachable
+
+        raise HostUnreachable(host.name, "connect timed out after 10s")
+
+
+def test_an_unreachable_supervisor_is_one_line_before_any_rank_starts(tmp_path):
+    from mlxops.errors import MlxopsError
+    from mlxops.jobs.supervising import prepare
+
+    _inventory(tmp_path, INVENTORY)
+    spec = load_job(_job(tmp_path, "supervisor: mini2\n"))
+    hosts = load_inventory(spec.inventory).select(spec.hosts)
+    with pytest.raises(MlxopsError) as err:
+        prepare(spec, hosts, _Unreachable())
+    assert str(err.value) == "supervisor mini2: unreachable: connect timed out after 10s"
+
+
+def test_a_job_with_a_workdir_stays_supervised_by_the_controller(tmp_path):
+    from mlxops.jobs.supervising import prepare
+
+    _inventory(tmp_path, INVENTORY)
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "job.yml"
+    path.write_text("name: own\ninventory: inventory.yml\ncommand: [python, run.py]\n"
+                    "workdir: src\nsupervisor: mini2\n")
+    spec = load_job(path)
+    with pytest.raises(UserError, match="supervisor: a job with workdir: is supervised by "
+                                        "the controller only"):
+        prepare(spec, load_inventory(spec.inventory).select(spec.hosts), _Unreachable())
