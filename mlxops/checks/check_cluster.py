@@ -169,3 +169,20 @@ def check_backend_system(node, cluster):
                                 cluster.target.backend)
     if findings:
         raise node.fail(*joined(findings))
+
+
+@when(lambda cluster, node: cluster.target.webhook is not None
+      and node.name == cluster.target.webhook.host)
+def check_supervisor_reaches_webhook(node, cluster):
+    """The job's supervisor host (``supervisor:`` / ``mlxops_supervisor``) opens a TCP
+    connection to its webhook's address: a job supervised on a node notifies from there
+    (docs/supervisor.md)."""
+    hook = cluster.target.webhook
+    why = node.webhook  # "" when it reached it (a str here is an answer, not a reason)
+    if why is None:
+        pytest.skip("the host was not asked (not read)")
+    if why:
+        raise node.fail(f"the job's supervisor cannot reach its webhook at {hook.address}:"
+                        f"{hook.port} ({why})",
+                        "notifications are sent from the supervisor host: give the webhook "
+                        "an address that host reaches, or supervise from the controller")

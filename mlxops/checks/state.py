@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxops import shell
 from mlxops.checks.outcome import NotReady
 from mlxops.checks.target import Target
 from mlxops.hostfacts import HostFacts, Interpreter
@@ -56,6 +57,8 @@ class NodeState:
     reach: protocol.ReachAnswer | str | None = None
     # A finetune: job's placed directories: the node's listing, by the controller's path.
     placed: dict[str, ContentAnswer | str] = field(default_factory=dict)
+    # The job's supervisor host: why it cannot reach the webhook ("": it can; None: not asked).
+    webhook: str | None = None
     # A host not read: the facts the last provision cached for it, if any.
     cached: HostFacts | None = None
 
@@ -86,6 +89,23 @@ class NodeState:
         return part
 
 
+#: Run by the node's python: a TCP connection to (address, port) within 5 s, or why not.
+_REACH = ("import socket, sys\n"
+          "try:\n"
+          "    socket.create_connection((sys.argv[1], int(sys.argv[2])), 5).close()\n"
+          "except OSError as exc:\n"
+          "    print(exc)\n")
+
+
+def _reach(conn: Any, python: str, webhook: Any) -> str:
+    """"" when the host reaches the webhook's address, else why not."""
+    done = conn.run(shell.join([python, "-c", _REACH, webhook.address, webhook.port]),
+                    timeout=30)
+    if not done.ok:
+        return done.error_line()
+    return done.stdout.strip()
+
+
 def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
     """Read one host's state (the executor's work for it)."""
     conn = connector.connect(host)
@@ -97,6 +117,8 @@ def inspect(target: Target, connector: Connector, host: Host) -> NodeState:
         return NodeState(host, FAILED, str(exc))
     state = NodeState(host, facts=facts)
     python, root = state.interpreter.path, facts.root
+    if target.webhook is not None and target.webhook.host == host.name:
+        state.webhook = _reach(conn, python or host.python, target.webhook)
     paths = [env_path(host)]
     if isinstance(target.hostfiles, list):
         backends = dict.fromkeys(b for _, rendered in target.hostfiles for b in rendered)

@@ -36,6 +36,33 @@ GB = 1024**3
 
 
 @dataclass(frozen=True)
+class WebhookReach:
+    """A job supervised on a node sends its webhook from there (docs/supervisor.md): that
+    host must open a TCP connection to the webhook's address."""
+
+    host: str          # the supervisor host
+    address: str       # the webhook URL's host
+    port: int
+
+
+def webhook_reach(job: JobSpec, planned: list, inventory: Inventory) -> WebhookReach | None:
+    """What the supervisor host of ``job`` must reach, or None (the controller supervises,
+    or the job sends no webhook)."""
+    from urllib.parse import urlsplit
+
+    from mlxops.jobs.notifying import job_notify
+    from mlxops.jobs.supervisor import supervisor_of
+
+    host = supervisor_of(job.path, job.supervisor, planned, inventory)
+    config = job_notify(job.path, job.notify, planned, job.inventory)
+    if host is None or not config or not config.webhook:
+        return None
+    url = urlsplit(config.webhook)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return WebhookReach(host.name, url.hostname or "", port)
+
+
+@dataclass(frozen=True)
 class Target:
     """The hosts to check and what they should look like."""
 
@@ -53,6 +80,7 @@ class Target:
     # the directories pre-flight places on every node (a model, its data) by their sizes.
     planner: Planner | None = None
     placed: tuple[Content, ...] = ()
+    webhook: WebhookReach | None = None  # with a job supervised on a node
 
     @property
     def names(self) -> list[str]:
@@ -123,7 +151,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
     """Read and validate everything ``mlxops check`` is given; UserError on bad input."""
     inventory = load_inventory(inventory_path)
     job = load_job(job_path) if job_path else None
-    planner, placed = None, ()
+    planner, placed, webhook = None, (), None
     if job is not None:
         checked_inventory = Path(inventory.path).resolve()
         if job.inventory != checked_inventory:
@@ -141,6 +169,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
         backend, base_port = job.backend, job.base_port
         planner = job.workload.planner(job.path)  # a model's files read now (bad input)
         placed = tuple(job.workload.listed())
+        webhook = webhook_reach(job, planned, inventory)
     else:
         planned = hosts = inventory.select(limit, source="--limit")
         backend, base_port = hosts_backend(hosts, inventory.path), render.DEFAULT_BASE_PORT
@@ -155,6 +184,6 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
                   ports={n: tuple(p) for n, p in ports.items()},
                   world=sum(h.slots for h in planned),
                   options=options or ConnectOptions(), forks=forks,
-                  planner=planner, placed=placed)
+                  planner=planner, placed=placed, webhook=webhook)
 
 

@@ -33,7 +33,13 @@ def command(name, kinds, as_json):
 
     from mlxops.jobs.record import load_record
 
-    load_record(name)  # an unknown name: the one-line error with the known jobs
+    record = load_record(name)  # an unknown name: the one-line error with the known jobs
+    if record.supervisor is not None:  # the timeline is written on the supervisor's host
+        from mlxops.jobs.supervising import fetch
+        from mlxops.transport import Connector
+
+        with Connector() as connector:
+            fetch(record, connector)
     found = [e for e in events.read(name, events.skip_note(name)) if not kinds or e.kind in kinds]
     if as_json:
         console.print_json({"name": name, "events": [e.to_dict() for e in found]})

@@ -4,6 +4,7 @@ What a command uses is imported in it (the start-up of ``status`` is not ``launc
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ import click
 from mlxops import console, events
 from mlxops.cli.options import connect_options, forks_option, json_option
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STOPPED
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED
 
 if TYPE_CHECKING:
     from mlxops.jobs.serveprobe import ServeFigures
@@ -77,14 +78,17 @@ def launch(job, detach, fresh, as_json, forks, connect):
     from mlxops.transport import Connector
 
     spec = load_job(job)  # a bad job file is refused before the launch machinery loads
-    from mlxops.jobs.launch import launch as launch_job
+    from mlxops.jobs.supervising import launch_job
 
-    with Connector(connect) as connector:
-        record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn)
+    def started(record) -> None:
         events.start_run(events.make(
             record.name, events.STARTED, f"{record.world_size} ranks on "
             f"{len(record.hosts)} host(s)", attempt=record.attempt,
             hosts=[h.name for h in record.hosts], world_size=record.world_size))
+
+    with Connector(connect) as connector:
+        record = launch_job(spec, connector, forks=forks, fresh=fresh, on_warning=_warn,
+                            on_started=started)
         _after_start(record, connector, detach, as_json)
 
 
@@ -102,22 +106,26 @@ def resume(name, exclude, detach, as_json, forks, connect):
     Reads the job file again (e.g. after raising train.steps); the watchdog's own restarts
     run the job as it was launched.
     """
-    from mlxops.jobs.launch import launch as launch_job
     from mlxops.jobs.record import load_record
     from mlxops.jobs.spec import load_job
+    from mlxops.jobs.supervising import launch_job, retire
     from mlxops.transport import Connector
 
     record = load_record(name)
     spec = load_job(record.job_file)
     excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
-    with Connector(connect) as connector:
-        record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
-                            previous=record, on_warning=_warn)
+
+    def started(record) -> None:
         events.record(record.name, events.RESUMED,
                       (record.message or "resumed") + (f", without {', '.join(excluded)}"
                                                        if excluded else ""),
                       attempt=record.attempt, excluded=excluded,
                       world_size=record.world_size)
+
+    with Connector(connect) as connector:
+        record = retire(record, connector)  # its supervisor restarts nothing meanwhile
+        record = launch_job(spec, connector, resume=True, exclude=excluded, forks=forks,
+                            previous=record, on_warning=_warn, on_started=started)
         _after_start(record, connector, detach, as_json)
 
 
@@ -128,6 +136,7 @@ def watch(name, connect):
     """Follow job NAME and supervise it: restart on a dead or stalled rank."""
     from mlxops.cli.watch import hints, print_status, watch_job
     from mlxops.jobs.record import load_record
+    from mlxops.jobs.supervisor import ENV_HOST
     from mlxops.transport import Connector
 
     record = load_record(name)
@@ -135,6 +144,10 @@ def watch(name, connect):
         status = watch_job(record, connector)
         print_status(status)
         hints(load_record(name), status)
+        if os.environ.get(ENV_HOST):
+            # A supervisor on a node whose job ended did its work: a failure is the job's
+            # (in its record), and launchd starts again an agent that exits unsuccessfully.
+            sys.exit(EXIT_OK)
         sys.exit(_exit_for(status))
 
 
@@ -169,15 +182,35 @@ def status(name, as_json, connect):
                                   f"({len(s.ranks)} ranks, attempt {s.attempt})")
             sys.exit(EXIT_OK)
         record = load_record(name)
+        lease = None
+        if record.supervisor is not None:
+            from mlxops.jobs import supervising
+
+            record = supervising.fetch(record, connector)  # the supervisor's files are truth
+            lease = supervising.lease(record, connector)
         st = job_status(record, connector)
         if record.workload is not None and record.workload.probed and st.state == RUNNING \
                 and st.ranks:
             st.serve = _live_figures(record, connector, st)
         if as_json:
-            console.print_json(st.to_dict())
+            console.print_json({**st.to_dict(), "supervisor": _lease_dict(lease)})
         else:
             print_status(st)
+            console.out.print("  " + (lease.line() if lease else "supervised by the controller"
+                                      " (mlxops watch / launch)"), markup=False)
+            if lease is not None and not lease.held and lease.reachable \
+                    and st.state in (RUNNING, STALLED):
+                console.out.print(f"  nothing restarts a dead rank now: mlxops watch {name} "
+                                  "starts it again", markup=False)
         sys.exit(EXIT_UNREACHABLE if st.unreachable else EXIT_OK)
+
+
+def _lease_dict(lease) -> dict | None:
+    """``status --json``'s ``supervisor``: null when the controller supervises."""
+    if lease is None:
+        return None
+    return {"host": lease.host, "running": lease.held, "pid": lease.pid,
+            "reachable": lease.reachable, "reason": lease.reason}
 
 
 def _live_figures(record, connector, st: JobStatus) -> ServeFigures | None:
@@ -207,6 +240,12 @@ def logs(name, rank, follow_, connect):
     from mlxops.transport import Connector
 
     record = load_record(name)
+    if record.supervisor is not None:  # the attempt running now is in the supervisor's
+        from mlxops.jobs.supervising import fetch
+        from mlxops.transport import Connector
+
+        with Connector(connect) as connector:
+            record = fetch(record, connector)
     if rank is not None and rank not in {r.rank for r in record.ranks}:
         raise click.BadParameter(f"job {name!r} has ranks 0..{record.world_size - 1}",
                                  param_hint="--rank")
@@ -237,10 +276,12 @@ def stop(name, grace, as_json, connect):
     """Stop every rank of job NAME and verify nothing of it runs (safe to repeat)."""
     from mlxops.jobs.record import load_record
     from mlxops.jobs.stop import stop_job
+    from mlxops.jobs.supervising import retire
     from mlxops.transport import Connector
 
     record = load_record(name)
     with Connector(connect) as connector:
+        record = retire(record, connector)  # the supervisor first: it restarts nothing now
         results = stop_job(record, connector, grace=grace)
     stopped = load_record(name)
     if results.exit_code == EXIT_OK and stopped.state == STOPPED:

@@ -20,6 +20,7 @@ from mlxops.jobs.notifying import start_notifier
 from mlxops.jobs.record import JobRecord, supervisor_lock
 from mlxops.jobs.serveprobe import ServeFigures
 from mlxops.jobs.status import JobStatus, job_status, where
+from mlxops.jobs.supervisor import supervised_elsewhere
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.mirror import Feeder
 from mlxops.node.protocol import (
@@ -28,6 +29,8 @@ from mlxops.node.protocol import (
     STALLED,
 )
 from mlxops.transport import Connector
+
+FOLLOW_EVERY = 5.0  # seconds between looks at a job a node supervises
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,6 +52,9 @@ def _describe(status: JobStatus) -> str:
 def watch_job(record: JobRecord, connector: Connector) -> JobStatus:
     """Show (and supervise) the job until it ends; returns the final status."""
     try:
+        if supervised_elsewhere(record):
+            console.err.print(f"{record.supervisor.host} supervises this job: following only")
+            return _follow_remote(record, connector)
         with supervisor_lock(record.name) as supervising:
             if not supervising:
                 console.err.print("another mlxops process supervises this job: following only")
@@ -109,6 +115,31 @@ def _watch(record: JobRecord, connector: Connector, supervising: bool) -> JobSta
             if status.state not in (RUNNING, STALLED):
                 return status
             time.sleep(1.0)
+
+
+def _follow_remote(record: JobRecord, connector: Connector) -> JobStatus:
+    """Follow a job a node supervises: its files fetched, its ranks asked, every
+    :data:`FOLLOW_EVERY` seconds; a supervisor found not running while the job runs is
+    started again (the one thing the controller does for it)."""
+    from mlxops.jobs import supervising
+
+    shown = len(record.restarts)
+    while True:
+        record = supervising.fetch(record, connector)
+        status = job_status(record, connector)
+        for restart in record.restarts[shown:]:
+            console.err.print(f"[yellow]{record.supervisor.host}:[/] restarted "
+                              f"(attempt {restart.attempt}): {restart.reason}")
+        shown = len(record.restarts)
+        console.err.print(_describe(status) + f" | step {status.step or 0}/"
+                          f"{status.steps or '?'}")
+        if status.state not in (RUNNING, STALLED):
+            return status
+        lease = supervising.lease(record, connector)
+        if lease.reachable and not lease.held:
+            console.err.print(f"[yellow]{lease.line()}: starting it again[/]")
+            record = supervising.start(record, connector, record.supervisor)
+        time.sleep(FOLLOW_EVERY)
 
 
 def status_table(status: JobStatus) -> Table:

@@ -14,9 +14,11 @@ from typing import Any
 
 class Receiver:
     """Answers each POST with the next of ``codes`` (then 200); with ``hang``, holds every
-    request open until :attr:`release` is set. :attr:`bodies`: ``(time received, JSON)``."""
+    request open until :attr:`release` is set. :attr:`bodies`: ``(time received, JSON)``.
+    ``host``: the address it listens on (a sandbox bridge's, for a sender on a node)."""
 
-    def __init__(self, codes: Sequence[int] = (), hang: bool = False) -> None:
+    def __init__(self, codes: Sequence[int] = (), hang: bool = False,
+                 host: str = "127.0.0.1") -> None:
         self.bodies: list[tuple[float, dict[str, Any]]] = []
         self.codes = list(codes)
         self.hang = hang
@@ -37,9 +39,9 @@ class Receiver:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        self.url = f"http://{host}:{self.server.server_port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def kinds(self) -> list[str]:

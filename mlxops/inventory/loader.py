@@ -304,6 +304,7 @@ class _Builder:
                                MappingProxyType(origins))
         for host in hosts.values():
             self._check_peers(host, hosts)
+            self._check_supervisor(host, hosts)
         hosts = self._in_ring_order(hosts, [self.groups["all"].vars, group_files["all"]])
         return Inventory(self.path, MappingProxyType(hosts), MappingProxyType(groups))
 
@@ -338,6 +339,14 @@ class _Builder:
                 raise bad_input(path, join_key(key, peer),
                                 f"no host named {peer!r} in {self.path} (mlxops_rdma maps "
                                 "peer hosts to the RDMA device that reaches them)")
+
+    def _check_supervisor(self, host: Host, hosts: dict[str, Host]) -> None:
+        """``mlxops_supervisor`` names a host of this inventory (or ``controller``)."""
+        name = host.var("mlxops_supervisor")
+        if name is not None and name != "controller" and name not in hosts:
+            path, key = host.origins["mlxops_supervisor"]
+            raise bad_input(path, key, f"no host named {name!r} in {self.path} (the host "
+                                       "that supervises the jobs, or 'controller')")
 
     def _reconcile(self) -> None:
         """Ansible's reconcile_inventory: parentless groups go under `all`; hosts in no

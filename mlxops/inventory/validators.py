@@ -298,6 +298,14 @@ def host_names(value: Any) -> list[str]:
     return list(value)
 
 
+def host_name(value: Any) -> str:
+    """One host name (whether it is a host of the inventory is checked once it is whole)."""
+    if not isinstance(value, str) or not value or _control(value) or \
+            any(c.isspace() for c in value):
+        raise Invalid(f"must be a host name, got {value!r}")
+    return value
+
+
 _DEVICE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 

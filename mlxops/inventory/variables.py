@@ -161,5 +161,9 @@ register("mlxops_ring_order", None, v.host_names,
          "(under all: vars) the hosts' order around the ring, so the order of ranks, "
          "hostfiles and rank ports: those listed first, in this order, then the others "
          "in file order (e.g. the ring mlxops bench found)")
+register("mlxops_supervisor", None, v.host_name,
+         "(under all: vars) the host whose watchdog supervises every job (an always-on "
+         "Mac of the inventory; 'controller': this machine, the default); a job's own "
+         "supervisor: wins")
 register("mlxops_ssh_target", None, v.ssh_target,
          "what mlx.launch/mpirun ssh to for this host (default: user@address)")

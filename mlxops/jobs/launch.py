@@ -97,6 +97,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         stray=[h for h in previous.stray if h.name not in preps] if previous else [],
         created=previous.created if previous else time.time(),
         stopped_at=previous.stopped_at if previous else None,
+        supervisor=previous.supervisor if previous else None,  # a restart keeps its own
         message=f"resumed from step {step}" if resume and step is not None else "",
         fast_synch=fast_synch_on(spec.env, hosts),
     )

@@ -72,6 +72,23 @@ class HostRecord:
 
 
 @dataclass(frozen=True)
+class SupervisorRecord:
+    """The job's watchdog on a node (:mod:`mlxops.jobs.supervisor`): its host, its
+    directory there (absolute) and how it was started (setsid, systemd or launchd)."""
+
+    host: str
+    dir: str
+    method: str
+
+    @classmethod
+    def from_dict(cls, data: Any) -> SupervisorRecord:
+        if not isinstance(data, dict) or not all(isinstance(data.get(f), str)
+                                                 for f in ("host", "dir", "method")):
+            raise ValueError(f"supervisor: not a mapping of host, dir and method: {data!r}")
+        return cls(data["host"], data["dir"], data["method"])
+
+
+@dataclass(frozen=True)
 class Restart:
     """One restart by the watchdog: when, why, and the attempt it ended."""
 
@@ -121,6 +138,8 @@ class JobRecord:
     stopped_at: float | None = None        # the last `mlxops stop` (see the module doc)
     workload: Workload | None = None       # what the job runs, as launched (typed)
     fast_synch: bool = False               # its ranks run with MLX_METAL_FAST_SYNCH=1
+    # The watchdog on a node that supervises the job; None: the controller does.
+    supervisor: SupervisorRecord | None = None
 
     def __post_init__(self) -> None:
         if self.job is not None:
@@ -183,6 +202,8 @@ class JobRecord:
         data["restarts"] = [Restart.from_dict(r, f"restarts[{i}]")
                             for i, r in enumerate(data.get("restarts", []))]
         data["restart"] = RestartPolicy(**data["restart"])
+        if data.get("supervisor") is not None:
+            data["supervisor"] = SupervisorRecord.from_dict(data["supervisor"])
         return cls(**data)
 
     def save(self) -> None:

@@ -43,7 +43,8 @@ from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_KEYS = {"name", "inventory", "hosts", "backend", "workdir", "env", "restart", "port",
-            "stop_grace", "blas", "alerts", "balance", "notify", "data", "fast_synch", *KINDS}
+            "stop_grace", "blas", "alerts", "balance", "notify", "data", "fast_synch",
+            "supervisor", *KINDS}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -73,6 +74,9 @@ class JobSpec:
     notify: NotifySection | None = None
     data: DataSpec | None = None               # prepared shards (mlxops data prepare)
     fast_synch: bool | None = None             # MLX_METAL_FAST_SYNCH (jobs/fastsynch.py)
+    # The host whose watchdog supervises the job ("controller": this machine); None: the
+    # inventory's mlxops_supervisor decides (mlxops.jobs.supervisor.supervisor_of).
+    supervisor: str | None = None
 
     @property
     def total_steps(self) -> int | None:
@@ -177,7 +181,20 @@ def load_job(path: str | Path) -> JobSpec:
         balance=_balance(path, data.get("balance", BALANCE_EQUAL), kind.splits_batch),
         notify=_notify(path, data.get("notify")),
         data=prepared, fast_synch=fast_synch,
+        supervisor=_supervisor(path, data.get("supervisor")),
     )
+
+
+def _supervisor(path: Path, value: Any) -> str | None:
+    """A host name, or ``controller``; whether it is a host of the inventory is checked
+    with the job's hosts (:func:`mlxops.jobs.supervisor.supervisor_of`)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or any(c.isspace() or not c.isprintable()
+                                                      for c in value):
+        raise bad_input(path, "supervisor", f"must be a host of the inventory or "
+                                            f"'controller', got {value!r}")
+    return value
 
 
 def _notify(path: Path, data: Any) -> NotifySection | None:

@@ -27,6 +27,7 @@ from mlxops import events
 from mlxops.filelock import exclusive
 from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, classify
+from mlxops.jobs.supervisor import supervised_elsewhere
 from mlxops.monitor import alerts, files
 from mlxops.monitor.data import Mirror, MirrorReader, columns
 from mlxops.monitor.files import METRICS, SAMPLES, MirrorState
@@ -112,8 +113,16 @@ def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = 
 
     Returns each host's result (a host that does not answer is recorded as such in the
     mirror too); None when another process was feeding this mirror at that moment (nothing
-    done). Only a bug raises.
+    done), or when a node supervises the job (its mirror fetched instead). Only a bug
+    raises.
     """
+    if supervised_elsewhere(record):
+        # A node's watchdog feeds this job's mirror (docs/supervisor.md): bring its files
+        # over rather than feed a second mirror beside it.
+        from mlxops.jobs.supervising import fetch
+
+        fetch(record, connector)
+        return None
     with _feeding(record.name) as held:
         if not held:
             return None

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from mlxops.tasks.base import REGISTRY
 
 #: Every module that defines a task.
-TASK_MODULES = ("blas", "env", "facts", "hostfiles", "macos", "mlx_lm", "python", "sync",
-                "thunderbolt_ips")
+TASK_MODULES = ("blas", "env", "facts", "hostfiles", "macos", "mlx_lm", "python", "supervisor",
+                "sync", "thunderbolt_ips")
 
 __all__ = ["REGISTRY", "Outcome", "TaskContext", "TaskSpec", "task"]
 

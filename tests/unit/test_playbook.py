@@ -66,8 +66,10 @@ def test_bundled_provision_playbook_is_valid() -> None:
     play = load_playbook(playbooks_dir() / "provision.yml")
     names = [t.spec.name for t in play.tasks]
     assert names == ["facts", "env", "python", "mlx_lm", "skew", "blas", "hostfiles", "sync",
-                     "macos", "thunderbolt_ips"]
+                     "macos", "thunderbolt_ips",
+                     "supervisor"]
     assert "always" in play.tasks[0].tags
+    assert "never" in play.tasks[-1].tags  # the supervisor's: opt-in (docs/supervisor.md)
 
 
 @pytest.mark.parametrize("body, where", [
