@@ -92,3 +92,27 @@ def test_the_hook_raises_the_command_buffer_form_through_the_loop(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"error: out of memory at step 2 with micro_batch 1: "
                                    f"{oom.COMMAND_BUFFER_OOM} (test hook)")
+
+
+def test_the_loop_says_the_back_off_is_unavailable_on_metal_before_0_32(tmp_path, monkeypatch,
+                                                                         capsys):
+    import json
+
+    import mlx.core as mx
+    from trainer_procs import TINY
+
+    from mlxops.trainer import train
+    from mlxops.trainer.config import load_config
+
+    cfg = json.loads(json.dumps(TINY))
+    cfg["train"].update({"steps": 1, "checkpoint_every": 0})
+    cfg["out"] = str(tmp_path / "out")
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx, "__version__", "0.31.2")
+    train.trainer_loop(load_config(cfg))
+    assert ("note: MLX 0.31.2 aborts the process when a Metal command buffer runs out of "
+            "memory") in capsys.readouterr().out
+    monkeypatch.setattr(mx, "__version__", "0.32.0")
+    cfg["out"] = str(tmp_path / "out2")
+    train.trainer_loop(load_config(cfg))
+    assert "note: MLX" not in capsys.readouterr().out
