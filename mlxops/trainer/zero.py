@@ -191,8 +191,13 @@ class ZeroSteps(Steps):
         self.shard = shard or Shard(model, optimizer, group, compute_dtype)
         self.layout, self.master = self.shard.layout, self.shard.master
         self.sharded_master = self.shard.sharded_master
+        # No working copy (Steps' ``copy``): a bfloat16 run's model holds the bfloat16
+        # weights the all_gather rebuilds every step, which are the working copy already;
+        # a second one would cost 2 P bytes the plan does not count, and this _update
+        # (which replaces Steps') would never recast it: the forward passes would run on
+        # the weights the copy was made from.
         super().__init__(model, optimizer, group, compute_dtype, grad_clip, wire, scale,
-                         loss, random)
+                         loss, random, working_copy=False)
         # The compiled functions read and write the master slice too (mx.compile reads
         # the state list when called, so appending before the first call is enough).
         self.state.append(self.master)
@@ -238,13 +243,13 @@ class ZeroSteps(Steps):
             mx.eval(mx.distributed.all_gather(nothing, group=self.group))
         return stats
 
-    def snapshot(self) -> tuple[dict, dict]:
-        params, opt = super().snapshot()
-        return params, {"optimizer": opt, "master": dict(self.master)}
+    def snapshot(self) -> tuple[dict, dict, dict | None]:
+        params, opt, copy = super().snapshot()
+        return params, {"optimizer": opt, "master": dict(self.master)}, copy
 
-    def restore(self, snap: tuple[dict, dict]) -> None:
-        params, saved = snap
-        super().restore((params, saved["optimizer"]))
+    def restore(self, snap: tuple[dict, dict, dict | None]) -> None:
+        params, saved, copy = snap
+        super().restore((params, saved["optimizer"], copy))
         self.master.update(saved["master"])
 
     # -- checkpoints -----------------------------------------------------------------------
