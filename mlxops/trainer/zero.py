@@ -18,11 +18,12 @@ the rank's slice as one array (``{"flat": slice}``), and each element goes throu
 expression (weight decay, both moments, the step) with the same scalars (the learning rate
 of the same step) as in the unsharded update; the gradient clip's norm is taken over the
 full gradient every rank holds. ``all_gather`` copies bits. In a bfloat16 run the model
-holds bfloat16 weights (the cast the unsharded step makes of its float32 weights before
-every forward pass) and each rank keeps the float32 master weights of its slice only; the
-gradients, float32 in the unsharded step through the cast's derivative, are the bfloat16
-gradients cast to float32, the same values. ``tests/trainer/test_zero.py`` holds the
-whole runs equal bit for bit at 2 and 3 ranks.
+holds bfloat16 weights (the working copy the unsharded step casts from its float32
+weights; here the all_gather rebuilds it, so :class:`ZeroSteps` makes no
+:attr:`~.step.Steps.copy` of its own) and each rank keeps the float32 master weights of
+its slice only; the gradients are bfloat16 in both, cast to float32 before they are
+summed (here at once, so that accumulated micro-batches add in float32 as there).
+``tests/trainer/test_zero.py`` holds the whole runs equal bit for bit at 2 and 3 ranks.
 
 **Memory per rank** (P parameters, n ranks, :func:`mlxops.trainer.plan.sharded_terms`):
 AdamW's moments ``8 P / n`` instead of ``8 P``; in bfloat16, the weights ``2 P`` plus
