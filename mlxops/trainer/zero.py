@@ -18,11 +18,12 @@ the rank's slice as one array (``{"flat": slice}``), and each element goes throu
 expression (weight decay, both moments, the step) with the same scalars (the learning rate
 of the same step) as in the unsharded update; the gradient clip's norm is taken over the
 full gradient every rank holds. ``all_gather`` copies bits. In a bfloat16 run the model
-holds bfloat16 weights (the cast the unsharded step makes of its float32 weights before
-every forward pass) and each rank keeps the float32 master weights of its slice only; the
-gradients, float32 in the unsharded step through the cast's derivative, are the bfloat16
-gradients cast to float32, the same values. ``tests/trainer/test_zero.py`` holds the
-whole runs equal bit for bit at 2 and 3 ranks.
+holds bfloat16 weights (the working copy the unsharded step casts from its float32
+weights; here the all_gather rebuilds it, so :class:`ZeroSteps` makes no
+:attr:`~.step.Steps.copy` of its own) and each rank keeps the float32 master weights of
+its slice only; the gradients are bfloat16 in both, cast to float32 before they are
+summed (here at once, so that accumulated micro-batches add in float32 as there).
+``tests/trainer/test_zero.py`` holds the whole runs equal bit for bit at 2 and 3 ranks.
 
 **Memory per rank** (P parameters, n ranks, :func:`mlxops.trainer.plan.sharded_terms`):
 AdamW's moments ``8 P / n`` instead of ``8 P``; in bfloat16, the weights ``2 P`` plus
@@ -191,8 +192,13 @@ class ZeroSteps(Steps):
         self.shard = shard or Shard(model, optimizer, group, compute_dtype)
         self.layout, self.master = self.shard.layout, self.shard.master
         self.sharded_master = self.shard.sharded_master
+        # No working copy (Steps' ``copy``): a bfloat16 run's model holds the bfloat16
+        # weights the all_gather rebuilds every step, which are the working copy already;
+        # a second one would cost 2 P bytes the plan does not count, and this _update
+        # (which replaces Steps') would never recast it: the forward passes would run on
+        # the weights the copy was made from.
         super().__init__(model, optimizer, group, compute_dtype, grad_clip, wire, scale,
-                         loss, random)
+                         loss, random, working_copy=False)
         # The compiled functions read and write the master slice too (mx.compile reads
         # the state list when called, so appending before the first call is enough).
         self.state.append(self.master)
@@ -238,13 +244,13 @@ class ZeroSteps(Steps):
             mx.eval(mx.distributed.all_gather(nothing, group=self.group))
         return stats
 
-    def snapshot(self) -> tuple[dict, dict]:
-        params, opt = super().snapshot()
-        return params, {"optimizer": opt, "master": dict(self.master)}
+    def snapshot(self) -> tuple[dict, dict, dict | None]:
+        params, opt, copy = super().snapshot()
+        return params, {"optimizer": opt, "master": dict(self.master)}, copy
 
-    def restore(self, snap: tuple[dict, dict]) -> None:
-        params, saved = snap
-        super().restore((params, saved["optimizer"]))
+    def restore(self, snap: tuple[dict, dict, dict | None]) -> None:
+        params, saved, copy = snap
+        super().restore((params, saved["optimizer"], copy))
         self.master.update(saved["master"])
 
     # -- checkpoints -----------------------------------------------------------------------

@@ -9,9 +9,14 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from trainer_procs import PY, ROOT, run_script
 
 from mlxops.trainer import zero, zero_checkpoint
+from mlxops.trainer.config import load_config
+from mlxops.trainer.model import Transformer
+from mlxops.trainer.step import Steps
+from mlxops.trainer.train import make_optimizer
 
 SCRIPT = str(ROOT / "tests" / "trainer" / "zero_rank.py")
 STEPS, STOP = 8, 4
@@ -152,3 +157,67 @@ def test_an_uninitialised_optimizer_is_required():
     opt.init(model.trainable_parameters())
     with pytest.raises(ValueError, match="initialised on its slice"):
         zero.ZeroSteps(model, opt, mx.distributed.init(), mx.float32, 0.0)
+
+
+def _bf16_pair() -> tuple[Steps, zero.ZeroSteps]:
+    """The unsharded bfloat16 step (its working copy) and ZeRO-1's, on one rank, from the
+    same weights."""
+    cfg = load_config({"model": {"dims": 32, "layers": 2, "heads": 2, "seq_len": 16},
+                       "train": {"dtype": "bfloat16", "steps": 10, "lr": 3e-3,
+                                 "warmup": 1}})
+    pair = []
+    for sharded in (False, True):
+        mx.random.seed(0)
+        model, opt = Transformer(cfg.model), make_optimizer(cfg)
+        if sharded:
+            pair.append(zero.ZeroSteps(model, opt, mx.distributed.init(), mx.bfloat16, 1.0))
+        else:
+            opt.init(model.trainable_parameters())
+            pair.append(Steps(model, opt, mx.distributed.init(), mx.bfloat16, 1.0))
+        mx.eval(model.parameters(), opt.state)
+    return pair[0], pair[1]
+
+
+def _step(st: Steps, i: int) -> float:
+    tokens = mx.random.randint(0, 256, (4, 17), key=mx.random.key(100 + i))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    if i % 2:  # accumulated micro-batches, as the trainer runs a split step
+        loss_sum, acc = st.first(x[:2], y[:2])
+        loss_sum, acc = st.next(x[2:], y[2:], loss_sum, acc)
+        stats = st.apply(loss_sum, acc, mx.array(2.0))
+    else:
+        stats, _ = st.fused(x, y)
+    mx.eval(stats, st.state)
+    return stats.tolist()[0]
+
+
+def _masters(st: Steps) -> dict[str, mx.array]:
+    if isinstance(st, zero.ZeroSteps):
+        return st.master_weights()
+    return dict(tree_flatten(st.model.trainable_parameters()))
+
+
+def test_a_bfloat16_sharded_step_runs_on_the_weights_it_gathered_not_a_stale_copy():
+    # The model's bfloat16 weights, rebuilt by every step's all_gather, are the sharded
+    # step's working copy: a Steps copy beside them was never recast by ZeRO's update, so
+    # from the first step that moved the weights its forward ran on the old ones.
+    plain, sharded = _bf16_pair()
+    assert plain.copy is not None and sharded.copy is None
+    for i in range(4):
+        assert _step(plain, i) == _step(sharded, i), i
+        a, b = _masters(plain), _masters(sharded)
+        assert all(mx.array_equal(a[k], b[k]).item() for k in a), i
+
+
+def test_a_bfloat16_sharded_snapshot_restores_the_step_it_undoes():
+    # What an out-of-memory back-off does: snapshot, a step, restore, then the step again.
+    plain, sharded = _bf16_pair()
+    for st in (plain, sharded):
+        _step(st, 0)
+        before = st.snapshot()
+        _step(st, 1)
+        st.restore(before)
+    for i in (1, 2):
+        assert _step(plain, i) == _step(sharded, i), i
+    a, b = _masters(plain), _masters(sharded)
+    assert all(mx.array_equal(a[k], b[k]).item() for k in a)
