@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 
 from . import schedule as sch
 
@@ -112,7 +112,10 @@ class PipelineStep:
                     return st.forward(p, flat[len(names)] if not first else None, batch)
 
                 primals = [params[k] for k in names] + ([] if first else [x])
-                (out,), vjps = mx.vjp(fn, primals, [cot])
+                if primals:
+                    (out,), vjps = mx.vjp(fn, primals, [cot])
+                else:   # a first stage with nothing to train: no backward to build
+                    out, vjps = fn(), []
                 mx.eval(out)
                 pending[m] = (out, vjps, cot)
                 if last:
@@ -163,23 +166,16 @@ class PipelineStep:
         return {k: g * scale for k, g in grads.items()}
 
 
-def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{"blocks.7.mlp.up.weight": a}`` as nested dicts, every level a dict: a stage's
-    blocks are a dict keyed by their numbers in the whole model (``tree_unflatten``
-    would make a list of them, starting at 0)."""
-    out: dict[str, Any] = {}
-    for name, value in flat.items():
-        *path, leaf = name.split(".")
-        node = out
-        for key in path:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return out
+def shaped(template: Any, flat: dict[str, Any]) -> Any:
+    """``flat`` (``{"blocks.7.mlp.up.weight": a}``) as a tree shaped like ``template``
+    (a module's parameters, an optimizer's state): a stage's blocks may be a list from 0
+    or a dict by their numbers in the whole model, which ``tree_unflatten`` cannot tell."""
+    return tree_map_with_path(lambda path, _: flat[path], template)
 
 
 def update(model: Any, optimizer: Any, grads: dict[str, mx.array]) -> None:
     """Apply ``grads`` (by name) to ``model``'s trainable parameters with ``optimizer``."""
-    optimizer.update(model, nest(grads))
+    optimizer.update(model, shaped(model.trainable_parameters(), grads))
 
 
 def named(tree: Any) -> dict[str, mx.array]:

@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .pipeline import nest
+from .pipeline import shaped
 
 OPTIMIZER = "optimizer."
 PATTERN = "stage-*.safetensors"
@@ -81,7 +81,7 @@ def load(directory: Path, model: Any, optimizer: Any) -> int:
         if arrays[k].shape != v.shape:
             raise StageCheckpointError(f"{directory}: {k}: shape {arrays[k].shape}, this "
                                        f"stage has {v.shape}")
-    model.update(nest({k: arrays[k] for k in wanted}))   # its blocks are a dict by number
+    model.update(shaped(model.parameters(), arrays))
     optimizer.init(model.trainable_parameters())
     state = []
     for k, v in tree_flatten(optimizer.state):
@@ -92,6 +92,6 @@ def load(directory: Path, model: Any, optimizer: Any) -> int:
             raise StageCheckpointError(f"{directory}: {key}: shape {arrays[key].shape}, "
                                        f"this stage has {v.shape}")
         state.append((k, arrays[key]))
-    optimizer.state = nest(dict(state))
+    optimizer.state = shaped(optimizer.state, dict(state))
     mx.eval(model.parameters(), optimizer.state)
     return step

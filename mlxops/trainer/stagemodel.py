@@ -25,7 +25,7 @@ from mlx.utils import tree_flatten
 
 from .config import ModelConfig
 from .model import Block, Transformer, _checkpointed, attention_mask
-from .pipeline import nest
+from .pipeline import shaped
 
 #: Seeds of the parts of one run are ``seed * PART_STRIDE + part``: apart for any model
 #: of fewer than this many layers.
@@ -89,7 +89,7 @@ class TrainerStage:
         if self.dtype != mx.float32:
             params = {k: v.astype(self.dtype) for k, v in params.items()}
         master = self.model.trainable_parameters()
-        self.model.update(nest(params))
+        self.model.update(shaped(master, params))
         inputs, targets = batch
         out = self.model(inputs if x is None else x, inputs.shape[1])
         self.model.update(master)   # the float32 weights, not the traced copy
