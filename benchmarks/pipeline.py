@@ -131,7 +131,7 @@ def rank_main(out: Path, opts: dict) -> None:
             rounds.append(time.perf_counter() - t0)
         link = statistics.median(rounds[1:]) / 2
     barrier()
-    gathered = mx.distributed.all_gather(mx.array([compute, link or 0.0]), group=group,
+    gathered = mx.distributed.all_gather(mx.array([[compute, link or 0.0]]), group=group,
                                          stream=mx.cpu).tolist()
     computes = [row[0] for row in gathered]
     link_s = gathered[1][1] if size > 1 else 0.0
@@ -164,13 +164,16 @@ def main() -> None:
     p.add_argument("--size", type=int, default=4, help="sequences a micro-batch")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--layers", type=int, default=MODEL["layers"])
+    p.add_argument("--dims", type=int, default=MODEL["dims"])
+    p.add_argument("--seq-len", type=int, default=MODEL["seq_len"])
     p.add_argument("--cpu", action="store_true", help="mx.cpu even where a GPU is")
     p.add_argument("--rank", nargs=2, metavar=("OUT", "OPTS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank:
         rank_main(Path(args.rank[0]), json.loads(args.rank[1]))
         return
-    opts = {"model": {**MODEL, "layers": args.layers}, "micro": args.micro,
+    model = {**MODEL, "layers": args.layers, "dims": args.dims, "seq_len": args.seq_len}
+    opts = {"model": model, "micro": args.micro,
             "size": args.size, "steps": args.steps, "warmup": 2, "cpu": args.cpu}
     print(f"model {opts['model']}, {args.micro} micro-batches of {args.size} sequences, "
           f"{args.cores} core(s) a rank, load {os.getloadavg()[0]:.2f} before")

@@ -18,6 +18,7 @@ protocol's), not this module's.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,24 @@ def stage_file(directory: Path, stage: int) -> Path:
     return directory / f"stage-{stage}.safetensors"
 
 
-def save(directory: Path, stage: int, model: Any, optimizer: Any, step: int) -> Path:
-    """Write stage ``stage``'s weights and optimizer state after ``step`` steps."""
+def _same(name: str) -> str:
+    return name
+
+
+def _weights(model: Any, trainable_only: bool) -> Any:
+    return model.trainable_parameters() if trainable_only else model.parameters()
+
+
+def save(directory: Path, stage: int, model: Any, optimizer: Any, step: int, *,
+         name: Callable[[str], str] = _same, trainable_only: bool = False) -> Path:
+    """Write stage ``stage``'s weights and optimizer state after ``step`` steps.
+
+    ``name``: a parameter's name in the whole model from its name in ``model`` (a
+    fine-tuning stage numbers its blocks from 0); ``trainable_only``: the trainable
+    weights alone (fine-tuning: the base model is read from its own files)."""
     directory.mkdir(parents=True, exist_ok=True)
-    arrays = dict(tree_flatten(model.parameters()))
-    arrays.update({OPTIMIZER + k: v for k, v in tree_flatten(optimizer.state)})
+    arrays = {name(k): v for k, v in tree_flatten(_weights(model, trainable_only))}
+    arrays.update({OPTIMIZER + name(k): v for k, v in tree_flatten(optimizer.state)})
     final = stage_file(directory, stage)
     tmp = directory / f".tmp-{final.name}-{os.getpid()}.safetensors"
     mx.save_safetensors(str(tmp), arrays, metadata={"step": str(step), "stage": str(stage)})
@@ -68,12 +82,18 @@ def read(directory: Path) -> tuple[dict[str, mx.array], int]:
     return arrays, steps.pop()
 
 
-def load(directory: Path, model: Any, optimizer: Any) -> int:
+def load(directory: Path, model: Any, optimizer: Any, *, name: Callable[[str], str] = _same,
+         trainable_only: bool = False) -> int:
     """Set ``model``'s weights and ``optimizer``'s state from the checkpoint in
-    ``directory`` by name; returns the step to resume after."""
-    arrays, step = read(directory)
-    wanted = dict(tree_flatten(model.parameters()))
-    missing = [k for k in wanted if k not in arrays]
+    ``directory`` by name (``name`` and ``trainable_only`` as :func:`save`'s); returns the
+    step to resume after."""
+    found, step = read(directory)
+    wanted = dict(tree_flatten(_weights(model, trainable_only)))
+    arrays = {k: found[name(k)] for k in wanted if name(k) in found}
+    arrays.update({OPTIMIZER + k: found[OPTIMIZER + name(k)]
+                   for k, _ in _optimizer_names(model, optimizer)
+                   if OPTIMIZER + name(k) in found})
+    missing = [name(k) for k in wanted if k not in arrays]
     if missing:
         raise StageCheckpointError(f"{directory}: {missing[0]}: not in any stage's file "
                                    f"({len(missing)} names missing)")
@@ -81,13 +101,13 @@ def load(directory: Path, model: Any, optimizer: Any) -> int:
         if arrays[k].shape != v.shape:
             raise StageCheckpointError(f"{directory}: {k}: shape {arrays[k].shape}, this "
                                        f"stage has {v.shape}")
-    model.update(shaped(model.parameters(), arrays))
-    optimizer.init(model.trainable_parameters())
+    model.update(shaped(_weights(model, trainable_only), arrays))
     state = []
-    for k, v in tree_flatten(optimizer.state):
+    for k, v in _optimizer_names(model, optimizer):
         key = OPTIMIZER + k
         if key not in arrays:
-            raise StageCheckpointError(f"{directory}: {key}: not in any stage's file")
+            raise StageCheckpointError(f"{directory}: {OPTIMIZER + name(k)}: not in any "
+                                       "stage's file")
         if arrays[key].shape != v.shape:
             raise StageCheckpointError(f"{directory}: {key}: shape {arrays[key].shape}, "
                                        f"this stage has {v.shape}")
@@ -95,3 +115,9 @@ def load(directory: Path, model: Any, optimizer: Any) -> int:
     optimizer.state = shaped(optimizer.state, dict(state))
     mx.eval(model.parameters(), optimizer.state)
     return step
+
+
+def _optimizer_names(model: Any, optimizer: Any) -> list[tuple[str, Any]]:
+    """The optimizer's state for ``model``'s trainable weights, by name (initialised)."""
+    optimizer.init(model.trainable_parameters())
+    return tree_flatten(optimizer.state)

@@ -25,7 +25,7 @@ from mlx.utils import tree_flatten, tree_map
 
 from mlxops.finetune import pipeline as fp
 from mlxops.finetune.config import load_config
-from mlxops.trainer import pipeline
+from mlxops.trainer import pipeline, stagecheckpoint
 
 
 def config(o: dict):
@@ -89,16 +89,28 @@ def pipe(out: Path, o: dict) -> None:
     fp.apply_stage_method(model, cfg, sum(counts), start, stop)
     fp.init_adapters(model, o["seed"], start)
     opt = optim.Adam(learning_rate=o["lr"])
+
+    def name(k: str) -> str:
+        return fp.to_global(k, start)
+
+    begin = 0
+    if o.get("resume"):
+        begin = stagecheckpoint.load(Path(o["resume"]), model, opt, name=name,
+                                     trainable_only=True)
     stage = fp.FinetuneStage(model, mconfig, start, first, last)
     step_fn = pipeline.PipelineStep(stage, group, rank, size)
     losses = []
-    for step in range(o["steps"]):
+    for step in range(begin, o["steps"]):
         loss, grads = step_fn.gradients(batches(step, o, int(mconfig["vocab_size"])))
         local = {fp.to_local(k, start): v for k, v in grads.items()}
         pipeline.update(model, opt, local)
         mx.eval(model.parameters(), opt.state)
         if loss is not None:
             losses.append(loss.item().hex())
+        if o.get("save_at") == step + 1:
+            stagecheckpoint.save(Path(o["save"]), rank, model, opt, step + 1, name=name,
+                                 trainable_only=True)
+            break
     if last:
         (out / f"losses-{rank}.json").write_text(json.dumps(losses))
     np.savez(out / f"trainable-{rank}.npz", **stage.trainable())

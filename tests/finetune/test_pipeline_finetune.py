@@ -148,6 +148,23 @@ def test_assembled_adapters_load_in_mlx_lm_and_generate(tmp_path, models):
     assert cli.returncode == 0, cli.stderr[-2000:]
 
 
+def test_a_checkpoint_of_3_stages_resumes_on_2_by_name_and_continues_as_one_process(
+        tmp_path, models):
+    opts = {"model": str(models["4bit"]), "method": "lora", "num_layers": 4, "steps": 4}
+    losses, want = run_one(tmp_path / "one", **opts)
+    ckpt = tmp_path / "ckpt"
+    first, _ = run_pipe(tmp_path / "a", split=[2, 2, 2], save_at=2, save=str(ckpt), **opts)
+    import mlx.core as mx
+
+    saved = {k for s in range(3) for k in mx.load(str(ckpt / f"stage-{s}.safetensors"))}
+    assert "model.layers.5.self_attn.q_proj.lora_a" in saved     # the whole model's names
+    assert not any(".scales" in k or "embed_tokens" in k for k in saved)  # adapters only
+    rest, got = run_pipe(tmp_path / "b", split=[3, 3], resume=str(ckpt), **opts)
+    assert first + rest == losses
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
+
+
 def test_two_stages_holding_one_adapter_are_refused_at_assembly(tmp_path):
     import mlx.core as mx
 
