@@ -53,7 +53,7 @@ from functools import cached_property
 
 from . import plan as P
 from .config import TrainerConfig
-from .schedule import in_flight
+from .schedule import in_flight, step_seconds
 
 #: Splits whose utilisation is within this share of the best are equal for memory.
 TIE = 0.05
@@ -270,3 +270,19 @@ def trainer_costs(cfg: TrainerConfig, micro: int, accumulation: int) -> ModelCos
         layers=(block,) * m.layers, embed=params(v * d), head=head, transient=transient,
         loss=(P.LOGITS + P.LOGITS_BF16 * bf16) * n * v,
         tied=params(v * d) if m.tie_embeddings else Part())
+
+
+def predicted_step(plans: Sequence[StagePlan], micro: int, sequences: int,
+                   speeds: Sequence[float], link_seconds: float = 0.0) -> tuple[float, float]:
+    """``(seconds, bubble)`` of one step of a split, from each host's measured speed.
+
+    ``speeds[s]``: the sequences a second host ``s`` trains of the whole model
+    (``balance: auto``'s calibration); a stage's share of a micro-batch of ``sequences``
+    is its ``work`` over the whole model's, so its forward and backward take
+    ``t_s = sequences x share_s / speeds[s]``; the step is the 1F1B schedule's critical path
+    (:func:`.schedule.step_seconds`) and the bubble its share not spent computing on the
+    busiest stage, ``1 - M max_s t_s / step``."""
+    total = sum(p.work for p in plans) or 1.0
+    times = [sequences * p.work / total / v for p, v in zip(plans, speeds, strict=True)]
+    seconds = step_seconds(times, micro, link_seconds)
+    return seconds, 1 - micro * max(times) / seconds if seconds else 0.0

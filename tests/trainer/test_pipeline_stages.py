@@ -143,3 +143,17 @@ def test_the_split_is_the_best_of_every_split_on_random_models():
             continue
         got = stages.split(costs, budgets, micro, speeds)
         assert [p.layers for p in got] == counts
+
+
+def test_the_predicted_step_is_the_schedule_of_each_stages_share_at_its_hosts_speed():
+    costs = ModelCosts(layers=(Part(alive=1, work=1),) * 6, embed=Part(), head=Part(),
+                       transient=0, loss=0)
+    plans = stages.split(costs, [100] * 3, micro=4, explicit=[2, 2, 2])
+    # Each stage a third of the model; 4 sequences a micro-batch at 12 sequences/s:
+    # 1/9 s a micro-batch a stage; 3 x 1/9 + 3 x 1/9 = 2/3 s; 4/9 of it computing.
+    seconds, bubble = stages.predicted_step(plans, 4, 4, [12.0] * 3)
+    assert seconds == pytest.approx(2 / 3)
+    assert bubble == pytest.approx(1 - (4 / 9) / (2 / 3)) == pytest.approx(2 / 6)
+    # A host twice as fast does its stage in half the time: the others set the pace.
+    slow, _ = stages.predicted_step(plans, 4, 4, [12.0, 24.0, 12.0], link_seconds=0.01)
+    assert slow == pytest.approx(1 / 9 + 1 / 18 + 1 / 9 + 3 / 9 + 4 * 0.01)
