@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
@@ -38,7 +37,21 @@ def batches(step: int, micro: int, size: int, cfg: ModelConfig) -> list[tuple]:
 def one(out: Path, cfg: ModelConfig, o: dict) -> None:
     model = whole_model(cfg, o["seed"])
     opt = optim.AdamW(learning_rate=o["lr"])
-    vg = nn.value_and_grad(model, loss_fn)
+    dtype = getattr(mx, o.get("dtype", "float32"))
+
+    def cast_loss(params: dict, x: mx.array, y: mx.array) -> mx.array:
+        # As the trainer's step: the float32 master weights cast, the cast differentiated.
+        model.update(tree_map(lambda p: p.astype(dtype), params))
+        return loss_fn(model, x, y)
+
+    grad = mx.value_and_grad(cast_loss)
+
+    def vg(model, x, y):
+        params = model.trainable_parameters()
+        loss, g = grad(params, x, y)
+        model.update(params)
+        return loss, g
+
     losses = []
     for step in range(o["steps"]):
         loss_sum = acc = None
@@ -71,7 +84,8 @@ def pipe(out: Path, cfg: ModelConfig, o: dict) -> None:
     begin = 0
     if o.get("resume"):
         begin = stagecheckpoint.load(Path(o["resume"]), model, opt)
-    step_fn = pipeline.PipelineStep(TrainerStage(model, cfg.dims), group, rank, size,
+    dtype = getattr(mx, o.get("dtype", "float32"))
+    step_fn = pipeline.PipelineStep(TrainerStage(model, cfg.dims, dtype), group, rank, size,
                                     tied=pipeline.TIED if cfg.tie_embeddings else None)
     losses = []
     for step in range(begin, o["steps"]):

@@ -3,7 +3,8 @@
 micro-batches.
 
 Tolerance: untied embeddings are compared bit for bit (losses as float.hex, every weight
-with ``array_equal``): every gradient is made by the same kernels on the same inputs as in
+with ``array_equal``), in float32 and in bfloat16 compute (bfloat16 activations between
+stages): every gradient is made by the same kernels on the same inputs as in
 one process (MLX's CPU kernels here). Tied embeddings and clipping sum in another order
 (mlxops/trainer/pipeline.py says which): losses within 1e-5 relative, weights after
 three AdamW steps (lr 0.01, which divides by the gradients' own scale) within 1e-4
@@ -52,10 +53,11 @@ def floats(hexes: list[str]) -> np.ndarray:
     return np.array([float.fromhex(h) for h in hexes])
 
 
-@pytest.mark.parametrize("split", [[3, 3], [1, 4, 1], [4, 2]])
-def test_untied_stages_train_bit_for_bit_as_one_process(tmp_path, split):
-    losses, params = run_one(tmp_path / "one")
-    got_losses, got = run_pipe(tmp_path / "pipe", len(split), split=split)
+@pytest.mark.parametrize("split, dtype", [([3, 3], "float32"), ([1, 4, 1], "float32"),
+                                          ([4, 2], "float32"), ([2, 2, 2], "bfloat16")])
+def test_untied_stages_train_bit_for_bit_as_one_process(tmp_path, split, dtype):
+    losses, params = run_one(tmp_path / "one", dtype=dtype)
+    got_losses, got = run_pipe(tmp_path / "pipe", len(split), split=split, dtype=dtype)
     assert got_losses == losses
     assert sorted(got) == sorted(params)
     for k in params:
