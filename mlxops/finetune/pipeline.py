@@ -204,6 +204,20 @@ def apply_stage_method(model: nn.Module, cfg: FinetuneConfig, layers: int, start
     return k
 
 
+def first_trained_stage(counts: Sequence[int], num_layers: int) -> int:
+    """The first stage of a split (``counts[s]`` blocks to stage ``s``) holding a block the
+    method trains (the last ``num_layers``, ``-1``: all): the stages before it run
+    forwards only (:func:`mlxops.trainer.schedule.schedule`)."""
+    layers = sum(counts)
+    lowest = 0 if num_layers == -1 else max(0, layers - num_layers)
+    start = 0
+    for s, n in enumerate(counts):
+        if start + n > lowest:
+            return s
+        start += n
+    return len(counts) - 1
+
+
 def init_adapters(model: nn.Module, seed: int, start: int = 0) -> None:
     """Every ``lora_a`` drawn from ``(seed, its name in the whole model)``, uniform in
     ``+-1/sqrt(in)`` as mlx-lm draws it; every ``lora_b`` zero."""

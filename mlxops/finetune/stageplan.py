@@ -13,13 +13,12 @@ files as :mod:`mlxops.finetune.plan` reads them. A block ``b`` costs::
 the embedding (first stage) and the final norm and head (last stage; a tied embedding's
 copy when there are two stages or more) their bytes as stored (frozen: nothing else),
 ``transient`` the block being differentiated and ``loss`` the logits, as the plan has them.
-With one stage and every block adapted this is :func:`mlxops.finetune.plan.estimate`,
+With one stage this is :func:`mlxops.finetune.plan.estimate`,
 term for term (tests/finetune/test_pipeline_stageplan.py).
 
-Every block keeps its activations, also the blocks below the adapted ones: the pipeline
-step runs the backward pass through every stage but a first stage with nothing to train
-(the one-process plan lets blocks below the adapted ones keep nothing). That is what the
-step does today; a stage with nothing to train below it could skip its input's gradient.
+A block below the adapted ones keeps no activation (as in the one-process plan): the
+stages before the first that trains run forwards only, and that stage differentiates its
+own weights alone, not its input (``first_backward`` of :mod:`mlxops.trainer.pipeline`).
 """
 
 from __future__ import annotations
@@ -90,8 +89,12 @@ def finetune_costs(shape: ModelShape, ends: Ends, cfg: FinetuneConfig, micro: in
         tb = trained[b]
         alive = shape.block_bytes.get(b, 0) + (0 if m.type == "full" else tb) + state_per * tb
         dropout = w * n_tok * dropout_in[b] if m.dropout > 0 and m.type != "full" else 0
-        work = n_tok * 6 * shape.block_params.get(b, 0)
-        blocks.append(Part(alive, P.G / 4 * tb, P.U / 4 * tb, kept + dropout, work))
+        # A block below the trained ones keeps nothing: its stage's backward (if it has
+        # one) does not reach it (mlxops/trainer/pipeline.py, ``first_backward``).
+        below = b < shape.layers - n
+        work = n_tok * (2 if below else 6) * shape.block_params.get(b, 0)
+        blocks.append(Part(alive, P.G / 4 * tb, P.U / 4 * tb,
+                           0 if below else kept + dropout, work))
     transient = w * n_tok * (P.X_D * d + P.X_F * f + P.X_S * ht)
     if ckpt:
         transient += (1 + P.RECOMPUTED) * layer

@@ -70,10 +70,16 @@ class PipelineStep:
     """The gradients of stage ``index`` of ``stages`` for one global batch."""
 
     def __init__(self, stage: Stage, group: mx.distributed.Group | None, index: int,
-                 stages: int, tied: str | None = None):
+                 stages: int, tied: str | None = None, first_backward: int = 0):
         self.stage, self.group, self.index, self.stages = stage, group, index, stages
         #: The tied embedding's name (None: untied); only the first and last stage hold it.
         self.tied = tied if stages > 1 and (stage.first or stage.last) else None
+        #: The first stage with something to train (:func:`.schedule.schedule`): the
+        #: stages before it run forwards only, and it needs no gradient of its input.
+        self.first_backward = first_backward
+        if index < first_backward and stage.trainable():
+            raise ValueError(f"stage {index} trains {next(iter(stage.trainable()))} but "
+                             f"the first stage with something to train is {first_backward}")
 
     def _send(self, x: mx.array, dst: int) -> None:
         mx.eval(mx.distributed.send(x, dst, group=self.group))
@@ -85,14 +91,16 @@ class PipelineStep:
                   ) -> tuple[mx.array | None, dict[str, mx.array]]:
         """``(mean loss or None, mean gradients by name)`` over ``batches``, the step's
         micro-batches in order; the loss on the last stage only."""
-        st, first, last = self.stage, self.stage.first, self.stage.last
+        st, last = self.stage, self.stage.last
         names = list(st.trainable())
+        backward = self.index >= self.first_backward
+        input_grad = self.index > self.first_backward   # the stage before trains
         inputs: dict[int, mx.array] = {}
         pending: dict[int, tuple[mx.array, list[mx.array], mx.array]] = {}
         dxs: dict[int, mx.array] = {}
         acc: list[mx.array] | None = None
         loss_sum: mx.array | None = None
-        for op in sch.schedule(self.index, self.stages, len(batches)):
+        for op in sch.schedule(self.index, self.stages, len(batches), self.first_backward):
             m, batch = op.micro, batches[op.micro]
             if op.kind == sch.RECV_ACT:
                 shape, dtype = st.boundary(batch)
@@ -103,19 +111,21 @@ class PipelineStep:
                 x = inputs.pop(m, None)
                 if last:
                     cot = mx.array(1.0, dtype=mx.float32)
-                else:
+                elif backward:
                     shape, dtype = st.boundary(batch)
                     cot = self._recv(shape, dtype, self.index + 1)   # run at RECV_GRAD
+                else:
+                    cot = None
 
                 def fn(*flat: mx.array, x=x, batch=batch) -> mx.array:
                     p = dict(zip(names, flat[:len(names)], strict=True))
-                    return st.forward(p, flat[len(names)] if not first else None, batch)
+                    return st.forward(p, flat[len(names)] if input_grad else x, batch)
 
-                primals = [params[k] for k in names] + ([] if first else [x])
-                if primals:
+                primals = [params[k] for k in names] + ([x] if input_grad else [])
+                if backward:
                     (out,), vjps = mx.vjp(fn, primals, [cot])
-                else:   # a first stage with nothing to train: no backward to build
-                    out, vjps = fn(), []
+                else:   # forwards only: no backward graph, no activations kept
+                    out, vjps = fn(*primals), []
                 mx.eval(out)
                 pending[m] = (out, vjps, cot)
                 if last:
@@ -129,7 +139,7 @@ class PipelineStep:
                 grads = vjps[:len(names)]
                 acc = grads if acc is None else [a + g for a, g in zip(acc, grads,
                                                                         strict=True)]
-                if not first:
+                if input_grad:
                     dxs[m] = vjps[len(names)]
                 mx.eval(acc, dxs.get(m))
             elif op.kind == sch.SEND_GRAD:

@@ -57,17 +57,28 @@ def warmup(stage: int, stages: int, micro: int) -> int:
 
 
 def in_flight(stage: int, stages: int, micro: int) -> int:
-    """The most micro-batches whose activations stage ``stage`` holds at once."""
+    """The most micro-batches whose activations stage ``stage`` holds at once (a stage
+    that runs forwards only holds none: its parts keep no activation, see
+    :mod:`.stages`)."""
     return min(stages - stage, micro)
 
 
-def schedule(stage: int, stages: int, micro: int) -> list[Op]:
-    """Stage ``stage``'s steps for one optimizer step of ``micro`` micro-batches."""
-    if not 0 <= stage < stages or micro < 1:
+def schedule(stage: int, stages: int, micro: int, first_backward: int = 0) -> list[Op]:
+    """Stage ``stage``'s steps for one optimizer step of ``micro`` micro-batches.
+
+    ``first_backward``: the first stage with something to train (fine-tuning the last
+    blocks only). The stages before it run forwards alone, in order; that stage runs its
+    backward for its own weights and sends no gradient back."""
+    if not 0 <= stage < stages or micro < 1 or not 0 <= first_backward < stages:
         raise ValueError(f"no schedule for stage {stage} of {stages} with {micro} "
-                         "micro-batches")
+                         f"micro-batches (first backward {first_backward})")
     first, last = stage == 0, stage == stages - 1
     ops: list[Op] = []
+    if stage < first_backward:   # forward only: nothing here or below trains
+        for m in range(micro):
+            ops += ([] if first else [Op(RECV_ACT, m)]) + [Op(FORWARD, m), Op(SEND_ACT, m)]
+        return ops
+    gives_grad = stage > first_backward
 
     def forward(m: int, send: bool = True) -> None:
         if not first:
@@ -80,7 +91,7 @@ def schedule(stage: int, stages: int, micro: int) -> list[Op]:
         if not last and not received:
             ops.append(Op(RECV_GRAD, i))
         ops.append(Op(BACKWARD, i))
-        if not first:
+        if gives_grad:
             ops.append(Op(SEND_GRAD, i))
 
     w = warmup(stage, stages, micro)
@@ -98,13 +109,14 @@ def schedule(stage: int, stages: int, micro: int) -> list[Op]:
     return ops
 
 
-def link_order(stage: int, stages: int, micro: int, downstream: bool) -> list[tuple[str, int]]:
+def link_order(stage: int, stages: int, micro: int, downstream: bool,
+               first_backward: int = 0) -> list[tuple[str, int]]:
     """Stage ``stage``'s messages on its link to ``stage + 1`` (``downstream``) or to
     ``stage - 1``, in its order, each as ``("act" | "grad", micro-batch)``."""
     kinds = {SEND_ACT: "act", RECV_GRAD: "grad"} if downstream else \
         {RECV_ACT: "act", SEND_GRAD: "grad"}
-    return [(kinds[op.kind], op.micro) for op in schedule(stage, stages, micro)
-            if op.kind in kinds]
+    return [(kinds[op.kind], op.micro)
+            for op in schedule(stage, stages, micro, first_backward) if op.kind in kinds]
 
 
 def step_seconds(stage_seconds: Sequence[float], micro: int, link_seconds: float = 0.0

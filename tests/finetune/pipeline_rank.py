@@ -98,7 +98,9 @@ def pipe(out: Path, o: dict) -> None:
         begin = stagecheckpoint.load(Path(o["resume"]), model, opt, name=name,
                                      trainable_only=True)
     stage = fp.FinetuneStage(model, mconfig, start, first, last)
-    step_fn = pipeline.PipelineStep(stage, group, rank, size)
+    step_fn = pipeline.PipelineStep(
+        stage, group, rank, size,
+        first_backward=fp.first_trained_stage(counts, o.get("num_layers", -1)))
     losses = []
     for step in range(begin, o["steps"]):
         loss, grads = step_fn.gradients(batches(step, o, int(mconfig["vocab_size"])))

@@ -23,13 +23,15 @@ def models(tmp_path_factory):
 
 def cfg(path, **method):
     return load_config({"model": {"path": str(path)}, "data": {"path": "d"},
-                        "method": {"num_layers": -1, **method},
+                        "method": {"num_layers": -1} | method,
                         "train": {"max_seq_len": 64}})
 
 
 @pytest.mark.parametrize("model", ["plain", "4bit"])
 @pytest.mark.parametrize("method", [{"type": "lora"}, {"type": "dora"}, {"type": "full"},
-                                    {"type": "lora", "dropout": 0.1}])
+                                    {"type": "lora", "dropout": 0.1},
+                                    {"type": "lora", "num_layers": 3},
+                                    {"type": "full", "num_layers": 2}])
 @pytest.mark.parametrize("ckpt", [False, True])
 def test_one_stage_is_the_fine_tuning_plan(models, model, method, ckpt):
     c = cfg(models[model], **method)
@@ -61,3 +63,11 @@ def test_a_model_one_small_node_cannot_hold_splits_unequally_over_three(models):
     assert all(p.fits for p in plans)
     counts = [p.layers for p in plans]
     assert sum(counts) == 6 and counts[1] == max(counts) and counts[1] > counts[2]
+
+
+def test_blocks_below_the_trained_ones_keep_no_activation(models):
+    path = models["plain"]
+    costs = finetune_costs(plan.read_model(path), read_ends(path),
+                           cfg(path, num_layers=2), micro=1)
+    assert [p.activation > 0 for p in costs.layers] == [False] * 4 + [True] * 2
+    assert [p.grads > 0 for p in costs.layers] == [False] * 4 + [True] * 2

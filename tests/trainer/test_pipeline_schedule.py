@@ -71,3 +71,18 @@ def test_step_time_is_the_first_micro_batch_through_then_the_slowest_stage():
 def test_no_schedule_for_a_stage_outside_the_pipeline():
     with pytest.raises(ValueError, match="stage 3 of 3"):
         sch.schedule(3, 3, 2)
+
+
+@pytest.mark.parametrize("stages", range(2, 8))
+@pytest.mark.parametrize("micro", range(1, 7))
+def test_stages_below_the_first_that_trains_run_forwards_only_and_links_agree(stages, micro):
+    for fb in range(stages):
+        for s in range(stages - 1):
+            down = sch.link_order(s, stages, micro, True, fb)
+            assert down == sch.link_order(s + 1, stages, micro, False, fb)
+            grads = [("grad", m) for m in range(micro)] if s + 1 > fb else []
+            assert sorted(down) == sorted([("act", m) for m in range(micro)] + grads)
+        for s in range(stages):
+            kinds = {o.kind for o in sch.schedule(s, stages, micro, fb)}
+            assert (sch.BACKWARD in kinds) == (s >= fb)
+            assert (sch.SEND_GRAD in kinds) == (s > fb)
