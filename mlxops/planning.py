@@ -1,4 +1,5 @@
-"""``mlxops plan JOB``: the trainer's memory plan for every node of a job.
+"""``mlxops plan JOB``: the job's memory plan for every node of a job (its workload's
+planner, :meth:`mlxops.jobs.workloads.Workload.planner`).
 
 Node memory comes from the facts ``mlxops provision`` cached; hosts without cached facts
 are asked (one facts command each). The plan itself is the trainer's own
@@ -24,13 +25,13 @@ from typing import Any
 
 from mlxops.bench.results import latest_for, predict_us
 from mlxops.errors import UserError
-from mlxops.finetune.plan import FinetunePlan, ModelError, plan_finetune, read_model
+from mlxops.finetune.plan import FinetunePlan
 from mlxops.hostfacts import HostFacts
 from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.selection import select_hosts
 from mlxops.jobs.spec import JobSpec
 from mlxops.tasks.facts import ask_facts, load_cached_facts, save_facts
-from mlxops.trainer.plan import MemoryPlan, attended_keys, attention_flops_per_token, plan_memory
+from mlxops.trainer.plan import MemoryPlan
 from mlxops.transport import Connector, Results, run_parallel
 
 
@@ -52,15 +53,10 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
              split: BalancePlan | None = None) -> tuple[list[NodePlan], Results]:
     """``split``: the job's ``balance:`` (:func:`mlxops.jobs.balance.balance_plan`); a rank
     is planned with its own share of the global batch (the largest on its host)."""
-    if spec.trainer is None and spec.finetune is None:
-        raise UserError(f"{spec.path}: trainer: 'mlxops plan' plans the bundled trainer and "
-                        "fine-tuning; this job runs its own 'command:'")
-    shape = None
-    if spec.finetune is not None:
-        try:
-            shape = read_model(spec.finetune.model.path)
-        except ModelError as exc:
-            raise UserError(f"{spec.path}: finetune.model.path: {exc}") from None
+    planner = spec.workload.planner(spec.path)  # a model's files read now, on the controller
+    if planner is None:
+        raise UserError(f"{spec.path}: {spec.workload.kind}: 'mlxops plan' plans the bundled "
+                        f"trainer and fine-tuning; this job runs {spec.workload.what}")
     hosts = select_hosts(spec)
     world = sum(h.slots for h in hosts)
 
@@ -82,13 +78,8 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
         node, source = facts[host.name]
         memory = int(node.memory_bytes or 0)
         per_rank = split.largest(host.name) if split else None
-        if shape is not None:
-            plan = plan_finetune(spec.finetune, shape, memory, world,
-                                 ranks_per_node=host.slots, per_rank=per_rank,
-                                 working_set=node.ranks_working_set)
-        else:
-            plan = plan_memory(spec.trainer, memory, world, ranks_per_node=host.slots,
-                               per_rank=per_rank, working_set=node.ranks_working_set)
+        plan = planner.memory(memory, world, ranks_per_node=host.slots, per_rank=per_rank,
+                              working_set=node.ranks_working_set)
         plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
     return plans, results
@@ -97,26 +88,19 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
 def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None:
     """One step per rank: its compute (6 x parameters x tokens, in GFLOP) and the all-reduce
     of its fp32 gradients predicted from the newest bench of these hosts (None: no bench)."""
-    if not plans or (spec.trainer is None and spec.finetune is None):
+    planner = spec.workload.planner(spec.path) if plans else None
+    if planner is None:
         return None
     m = plans[0].plan
-    if isinstance(m, FinetunePlan):
-        # Forward over every parameter, backward through the adapted ones: about 6 x
-        # params x tokens at most; the wire carries the trainable gradients alone.
-        tokens = m.micro_batch * m.accumulation * m.seq_len
-        nbytes = m.trainable_bytes
-    else:
-        tokens = m.micro_batch * m.accumulation * spec.trainer.model.seq_len
-        nbytes = 4 * m.params
+    tokens, nbytes = planner.step_work(m)
     out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
                            "attention_gflop": None, "attended_keys": None,
                            "gradient_bytes": nbytes, "allreduce": None}
-    if spec.trainer is not None:
+    attention = planner.attention(tokens)
+    if attention is not None:
         # The bundled model's attention (its window included); a fine-tuned model's is
         # in its 6 x parameters estimate.
-        model = spec.trainer.model
-        out["attention_gflop"] = attention_flops_per_token(spec.trainer) * tokens / 1e9
-        out["attended_keys"] = attended_keys(model.seq_len, model.window)
+        out["attention_gflop"], out["attended_keys"] = attention
     found = latest_for([p.host for p in plans])
     if found is not None:
         path, doc = found

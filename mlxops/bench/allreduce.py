@@ -29,6 +29,7 @@ from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
 from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import remove_run_dirs, stop_job
+from mlxops.jobs.workloads.command import CommandWorkload
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.node.protocol.bench import BENCH_JOB, allreduce_result
 from mlxops.transport import Connector, run_parallel
@@ -52,7 +53,8 @@ def job_spec(inventory: Path, hosts: str, backend: str, port: int,
     return JobSpec(
         path=inventory.resolve(), name=BENCH_JOB, inventory=inventory.resolve(), hosts=hosts,
         backend=backend,
-        command=["python", "-m", PROGRAM, "--sizes", *map(str, sizes), *within],
+        workload=CommandWorkload(("python", "-m", PROGRAM, "--sizes", *map(str, sizes),
+                                  *within)),
         restart=RestartPolicy(max_restarts=0, stall_timeout=STALL_TIMEOUT,
                               start_timeout=STALL_TIMEOUT),
         port=port, stop_grace=2.0)
@@ -64,7 +66,8 @@ def clear_earlier(connector: Connector, on_event: OnEvent) -> None:
         record = load_record(BENCH_JOB)
     except UserError:
         return
-    if PROGRAM not in " ".join((record.job or {}).get("command") or []):
+    ours = isinstance(record.workload, CommandWorkload) and PROGRAM in record.workload.argv
+    if not ours:
         raise MlxopsError(f"a job named {BENCH_JOB!r} exists and is not a bench's: the name is "
                           "mlxops bench's own; stop and rename that job")
     on_event("an earlier bench's all-reduce was left behind: stopping it")

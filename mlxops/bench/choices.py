@@ -3,9 +3,7 @@ for the CLI to show them in ``--help`` without importing the bench itself."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.spec import name_port
 from mlxops.node.protocol.bench import BENCH_JOB
 
 #: ``--pairs``: every pair (and the best ring's search), or only the inventory ring's links.
@@ -14,4 +12,4 @@ ALL, RING = "all", "ring"
 
 def default_port() -> int:
     """Derived from the internal job's name by the job files' rule, as any job's port."""
-    return JobSpec(path=Path("."), name=BENCH_JOB, inventory=Path(".")).base_port
+    return name_port(BENCH_JOB)

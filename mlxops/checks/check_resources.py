@@ -2,25 +2,23 @@
 plan (``--job``), its ring ports free, no rank of any job still running, a clock that
 agrees with the controller's.
 
-Disk and memory follow the job's own plan: the bundled trainer's
+Disk and memory follow the job's own plan, its workload's planner
+(:meth:`mlxops.jobs.workloads.Workload.planner`): the bundled trainer's
 (:mod:`mlxops.trainer.plan`) for a ``trainer:`` job, fine-tuning's
-(:mod:`mlxops.finetune.plan`, from the base model's files) for a ``finetune:`` job, whose
-disk also counts the base model and data pre-flight would still place on the node."""
+(:mod:`mlxops.finetune.plan`, from the base model's files) for a ``finetune:`` job; the
+disk also counts the contents (a base model and data) pre-flight would still place on the
+node."""
 
 from __future__ import annotations
 
 from mlxops.checks import when
-from mlxops.finetune.plan import plan_disk, plan_finetune
 from mlxops.jobs.balance import largest_share
 from mlxops.jobs.content import missing_bytes
 from mlxops.node import protocol
-from mlxops.trainer.plan import count_params, plan_memory
 
 GB = 1024**3
 #: Room for logs, metrics and the code, on top of the checkpoints.
 MIN_FREE_BYTES = 1 * GB
-#: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
-CHECKPOINT_BYTES_PER_PARAM = 12
 #: How far a node's clock may be from the controller's, in seconds (beyond what the round
 #: trip leaves uncertain). Metrics, checkpoints and logs carry the nodes' own times.
 MAX_CLOCK_SKEW = 1.0
@@ -28,9 +26,9 @@ NODE_ANSWER = "the node's answer (mlxops.node ready)"
 
 
 def _planned_job(cluster, node) -> bool:
-    """A job whose plan mlxops knows: the bundled trainer, or fine-tuning."""
-    job = cluster.target.job
-    return job is not None and (job.trainer is not None or job.finetune is not None)
+    """A job whose plan mlxops knows (its workload has a planner: the bundled trainer,
+    fine-tuning)."""
+    return cluster.target.planner is not None
 
 
 @when(_planned_job)
@@ -41,17 +39,11 @@ def check_disk(node, cluster):
     job = cluster.target.job
     ready = node.need(node.ready, NODE_ANSWER)
     placing = 0
-    if job.finetune is not None:
-        disk = plan_disk(cluster.target.finetune_model, job.finetune)
-        checkpoint, kept = disk.checkpoint_bytes, disk.checkpoints
-        for content in cluster.target.placed:
-            listing = node.need(node.placed.get(str(content.local), "not listed"),
-                                f"the node's copy of {content.local}")
-            placing += missing_bytes(content, listing)
-    else:
-        config = job.trainer
-        checkpoint = count_params(config) * CHECKPOINT_BYTES_PER_PARAM
-        kept = config.train.keep + 1 if config.train.checkpoint_every else 0
+    checkpoint, kept = cluster.target.planner.checkpoints()
+    for content in cluster.target.placed:
+        listing = node.need(node.placed.get(str(content.local), "not listed"),
+                            f"the node's copy of {content.local}")
+        placing += missing_bytes(content, listing)
     need = MIN_FREE_BYTES + kept * checkpoint + placing
     free = ready.disk_free
     if free is None:
@@ -59,7 +51,7 @@ def check_disk(node, cluster):
                         "check that the node's root is readable")
     if free < need:
         model = (f", {placing / GB:.2f} GB of the base model and data to place"
-                 if job.finetune is not None else "")
+                 if cluster.target.placed else "")
         raise node.fail(f"{free / GB:.1f} GB free under {node.facts.root}, "
                         f"{job.path.name} needs {need / GB:.1f} GB ({kept} checkpoints of "
                         f"{checkpoint / GB:.2f} GB{model}, {MIN_FREE_BYTES / GB:.0f} GB "
@@ -78,16 +70,11 @@ def check_memory(node, cluster):
         raise node.fail("memory size unknown (the facts did not say)", "check the node")
     ready = node.need(node.ready, NODE_ANSWER)
     share = largest_share(job, cluster.target.planned, node.name)
-    if job.finetune is not None:
-        plan = plan_finetune(job.finetune, cluster.target.finetune_model, memory,
-                             cluster.target.world, ranks_per_node=node.host.slots,
-                             per_rank=share, working_set=ready.working_set)
-    else:
-        plan = plan_memory(job.trainer, memory, cluster.target.world,
-                           ranks_per_node=node.host.slots, per_rank=share,
-                           working_set=ready.working_set)
+    planner = cluster.target.planner
+    plan = planner.memory(memory, cluster.target.world, ranks_per_node=node.host.slots,
+                          per_rank=share, working_set=ready.working_set)
     if not plan.fits:
-        unit = "examples" if job.finetune is not None else "sequences"
+        unit = planner.unit
         taking = f", {share} {unit} a step under balance" if share else ""
         usable = ("of MLX's recommended working set" if plan.budget_from == "working set"
                   else f"of {memory / GB:.0f} GB")

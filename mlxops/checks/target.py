@@ -12,7 +12,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlxops import render
 from mlxops.errors import UserError, bad_input
@@ -21,18 +21,15 @@ from mlxops.inventory import Host, Inventory, load_inventory
 from mlxops.inventory.backend import hosts_backend
 from mlxops.jobs.code import code_bundle
 from mlxops.jobs.content import Content
-from mlxops.jobs.finetune import listed
 from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.spec import JobSpec, load_job
+from mlxops.jobs.workloads import Planner
 from mlxops.node import protocol
 from mlxops.paths import playbooks_dir
 from mlxops.playbook import load_playbook
 from mlxops.sync import bundle
 from mlxops.tasks.hostfiles import render_all
 from mlxops.transport import ConnectOptions
-
-if TYPE_CHECKING:
-    from mlxops.finetune.plan import ModelShape
 
 GB = 1024**3
 
@@ -51,9 +48,9 @@ class Target:
     world: int = 0                       # ranks of the job (or of the checked hosts)
     options: ConnectOptions = field(default_factory=ConnectOptions)
     forks: int | None = None
-    # A finetune: job's base model as its files say, and the directories pre-flight places
-    # on every node (the model, the data) by their files' sizes.
-    finetune_model: ModelShape | None = None
+    # The job's memory and disk plan (its workload's, inputs read on the controller), and
+    # the directories pre-flight places on every node (a model, its data) by their sizes.
+    planner: Planner | None = None
     placed: tuple[Content, ...] = ()
 
     @property
@@ -117,7 +114,7 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
     """Read and validate everything ``mlxops check`` is given; UserError on bad input."""
     inventory = load_inventory(inventory_path)
     job = load_job(job_path) if job_path else None
-    finetune_model, placed = None, ()
+    planner, placed = None, ()
     if job is not None:
         checked_inventory = Path(inventory.path).resolve()
         if job.inventory != checked_inventory:
@@ -133,15 +130,8 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
         else:
             hosts = planned
         backend, base_port = job.backend, job.base_port
-        if job.finetune is not None:
-            # here, not at the top: only a fine-tuning job reads a model's files
-            from mlxops.finetune.plan import ModelError, read_model
-
-            try:
-                finetune_model = read_model(job.finetune.model.path)
-            except ModelError as exc:
-                raise bad_input(job.path, "finetune.model.path", str(exc)) from None
-            placed = tuple(listed(job.finetune))
+        planner = job.workload.planner(job.path)  # a model's files read now (bad input)
+        placed = tuple(job.workload.listed())
     else:
         planned = hosts = inventory.select(limit, source="--limit")
         backend, base_port = hosts_backend(hosts, inventory.path), render.DEFAULT_BASE_PORT
@@ -156,6 +146,6 @@ def load_target(inventory_path: str | Path, *, limit: str | None = None,
                   ports={n: tuple(p) for n, p in ports.items()},
                   world=sum(h.slots for h in planned),
                   options=options or ConnectOptions(), forks=forks,
-                  finetune_model=finetune_model, placed=placed)
+                  planner=planner, placed=placed)
 
 

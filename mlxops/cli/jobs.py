@@ -170,8 +170,9 @@ def status(name, as_json, connect):
             sys.exit(EXIT_OK)
         record = load_record(name)
         st = job_status(record, connector)
-        if record.serve is not None and st.state == RUNNING and st.ranks:
-            st.serve = _serve_figures(record, connector, st)
+        if record.workload is not None and record.workload.probed and st.state == RUNNING \
+                and st.ranks:
+            st.serve = _live_figures(record, connector, st)
         if as_json:
             console.print_json(st.to_dict())
         else:
@@ -179,15 +180,15 @@ def status(name, as_json, connect):
         sys.exit(EXIT_UNREACHABLE if st.unreachable else EXIT_OK)
 
 
-def _serve_figures(record, connector, st: JobStatus) -> ServeFigures | None:
-    """A serve job's latency (one probe now) and requests (its node's count)."""
+def _live_figures(record, connector, st: JobStatus) -> ServeFigures | None:
+    """A probed job's figures from one look now (a server's latency: one probe; its
+    requests: its node's count), on rank 0's host."""
     from mlxops.jobs.record import inventory_hosts
-    from mlxops.jobs.serveprobe import look_once
     from mlxops.transport import HostUnreachable
 
     try:
         conn = connector.connect(inventory_hosts(record)[record.ranks[0].host])
-        return look_once(record.serve, conn, st.ranks[0].requests)
+        return record.workload.look_now(conn, st.ranks[0].requests)
     except HostUnreachable:
         return None
 

@@ -87,8 +87,8 @@ def dashboard(port, bind, interval, offline, metrics_only, connect):
     """Serve a local web page of every job: state, loss and tokens/s curves updating live,
     compute/all-reduce split, memory, restarts, per-node health, the last bench."""
     from mlxops.monitor import server as dashboard_server  # http.server: only here
-    from mlxops.transport import Connector
 
+    say = console.err.print  # rich's console made now: once listening, the lines come at once
     try:
         server = dashboard_server.make_server(bind, port, metrics_only=metrics_only)
     except OSError as exc:
@@ -100,28 +100,12 @@ def dashboard(port, bind, interval, offline, metrics_only, connect):
             raise UserError(f"--host: cannot listen on {bind!r}: {exc.strerror or exc}"
                             ) from None
         raise MlxopsError(f"cannot listen on {bind}:{port}: {exc}") from None
-    shown = f"[{bind}]" if ":" in bind else bind
-    say = console.err.print
-    say(f"mlxops dashboard: http://{shown}:{port}/{'metrics' if metrics_only else ''}  "
-        f"(Ctrl-C stops; Prometheus: http://{shown}:{port}/metrics)", soft_wrap=True)
-    if dashboard_server.is_loopback(bind):
-        say(f"  from another machine: ssh -L {port}:{shown}:{port} THIS_HOST", soft_wrap=True)
-        say(f"  then open http://127.0.0.1:{port}/ there", soft_wrap=True)
-    else:
-        say(f"[yellow]  listening on {bind}: anyone who reaches port {port} here sees your "
-            "jobs (no authentication)[/]", soft_wrap=True)
-    with Connector(connect) as connector:
-        feeds = None if offline else dashboard_server.JobFeeds(
-            connector, interval, log=lambda m: console.err.print(f"feed: {m}",
-                                                                 markup=False)).start()
-        try:
-            server.serve_forever(poll_interval=0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
-            if feeds:
-                feeds.stop()
+    try:  # from here a Ctrl-C ends the dashboard cleanly, even before it serves
+        _serve_dashboard(server, say, bind, port, interval, offline, metrics_only, connect)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     sys.exit(EXIT_OK)
 
 
@@ -164,3 +148,29 @@ def report_command(name, output, refresh, as_json, connect):
 
 
 commands = [monitor, dashboard, report_command]
+
+
+def _serve_dashboard(server, say, bind: str, port: int, interval: float, offline: bool,
+                     metrics_only: bool, connect) -> None:
+    """Say where the dashboard is, and serve until interrupted (the caller closes it)."""
+    from mlxops.monitor import server as dashboard_server
+    from mlxops.transport import Connector
+
+    shown = f"[{bind}]" if ":" in bind else bind
+    say(f"mlxops dashboard: http://{shown}:{port}/{'metrics' if metrics_only else ''}  "
+        f"(Ctrl-C stops; Prometheus: http://{shown}:{port}/metrics)", soft_wrap=True)
+    if dashboard_server.is_loopback(bind):
+        say(f"  from another machine: ssh -L {port}:{shown}:{port} THIS_HOST", soft_wrap=True)
+        say(f"  then open http://127.0.0.1:{port}/ there", soft_wrap=True)
+    else:
+        say(f"[yellow]  listening on {bind}: anyone who reaches port {port} here sees your "
+            "jobs (no authentication)[/]", soft_wrap=True)
+    with Connector(connect) as connector:
+        feeds = None if offline else dashboard_server.JobFeeds(
+            connector, interval, log=lambda m: console.err.print(f"feed: {m}",
+                                                                 markup=False)).start()
+        try:
+            server.serve_forever(poll_interval=0.5)
+        finally:
+            if feeds:
+                feeds.stop()

@@ -141,7 +141,7 @@ def command(job, refresh, as_json, connect):
 
     spec = load_job(job)
     with Connector(connect) as connector:
-        split = balance_plan(spec, connector) if spec.trainer is not None else None
+        split = balance_plan(spec, connector) if spec.workload.splits_batch else None
         plans, results = plan_job(spec, connector, refresh=refresh, split=split)
     fits = all(p.plan.fits for p in plans)
     step = step_estimate(spec, plans)

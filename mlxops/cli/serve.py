@@ -12,7 +12,6 @@ from mlxops import console
 from mlxops.cli.options import connect_options, json_option
 from mlxops.errors import UserError
 from mlxops.jobs.record import inventory_hosts, load_record
-from mlxops.jobs.serveprobe import serve_address
 from mlxops.node.protocol.serve import EXPORT_ARCHES
 from mlxops.transport import Connector
 from mlxops.transport.forward import Forward
@@ -30,22 +29,23 @@ def serve(name, local_port, connect):
     the server itself stays on the node's loopback. Ctrl-C ends the forward, not the job.
     """
     record = load_record(name)
-    spec = record.serve
-    if spec is None:
+    listens = record.workload.listens() if record.workload is not None else None
+    if listens is None:
         raise UserError(f"job {name!r} is not a serve job (no 'serve:' section)")
+    address, port = listens
     host = inventory_hosts(record)[record.ranks[0].host]
     with Connector(connect) as connector:
         conn = connector.connect(host)
         conn.run("true", timeout=30)  # the host and its key, checked before we listen
         try:
-            forward = Forward(conn, serve_address(spec), spec.port, local_port=local_port)
+            forward = Forward(conn, address, port, local_port=local_port)
         except OSError as exc:
             raise UserError(f"--port: cannot listen on 127.0.0.1:{local_port}: "
                             f"{exc.strerror}") from None
         with forward:
             console.out.print(f"{forward.url}/v1", soft_wrap=True, highlight=False)
             console.err.print(f"forwarding 127.0.0.1:{forward.local_port} to "
-                              f"{serve_address(spec)}:{spec.port} on {host.name} "
+                              f"{address}:{port} on {host.name} "
                               "(Ctrl-C to stop)")
             try:
                 threading.Event().wait()

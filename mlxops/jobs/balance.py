@@ -71,9 +71,8 @@ def _mode(spec: JobSpec) -> str:
 def global_batch(spec: JobSpec) -> int:
     """The examples (sequences) of one step: the trainer's or fine-tuning's
     ``train.global_batch`` (the trainer's default for a ``command:`` job)."""
-    if spec.finetune is not None:
-        return spec.finetune.train.global_batch
-    return (spec.trainer or trainer_config.default_config()).train.global_batch
+    found = spec.workload.global_batch
+    return found if found is not None else trainer_config.default_config().train.global_batch
 
 
 def _split(spec: JobSpec, rank_hosts: Sequence[str], global_batch: int,
@@ -129,7 +128,7 @@ def largest_share(spec: JobSpec, hosts: Sequence, host: str) -> int | None:
     measurement (``mlxops check``): its own share of a ``{host: weight}`` split; under
     ``auto`` all the global batch but one sequence per other rank, since the split is only
     measured at launch. None with ``equal`` (the trainer's plain ``global_batch / world``)."""
-    if spec.balance == BALANCE_EQUAL or (spec.trainer is None and spec.finetune is None):
+    if spec.balance == BALANCE_EQUAL or not spec.workload.splits_batch:
         return None
     if spec.balance == BALANCE_AUTO:
         return max(1, global_batch(spec) - (sum(h.slots for h in hosts) - 1))

@@ -223,3 +223,15 @@ def place(conn: Connection, python: str, root: str, content: Content,
     after = ask(conn, python, root, content, wanted)
     report.hashed_bytes += after.hashed_bytes
     return report, problems(conn.name, content, after, wanted)
+
+
+def place_contents(conn: Connection, python: str, root: str, wanted: list[Content]
+                   ) -> list[str]:
+    """A workload's contents (:meth:`mlxops.jobs.workloads.Workload.contents`) on one node:
+    make the node's copies equal the controller's (only what differs travels); the
+    pre-flight problems of a copy that still differs (empty: every copy verified)."""
+    problems = []
+    for content in wanted:
+        _, left = place(conn, python, root, content)
+        problems += left
+    return problems

@@ -49,11 +49,11 @@ def export_run(name: str, out: Path, connector: Connector, *, step: int | None =
         raise UserError(f"-o: {out} exists and is not an empty directory")
     record = load_record(name)
     spec = record.job_spec()
-    if spec.command is not None or spec.serve is not None:
+    if not spec.workload.exports:
         # The bundled trainer's runs are converted, fine-tuning runs' fused (a job of
         # either writes checkpoints); a command's or a server's are not ours to read.
-        raise UserError(f"job {name!r} runs {'a server' if spec.serve else 'its own command'}"
-                        ": no checkpoint of the bundled trainer or of fine-tuning to export")
+        raise UserError(f"job {name!r} runs {spec.workload.what}: no checkpoint of the "
+                        "bundled trainer or of fine-tuning to export")
     first = record.host(record.ranks[0].host)
     host = inventory_hosts(record)[first.name]
     conn = connector.connect(host)

@@ -131,7 +131,8 @@ def write_out(files: Mapping[str, bytes], out: Path) -> dict[str, int]:
 def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = False,
           step: int | None = None) -> Fetched:
     """Bring the chosen checkpoint's adapters of job ``record`` into ``out``."""
-    if record.job is None or record.job.get("finetune") is None:
+    workload = record.workload
+    if workload is None or not workload.adapters:
         raise UserError(f"job {record.name!r} is not a fine-tuning job (finetune:): it has "
                         "no adapters to fetch")
     where, step = which_dir(best, step)
@@ -148,6 +149,8 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
         if not result.ok:
             raise FetchError(f"{name}: fetching failed: {result.error_line()}")
         directory, files = parse_answer(result.stdout)
+        # The config names the controller's model, not the node's copy (workloads/finetune).
+        files[ADAPTER_CONFIG] = workload.adapters_config(files[ADAPTER_CONFIG])
         return Fetched(name, directory, step_of(files), write_out(files, out), out)
     asked = (f"{where}/{protocol.checkpoint_name(step)}" if step is not None
              else f"a checkpoint in {where}/")

@@ -25,8 +25,7 @@ from typing import Any
 from mlxops.errors import bad_input
 from mlxops.finetune import config as finetune_config
 from mlxops.finetune.config import FinetuneConfig
-from mlxops.jobs.content import Content, any_directory, place
-from mlxops.transport import Connection
+from mlxops.jobs.content import Content, any_directory
 
 SECTION = "finetune"
 #: What a base model directory must hold (the rest is the loader's business: mlx-lm's).
@@ -118,13 +117,3 @@ def listed(cfg: FinetuneConfig) -> list[Content]:
         out.append(Content(directory, files))
     return out
 
-
-def place_contents(conn: Connection, python: str, root: str, wanted: list[Content]
-                   ) -> list[str]:
-    """Make the node's copies equal the controller's (only what differs travels); the
-    pre-flight problems of a copy that still differs (empty: every copy verified)."""
-    problems = []
-    for content in wanted:
-        _, left = place(conn, python, root, content)
-        problems += left
-    return problems

@@ -74,7 +74,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         raise UserError("--fresh starts over and resume continues: choose one")
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
-    ranks = place_ranks(hosts, spec.base_port, one_per_host=spec.serve is not None)
+    ranks = place_ranks(hosts, spec.base_port, one_per_host=spec.workload.one_rank_per_host)
     results, preps = preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
     step = check_preflight(spec, preps, ranks, resume, fresh)
@@ -84,7 +84,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     started = _start(spec, preps, ranks, resume, rdma, connector, forks, fresh)
     record = JobRecord(
         name=spec.name, job_file=str(spec.path), inventory=str(spec.inventory),
-        backend=spec.backend,
+        backend=spec.backend, workload=spec.workload,
         hosts=[HostRecord(n, p.root, p.python) for n, p in preps.items()],
         ranks=ranks, state=protocol.RUNNING,
         attempt=(previous.attempt + 1) if previous else 1,

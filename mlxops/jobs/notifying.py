@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from mlxops.errors import MlxopsError, bad_input
 from mlxops.jobs.record import inventory_hosts
 from mlxops.notify import config as notify_config
-from mlxops.notify.config import NotifyConfig
+from mlxops.notify.config import NotifyConfig, NotifySection
 
 if TYPE_CHECKING:
     from mlxops.notify.deliver import Notifier
@@ -39,13 +39,13 @@ def inventory_default(hosts: Iterable[Any], inventory: Path) -> NotifyConfig | N
     return next(iter(found), None)
 
 
-def job_notify(job_file: Path, section: dict[str, Any] | bool | None, hosts: Iterable[Any],
+def job_notify(job_file: Path, section: NotifySection | None, hosts: Iterable[Any],
                inventory: Path) -> NotifyConfig | None:
-    """The job's notifications, or None; exit 2 naming the job file's key when its section
-    (with the inventory's default) still names no target."""
+    """The job's notifications (its section, parsed at load, read over the hosts' default),
+    or None; exit 2 naming the job file's key when they still name no target."""
     default = inventory_default(hosts, inventory)
     try:
-        return notify_config.effective(section, default)
+        return notify_config.resolve(section, default)
     except notify_config.NotifyError as exc:
         raise bad_input(job_file, "notify" + (f".{exc.subkey}" if exc.subkey else ""),
                         exc.problem) from None
@@ -57,7 +57,7 @@ def start_notifier(record: Any, log: Callable[[str], None]) -> Notifier | None:
     logged and turns notifications off: it never stops the supervision."""
     try:
         hosts = inventory_hosts(record).values()
-        config = job_notify(Path(record.job_file), (record.job or {}).get("notify"), hosts,
+        config = job_notify(Path(record.job_file), record.job_spec().notify, hosts,
                             Path(record.inventory))
     except MlxopsError as exc:
         log(f"notifications off: {exc}")

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlxops.errors import MlxopsError
-from mlxops.jobs import finetune
 from mlxops.jobs.code import code_bundle, sync_code
-from mlxops.jobs.content import PlaceReport, place
+from mlxops.jobs.content import PlaceReport, place, place_contents
 from mlxops.jobs.data import files_for_node
 from mlxops.jobs.placement import NodePaths, Rank
 from mlxops.jobs.spec import JobSpec
@@ -55,7 +54,7 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
     manifest_args = python_manifest_args(protocol.CODE_DIR, roots)
     content = spec.data.content() if spec.data else None
     wanted = files_for_node(spec.data.manifest()) if spec.data else []
-    contents = finetune.contents(spec.finetune) if spec.finetune is not None else []
+    contents = spec.workload.contents()
 
     def work(host) -> HostPrep:
         conn = connector.connect(host)
@@ -63,10 +62,10 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
         ports = [r.port for r in host_ranks] if spec.backend == protocol.RING else []
         questions = {"ip": host.ip if ports else "", "ports": ports,
                      "mpi": spec.backend == protocol.MPI}
-        if spec.serve is not None and host_ranks and host_ranks[0].rank == 0:
-            # The server's own port, where it will listen (the ring port of rank 0 of a
-            # serve job is asked on the same address: one address per question).
-            questions.update(ip=spec.serve.bind, ports=[spec.serve.port, *ports])
+        # A port of the workload's own (a server's) is asked where it will listen.
+        ip, ports = spec.workload.questions(questions["ip"], ports,
+                                            bool(host_ranks) and host_ranks[0].rank == 0)
+        questions.update(ip=ip, ports=ports)
         # One round trip when the code is current: resolve, manifest and the questions
         # (asked in <root>, so of the run directory relative to it).
         result = conn.run(nodecmd.preflight_command(
@@ -86,7 +85,7 @@ def preflight(spec: JobSpec, hosts: list, ranks: list[Rank], connector: Connecto
         if content is not None:
             prep.data, prep.data_problems = place(conn, python, root, content, wanted)
         if contents:
-            prep.content_problems = finetune.place_contents(conn, python, root, contents)
+            prep.content_problems = place_contents(conn, python, root, contents)
         return prep
 
     results = run_parallel(hosts, work, forks=forks)
@@ -110,9 +109,8 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
             pids = ", ".join(str(x.pid) for x in prep.answer.leftovers)
             problems.append(f"{name}: ranks of job {spec.name!r} still run (pids {pids}); "
                             f"run 'mlxops stop {spec.name}'")
-        elif spec.serve is not None and spec.serve.port in prep.answer.ports_busy:
-            problems.append(f"{name}: serve.port {spec.serve.port} is in use on "
-                            f"{spec.serve.bind} (another server?)")
+        elif own := spec.workload.port_problem(name, prep.answer):
+            problems.append(own)
         elif prep.answer.ports_busy:
             ports = ", ".join(map(str, prep.answer.ports_busy))
             problems.append(f"{name}: ring ports in use: {ports} (another job? set 'port:' in "

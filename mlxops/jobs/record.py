@@ -14,6 +14,9 @@ that was restarting the job meanwhile) is refused with :class:`JobStopped`.
 
 The record keeps the job as launched (the job file's contents, parsed): a restart
 rebuilds it from there (:meth:`JobRecord.job_spec`), whatever became of the file since.
+What the job runs is held typed (:attr:`JobRecord.workload`, :mod:`mlxops.jobs.workloads`);
+on disk it stays where the job file has it, under its kind's key of ``job``
+(``"job": {"serve": {...}, ...}``), and reads back into the same type.
 """
 
 from __future__ import annotations
@@ -30,17 +33,15 @@ from typing import Any
 
 from mlxops.errors import MlxopsError, UserError
 from mlxops.filelock import exclusive
-from mlxops.finetune import config as finetune_config
-from mlxops.finetune.config import FinetuneConfig
 from mlxops.inventory import load_inventory
+from mlxops.jobs import workloads
 from mlxops.jobs.data import DataSpec
 from mlxops.jobs.jobdirs import job_dir, list_jobs, record_path
 from mlxops.jobs.placement import NodePaths, Rank
-from mlxops.jobs.servespec import ServeSpec
 from mlxops.jobs.spec import JobSpec, RestartPolicy
+from mlxops.jobs.workloads import Workload
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
-from mlxops.trainer import config as trainer_config
-from mlxops.trainer.config import TrainerConfig
+from mlxops.notify import config as notify_config
 
 #: JobSpec fields the record keeps as fields of its own; ``JobRecord.job`` holds the rest.
 _SPEC_IN_RECORD = {"path": "job_file", "name": "name", "inventory": "inventory",
@@ -104,9 +105,10 @@ class JobRecord:
     steps: int | None = None               # the trainer's total steps, when known
     restart: RestartPolicy = field(default_factory=RestartPolicy)  # the job's restart:
     stop_grace: float = 5.0
-    # The rest of the job as launched (hosts pattern, trainer or command, workdir, env,
-    # port): what a restart needs. Launch always writes it; None only in a record built
-    # in memory without one (the unit tests'), which job_spec() refuses.
+    # The rest of the job as launched (hosts pattern, workdir, env, port, ...): what a
+    # restart needs. Launch always writes it; None only in a record built in memory without
+    # one (the unit tests'), which job_spec() refuses. Its kind's section is moved into
+    # `workload` when the record is made (__post_init__) and back on disk by to_dict.
     job: dict[str, Any] | None = None
     excluded: list[str] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
@@ -117,16 +119,16 @@ class JobRecord:
     updated: float = field(default_factory=time.time)
     message: str = ""
     stopped_at: float | None = None        # the last `mlxops stop` (see the module doc)
+    workload: Workload | None = None       # what the job runs, as launched (typed)
+
+    def __post_init__(self) -> None:
+        if self.job is not None:
+            found, self.job = workloads.from_record(self.job)
+            self.workload = found or self.workload
 
     @property
     def world_size(self) -> int:
         return len(self.ranks)
-
-    @property
-    def serve(self) -> ServeSpec | None:
-        """A serve job's ``serve:`` section as launched; None for any other job."""
-        data = (self.job or {}).get("serve")
-        return ServeSpec.from_dict(data) if data else None
 
     def host(self, name: str) -> HostRecord:
         return next(h for h in [*self.hosts, *self.stray] if h.name == name)
@@ -139,28 +141,35 @@ class JobRecord:
         if self.job is None:
             raise MlxopsError(f"{record_path(self.name)}: the record keeps no copy of the job "
                               "(key 'job')")
+        if self.workload is None:
+            raise MlxopsError(f"{record_path(self.name)}: the record keeps no workload of the "
+                              f"job (one of {', '.join(workloads.KINDS)} in 'job')")
         rest = dict(self.job)
         for key in _SPEC_PATHS:
             if rest.get(key) is not None:
                 rest[key] = Path(rest[key])
         # Each section back into the type the job file was parsed into (mlxops.jobs.spec).
-        readers: dict[str, Callable[[Any], Any]] = {
-            "data": DataSpec.from_dict, "serve": ServeSpec.from_dict,
-            "trainer": lambda d: trainer_config.from_dict(d, "job.trainer"),
-            "finetune": lambda d: finetune_config.from_dict(d, "job.finetune")}
-        for key, read in readers.items():
-            if rest.get(key) is not None:
-                try:
-                    rest[key] = read(rest[key])
-                except trainer_config.ConfigError as exc:  # finetune's is the same class
-                    raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
-                                      f"{exc}") from None
+        try:
+            if rest.get("data") is not None:
+                rest["data"] = DataSpec.from_dict(rest["data"])
+            rest["notify"] = notify_config.parse_section(rest.get("notify"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MlxopsError(f"{record_path(self.name)}: unreadable job record: "
+                              f"{exc}") from None
         return JobSpec(path=Path(self.job_file), name=self.name, inventory=Path(self.inventory),
-                       backend=self.backend, restart=self.restart, stop_grace=self.stop_grace,
-                       **rest)
+                       workload=self.workload, backend=self.backend, restart=self.restart,
+                       stop_grace=self.stop_grace, **rest)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        workload = self.workload
+        self.workload = None    # not asdict()'s to copy: it goes under its kind's key
+        try:
+            data = asdict(self)
+        finally:
+            self.workload = workload
+        del data["workload"]
+        if data["job"] is not None and workload is not None:
+            data["job"][workload.kind] = workload.to_record()
         data["ranks"] = [r.to_dict() for r in self.ranks]
         return data
 
@@ -207,16 +216,20 @@ class JobRecord:
 
 
 def launched_job(spec: JobSpec) -> dict[str, Any]:
-    """What :attr:`JobRecord.job` keeps of a job: every field the record has not already."""
+    """What a record keeps of a job (:attr:`JobRecord.job` on disk): every field the record
+    has not already, the workload under its kind's key."""
     out: dict[str, Any] = {}
     for f in fields(JobSpec):
         if f.name not in _SPEC_IN_RECORD:
             value = getattr(spec, f.name)
             if isinstance(value, PurePath):
                 value = str(value)
-            elif isinstance(value, (TrainerConfig, DataSpec, ServeSpec, FinetuneConfig)):
+            elif isinstance(value, (DataSpec, notify_config.NotifySection)):
                 value = value.to_dict()
-            out[f.name] = value
+            if isinstance(value, Workload):
+                out[value.kind] = value.to_record()
+            else:
+                out[f.name] = value
     return json.loads(json.dumps(out))  # a copy, as it will read back
 
 

@@ -1,7 +1,8 @@
 """What a job's run directory on one node holds before its ranks start, and the command
 that clears the previous attempt's files and unpacks the new ones.
 
-Names are :mod:`mlxops.node.protocol`'s: ``trainer.json`` (the bundled trainer's config) or
+What the ranks run is the workload's rank plan (:mod:`mlxops.jobs.workloads`); names are
+:mod:`mlxops.node.protocol`'s: ``trainer.json`` (the bundled trainer's config) or
 ``finetune.json`` (a ``finetune:`` job's, its paths the node's copies of the model and data),
 ``hostfile.json`` (ring), ``ibv_devices.json`` (jaccl), one ``rank-<r>.sh`` per rank on the
 node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
@@ -10,12 +11,9 @@ node and, on an mpi job's first host, ``launcher.sh`` (docs/node-protocol.md).
 from __future__ import annotations
 
 import json
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from mlxops import archive, shell
-from mlxops.jobs.content import Content
-from mlxops.jobs.data import rank_data
-from mlxops.jobs.finetune import rank_finetune
 from mlxops.jobs.placement import (
     NodePaths,
     Rank,
@@ -25,8 +23,8 @@ from mlxops.jobs.placement import (
     ring_hostfile,
 )
 from mlxops.jobs.preflight import HostPrep
-from mlxops.jobs.serving import prepare_lines, server_argv
-from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_config, rank_weights
+from mlxops.jobs.spec import BLAS_AUTO, JobSpec, rank_weights
+from mlxops.jobs.workloads import NodePlacement
 from mlxops.node import protocol
 from mlxops.node.protocol import rankenv
 
@@ -45,38 +43,17 @@ def mpi_environment(launcher: protocol.PreflightAnswer) -> dict[str, str]:
 
 def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
               rdma: list | None, preps: dict[str, HostPrep]) -> dict[str, bytes]:
-    """The files of ``prep``'s host, by name in its run directory."""
+    """The files of ``prep``'s host, by name in its run directory: the workload's rank plan
+    (:meth:`mlxops.jobs.workloads.Workload.rank_plan`), the backend's files, and one start
+    script per rank with the rank's environment."""
     host = prep.host
     paths = NodePaths(prep.root, spec.name)
-    files: dict[str, bytes] = {}
-    prepare: list[str] = []
-    if spec.serve is not None:
-        argv = []  # per rank, below
-        prepare = prepare_lines(spec.serve, prep.python, paths)
-        cwd = paths.run_dir
-    elif spec.trainer is not None:
-        config = rank_config(spec, [r.host for r in ranks]).to_dict() | {"out": paths.run_dir}
-        if prep.data is not None:     # the job's data: this node's copy of the shards
-            config = rank_data(config, prep.data.node_dir)
-        files[protocol.TRAINER_CONFIG] = json.dumps(config, indent=1).encode()
-        argv = [prep.python, "-m", "mlxops.trainer", "--config",
-                paths.run_file(protocol.TRAINER_CONFIG)]
-        if resume:
-            argv.append("--resume")
-        cwd = paths.run_dir
-    elif spec.finetune is not None:
-        config = finetune_config(spec, prep.root, paths.run_dir, [r.host for r in ranks])
-        files[protocol.FINETUNE_CONFIG] = json.dumps(config.to_dict(), indent=1).encode()
-        argv = [prep.python, "-m", "mlxops.finetune", "--config",
-                paths.run_file(protocol.FINETUNE_CONFIG)]
-        if resume:
-            argv.append("--resume")
-        cwd = paths.run_dir
-    else:
-        argv = list(spec.command or [])
-        if argv[0] in ("python", "python3"):
-            argv[0] = prep.python  # the node's absolute interpreter, as mlx.launch --python
-        cwd = paths.workdir() if spec.workdir else paths.run_dir
+    plan = spec.workload.rank_plan(NodePlacement(
+        host=host.name, python=prep.python, paths=paths, ranks=ranks,
+        balance=rank_weights(spec, [r.host for r in ranks]), resume=resume,
+        data_dir=prep.data.node_dir if prep.data is not None else None,
+        workdir=spec.workdir is not None))
+    files = dict(plan.files)
     if spec.backend == protocol.RING and len(ranks) > 1:
         files[protocol.RING_HOSTFILE] = ring_hostfile(ranks).encode()
     if rdma is not None:
@@ -89,11 +66,9 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
                                host_env=host.env, job_env=spec.env, resume=resume,
                                mpi_env=mpi_environment(launcher) if mpi else None,
                                openblas=openblas, cpus=prep.answer.cpus)
-        if spec.serve is not None:
-            argv = server_argv(spec.serve, prep.python, paths, rank, len(ranks))
         files[protocol.process_file(rank.rank, protocol.SCRIPT)] = rank_script(
-            env=env, argv=argv, paths=paths, cwd=cwd, rank=rank.rank, mpi=mpi,
-            prepare=prepare).encode()
+            env=env, argv=plan.argv[rank.rank], paths=paths, cwd=plan.cwd, rank=rank.rank,
+            mpi=mpi, prepare=plan.prepare).encode()
     if mpi and host.name == ranks[0].host:
         assert launcher.mpirun, "pre-flight refuses an mpi job without mpirun on its first host"
         scripts = {r.rank: NodePaths(preps[r.host].root, spec.name).process_file(
@@ -101,16 +76,6 @@ def run_files(spec: JobSpec, prep: HostPrep, ranks: list[Rank], resume: bool,
         files[protocol.process_file(protocol.LAUNCHER, protocol.SCRIPT)] = launcher_script(
             mpirun=launcher.mpirun, ranks=ranks, scripts=scripts, paths=paths).encode()
     return files
-
-
-def finetune_config(spec: JobSpec, root: str, run_dir: str, rank_hosts: list[str]):
-    """The job's fine-tuning config as the ranks under node ``root`` get it: the model and
-    data where :mod:`mlxops.jobs.content` places them there, the run directory, the split."""
-    assert spec.finetune is not None
-    cfg = spec.finetune
-    return rank_finetune(cfg, rank_weights(spec, rank_hosts),
-                         Content(Path(cfg.model.path), {}).node_dir(root),
-                         Content(Path(cfg.data.path), {}).node_dir(root), run_dir)
 
 
 def tar(files: dict[str, bytes]) -> bytes:

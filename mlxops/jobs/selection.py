@@ -14,7 +14,6 @@ from mlxops import render
 from mlxops.errors import UserError
 from mlxops.inventory import load_inventory
 from mlxops.jobs.notifying import job_notify
-from mlxops.jobs.servespec import check_hosts
 from mlxops.jobs.spec import JobSpec, check_balance, check_world
 from mlxops.node import protocol
 
@@ -28,8 +27,8 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     unknown = [h for h in exclude if h not in inventory.hosts]
     if unknown:
         raise UserError(f"--exclude: no host named {unknown[0]!r} in {spec.inventory}")
-    if spec.serve is not None:  # the job's hosts: a server may go on alone without some
-        check_hosts(spec.path, spec.serve, hosts)
+    # the job's hosts, before --exclude: a server may go on alone without some
+    spec.workload.check_hosts(spec.path, hosts)
     hosts = [h for h in hosts if h.name not in set(exclude)]
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")

@@ -21,7 +21,8 @@ less the watchdog's own.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
 from mlxops.jobs.servespec import ServeSpec
 from mlxops.node.protocol.serve import PROBE_PATH, PROBE_REQUEST
@@ -51,9 +52,17 @@ class ProbeResult:
 
 @dataclass
 class ServeFigures:
+    """A serve job's live figures: the one record of them that ``status --json``, the
+    watchdog and the mirror's ``samples.jsonl`` (its ``serve`` key) share."""
+
     latency: float | None = None         # seconds: the last one-token probe's round trip
     tokens_per_sec: float | None = None  # the last canary's
     requests: int | None = None          # answered this attempt, the watchdog's not counted
+
+    KEY: ClassVar[str] = "serve"         # where a status or a sample line holds them
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def probe(conn: Connection, serve: ServeSpec, tokens: int = 1) -> ProbeResult:

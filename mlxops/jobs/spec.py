@@ -3,21 +3,19 @@
 Read with the one YAML reader (:mod:`mlxops.yamlfile`: a key written twice is refused).
 Every error is one line naming the file and the key, e.g.
 ``jobs/tiny.yml: restart.stall_timeout: must be a positive number, got 'soon'``.
-The ``trainer:`` section is parsed once, here, by the trainer's own rules
-(:mod:`mlxops.trainer.config`) into its config type: every later reader (launch, plan,
-check, the rank files, the record) takes that :class:`TrainerConfig`, never the mapping.
-What needs the job's hosts, and so its number of ranks, is checked once they are known
-(:func:`check_world`); the ranks' own copy gets ``train.balance`` (:func:`rank_config`).
-A ``finetune:`` section is parsed the same way, by the fine-tuning config's own rules
-(:mod:`mlxops.jobs.finetune`).
+What the job runs (``trainer:``, ``finetune:``, ``serve:`` or ``command:``) is parsed
+once, here, into its workload (:mod:`mlxops.jobs.workloads`): every later reader (launch,
+plan, check, the rank files, the record) asks :attr:`JobSpec.workload`, never the mapping.
+``notify:`` is parsed once too (:class:`mlxops.notify.config.NotifySection`), and read
+over the inventory's default when the job's hosts are known
+(:mod:`mlxops.jobs.notifying`). What needs the job's hosts, and so its number of ranks,
+is checked once they are known (:func:`check_world`).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import re
-import shlex
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,9 +24,7 @@ from typing import Any
 
 from mlxops import shell
 from mlxops.errors import bad_input
-from mlxops.finetune.config import FinetuneConfig
-from mlxops.jobs import finetune as finetune_section
-from mlxops.jobs.data import DataSpec, apply_manifest, parse_data
+from mlxops.jobs.data import DataSpec, parse_data
 from mlxops.jobs.policy import (  # noqa: F401 - RestartPolicy and the keys: their old home
     ALERT_DEFAULTS,
     RESTART_KEYS,
@@ -38,17 +34,16 @@ from mlxops.jobs.policy import (  # noqa: F401 - RestartPolicy and the keys: the
     parse_alerts,
     parse_restart,
 )
-from mlxops.jobs.servespec import ServeSpec, parse_serve
+from mlxops.jobs.workloads import KINDS, Workload, section_of
 from mlxops.node.protocol import BACKENDS, DEFAULT_BACKEND
 from mlxops.notify import config as notify_config
+from mlxops.notify.config import NotifySection
 from mlxops.trainer import config as trainer_config
-from mlxops.trainer.config import TrainerConfig
 from mlxops.yamlfile import read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-TOP_KEYS = {"name", "inventory", "hosts", "backend", "trainer", "command", "workdir", "env",
-            "restart", "port", "stop_grace", "blas", "alerts", "balance", "notify", "data",
-            "serve", "finetune"}
+TOP_KEYS = {"name", "inventory", "hosts", "backend", "workdir", "env", "restart", "port",
+            "stop_grace", "blas", "alerts", "balance", "notify", "data", *KINDS}
 #: ``blas:``: preload a Linux node's OpenBLAS into every rank (auto), or leave MLX's own.
 BLAS_AUTO, BLAS_OFF = "auto", "off"
 BLAS_MODES = (BLAS_AUTO, BLAS_OFF)
@@ -62,10 +57,9 @@ class JobSpec:
     path: Path
     name: str
     inventory: Path
+    workload: Workload                         # what it runs (jobs/workloads/)
     hosts: str = "all"
     backend: str = DEFAULT_BACKEND
-    trainer: TrainerConfig | None = None       # the bundled trainer's config, or
-    command: list[str] | None = None           # the user's own command (words)
     workdir: Path | None = None                # synced to <root>/code/jobs/<name>/
     env: dict[str, str] = field(default_factory=dict)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
@@ -74,32 +68,31 @@ class JobSpec:
     blas: str = BLAS_AUTO                      # BLAS_MODES: OpenBLAS preloaded on Linux
     alerts: dict[str, float] = field(default_factory=lambda: dict(ALERT_DEFAULTS))
     balance: str | dict[str, float] = BALANCE_EQUAL  # equal | auto | {host: weight}
-    # ``notify:`` as written (checked; read over the inventory's ``mlxops_notify`` by
-    # :func:`mlxops.jobs.notifying.job_notify` once the inventory is known).
-    notify: dict[str, Any] | bool | None = None
+    # ``notify:`` as written, parsed (read over the inventory's ``mlxops_notify`` by
+    # :func:`mlxops.jobs.notifying.job_notify` once the inventory is known); None: none.
+    notify: NotifySection | None = None
     data: DataSpec | None = None               # prepared shards (mlxops data prepare)
-    serve: ServeSpec | None = None             # mlx-lm's server instead (servespec.py)
-    finetune: FinetuneConfig | None = None     # or fine-tuning (docs/finetune.md)
 
     @property
     def total_steps(self) -> int | None:
         """The run's steps when mlxops knows them (its own trainer or fine-tuning)."""
-        if self.trainer is not None:
-            return self.trainer.train.steps
-        if self.finetune is not None and not self.finetune.train.epochs:
-            return self.finetune.train.steps
-        return None
+        return self.workload.total_steps
 
     @property
     def needs_mlx_lm(self) -> bool:
         """The job runs mlx-lm's code on its nodes: pre-flight and ``mlxops check --job``
         require mlx-lm there (:func:`mlxops.readiness.mlx_lm_findings`)."""
-        return self.finetune is not None or self.serve is not None
+        return self.workload.needs_mlx_lm
 
     @property
     def base_port(self) -> int:
-        # A per-name default keeps two jobs on one cluster off each other's ports.
-        return self.port or 20000 + (zlib.crc32(self.name.encode()) % 2000) * 10
+        return self.port or name_port(self.name)
+
+
+def name_port(name: str) -> int:
+    """A job's first ring port when it sets no ``port:``: a per-name default keeps two
+    jobs on one cluster off each other's ports."""
+    return 20000 + (zlib.crc32(name.encode()) % 2000) * 10
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -135,29 +128,17 @@ def load_job(path: str | Path) -> JobSpec:
     if backend not in BACKENDS:
         raise bad_input(path, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
-    trainer, command, serve = data.get("trainer"), data.get("command"), data.get("serve")
-    finetune = data.get("finetune")
-    if sum(x is not None for x in (trainer, command, serve, finetune)) != 1:
-        raise bad_input(path, "trainer", "give exactly one of 'trainer:' (the bundled "
-                                         "trainer), 'finetune:' (fine-tuning a model), "
-                                         "'serve:' (mlx-lm's server) or 'command:' (your "
-                                         "own program)")
-    if serve is not None:
-        serve = parse_serve(path, serve)
-    raw_trainer = trainer
-    if trainer is not None:
-        trainer = parse_trainer(path, trainer)
-    if finetune is not None:
-        finetune = finetune_section.parse_finetune(path, finetune)
+    kind, section = section_of(path, data)
     prepared = None
     if data.get("data") is not None:
+        if not kind.reads_data:
+            raise bad_input(path, "data", f"goes with 'trainer:' (the bundled trainer reads "
+                                          f"the shards); {kind.what} reads its own data")
         prepared = parse_data(path, data["data"])
-        apply_manifest(path, prepared, trainer, raw_trainer)
-    if command is not None:
-        command = _command_words(path, command)
+    workload = kind.parse(path, section, data=prepared)
     workdir = data.get("workdir")
     if workdir is not None:
-        if command is None:
+        if not kind.takes_workdir:
             raise bad_input(path, "workdir", "goes with 'command:' (the trainer is synced anyway)")
         if not isinstance(workdir, str):
             raise bad_input(path, "workdir", "must be a directory path")
@@ -176,29 +157,25 @@ def load_job(path: str | Path) -> JobSpec:
     env = {k: str(v) for k, v in env.items()}
 
     return JobSpec(
-        path=path.resolve(), name=name, inventory=inventory_path, hosts=hosts, backend=backend,
-        trainer=trainer, command=command, workdir=workdir, env=env,
+        path=path.resolve(), name=name, inventory=inventory_path, workload=workload,
+        hosts=hosts, backend=backend, workdir=workdir, env=env,
         restart=parse_restart(path, data.get("restart")),
         port=_port(path, data.get("port", 0)),
         stop_grace=float(number(path, "stop_grace", data.get("stop_grace", 5.0))),
         blas=_blas(path, data.get("blas", BLAS_AUTO)),
         alerts=parse_alerts(path, data.get("alerts")),
-        balance=_balance(path, data.get("balance", BALANCE_EQUAL),
-                         trainer is not None or finetune is not None),
+        balance=_balance(path, data.get("balance", BALANCE_EQUAL), kind.splits_batch),
         notify=_notify(path, data.get("notify")),
         data=prepared,
-        serve=serve,
-        finetune=finetune,
     )
 
 
-def _notify(path: Path, data: Any) -> dict[str, Any] | bool | None:
+def _notify(path: Path, data: Any) -> NotifySection | None:
     try:
-        notify_config.check_section(data if data is not None else {})
+        return notify_config.parse_section(data)
     except notify_config.NotifyError as exc:
         raise bad_input(path, "notify" + (f".{exc.subkey}" if exc.subkey else ""),
                         exc.problem) from None
-    return data
 
 
 def _balance(path: Path, value: Any, trainer: bool) -> str | dict[str, float]:
@@ -249,16 +226,6 @@ def rank_weights(spec: JobSpec, rank_hosts: Sequence[str]) -> str | list[float]:
     return [spec.balance[h] / per_host[h] for h in rank_hosts]
 
 
-def rank_config(spec: JobSpec, rank_hosts: Sequence[str]) -> TrainerConfig:
-    """The job's trainer config as its ranks get it: ``train.balance`` set from
-    ``balance:``. A copy: the job's own config is unchanged."""
-    if spec.trainer is None:
-        raise ValueError(f"{spec.name} runs its own command, not the bundled trainer")
-    config = copy.deepcopy(spec.trainer)
-    config.train.balance = rank_weights(spec, rank_hosts)
-    return config
-
-
 def _blas(path: Path, value: Any) -> str:
     # YAML reads a bare `off` as false: take it as the word the user wrote.
     if value is False:
@@ -276,59 +243,11 @@ def _port(path: Path, value: Any) -> int:
     return value
 
 
-def _command_words(path: Path, command: Any) -> list[str]:
-    if isinstance(command, str):
-        try:
-            words = shlex.split(command)
-        except ValueError as exc:
-            raise bad_input(path, "command", f"cannot split into words: {exc}") from None
-    elif isinstance(command, list) and all(isinstance(w, (str, int, float)) for w in command):
-        words = [str(w) for w in command]
-    else:
-        raise bad_input(path, "command", "must be a list of words or one command line")
-    if not words:
-        raise bad_input(path, "command", "is empty")
-    return words
-
-
-def parse_trainer(path: Path, trainer: Any) -> TrainerConfig:
-    """The trainer's own loader parses the section (it names the key that is wrong)."""
-    if not isinstance(trainer, dict):
-        raise bad_input(path, "trainer", "must be a mapping (model:, data:, train:)")
-    if "out" in trainer:
-        raise bad_input(path, "trainer.out", "is set by mlxops (the job's run directory)")
-    if isinstance(trainer.get("train"), dict) and "balance" in trainer["train"]:
-        raise bad_input(path, "trainer.train.balance", "is set by mlxops from the job's "
-                                                       "'balance:' (equal, auto or host: weight)")
-    try:
-        return trainer_config.from_dict(dict(trainer), where="trainer")
-    except trainer_config.ConfigError as exc:
-        raise bad_input(path, None, _trainer_problem(exc)) from None
-
-
-def _trainer_problem(exc: Exception) -> str:
-    # The trainer says "trainer: model.dims: ..."; make it "trainer.model.dims: ...".
-    message = str(exc)
-    if message.startswith("trainer: "):
-        message = "trainer." + message[len("trainer: "):]
-    return message
-
-
 def check_world(spec: JobSpec, world: int, rank_hosts: Sequence[str] | None = None) -> None:
-    """Refuse a trainer config that the job's number of ranks breaks (``world``: the
-    ``mlxops_slots`` of its hosts, summed; ``rank_hosts``: the host of each rank, for the
-    job's ``balance:``), by the trainer's own rule, before any rank starts:
+    """Refuse what the job's number of ranks breaks (``world``: the ``mlxops_slots`` of its
+    hosts, summed; ``rank_hosts``: the host of each rank, for the job's ``balance:``), by
+    the workload's own rule, before any rank starts:
     ``job.yml: trainer.train.global_batch: 10 is not divisible by ...``."""
-    if spec.finetune is not None:
-        balance = (rank_weights(spec, rank_hosts) if rank_hosts is not None
-                   else spec.balance if isinstance(spec.balance, str) else BALANCE_EQUAL)
-        finetune_section.check_world(spec.path, spec.finetune, balance, world, spec.hosts)
-        return
-    if spec.trainer is None:
-        return  # the user's own command: its rules are its own
-    cfg = rank_config(spec, rank_hosts) if rank_hosts is not None else spec.trainer
-    try:
-        trainer_config.check_world(cfg, world, where="trainer")
-    except trainer_config.ConfigError as exc:
-        raise bad_input(spec.path, None, f"{_trainer_problem(exc)}; the hosts {spec.hosts!r} "
-                                         f"give {world} ranks (their mlxops_slots)") from None
+    balance = (rank_weights(spec, rank_hosts) if rank_hosts is not None
+               else spec.balance if isinstance(spec.balance, str) else BALANCE_EQUAL)
+    spec.workload.check_world(spec.path, spec.hosts, balance, world)

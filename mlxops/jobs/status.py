@@ -129,7 +129,11 @@ class JobStatus:
     message: str = ""
     launcher: LauncherStatus | None = None   # mpi only
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
-    serve: ServeFigures | None = None        # a serve job's, when the watchdog probed it
+    serve: ServeFigures | None = None        # a probed job's live figures, when known
+
+    def live(self) -> dict[str, Any]:
+        """The live figures as a status document or a sample line holds them (empty: none)."""
+        return {} if self.serve is None else {ServeFigures.KEY: self.serve.to_dict()}
 
     @property
     def step(self) -> int | None:
@@ -208,9 +212,7 @@ class JobStatus:
             doc["launcher"] = asdict(self.launcher)
         if self.stray:
             doc["stray"] = self.stray
-        if self.serve is not None:
-            doc["serve"] = asdict(self.serve)
-        return doc
+        return doc | self.live()
 
 
 def rank_state(*, exit_code: int | None, alive: bool, heartbeat_age: float | None,
@@ -266,7 +268,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
     """Pure: the record plus each host's ``mlxops.node status`` answer → the job's status."""
     ranks: list[RankStatus] = []
     launcher = _launcher(record, answers)
-    serving = record.serve is not None
+    # A server writes no heartbeat: the watchdog's probe is its liveness (serveprobe).
+    heartbeats = record.workload is None or record.workload.heartbeats
     for rank in record.ranks:
         answer = answers.get(rank.host)
         if answer is None:
@@ -274,9 +277,8 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             continue
         node_rank = answer.rank(rank.rank) or _absent(rank.rank)
         progress = node_rank.progress or protocol.Progress()
-        # A server writes no heartbeat: the watchdog's probe is its liveness (serveprobe).
         state = rank_state(exit_code=node_rank.exit, alive=node_rank.alive,
-                           heartbeat_age=None if serving else node_rank.heartbeat_age,
+                           heartbeat_age=node_rank.heartbeat_age if heartbeats else None,
                            stopped=answer.stopped or record.state == STOPPED,
                            stall_timeout=stall_limit(record, node_rank))
         age = node_rank.heartbeat_age
@@ -293,6 +295,11 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
                      record.message, launcher, [h.name for h in record.stray])
+
+
+def _probed(record: JobRecord) -> bool:
+    """A probed workload's node counts its server's requests (for its live figures)."""
+    return record.workload is not None and record.workload.probed
 
 
 def _launcher(record: JobRecord, answers: dict[str, protocol.StatusAnswer]
@@ -326,7 +333,7 @@ def job_status(record: JobRecord, connector: Connector, forks: int | None = None
         paths = h.paths(record.name)
         return nodecmd.run_node(connector.connect(host), h.python, paths.code,
                                 protocol.status_args(paths.run_dir,
-                                                     requests=record.serve is not None),
+                                                     requests=_probed(record)),
                                 timeout=30)
 
     results = run_parallel([hosts[h.name] for h in record.hosts], work, forks=forks)

@@ -147,8 +147,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
     channels = _listen(record, connector, hosts)
     quiet: set[str] = set()  # hosts whose channel was lost and has not spoken since
     lost_peer: list[float] = []  # when a peer-lost failure alone was first seen
-    serve = record.serve
-    probes = ProbeWatch(serve, record.ranks[0].host) if serve else None
+    probes = _probes(record)
     counts = _Counts(connector, hosts)
     next_probe, figures = 0.0, None
     try:
@@ -223,9 +222,8 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                     raise
                 unreachable_since.clear()
                 quiet.clear()
-                if serve is not None:
-                    probes = ProbeWatch(serve, record.ranks[0].host)
-                    next_probe, figures = 0.0, None
+                probes = _probes(record)
+                next_probe, figures = 0.0, None
                 events.record(record.name, events.RESTARTED, problem, attempt=ended,
                               excluded=record.excluded, resumed=record.message)
                 on_event(f"restarted: attempt {record.attempt}"
@@ -281,6 +279,13 @@ def _listen(record: JobRecord, connector: Connector, hosts: dict) -> Channels:
     channels = Channels(record, connector, hosts, retry=record.restart.interval)
     channels.wait_all(ASK_TIMEOUT + record.restart.interval)
     return channels
+
+
+def _probes(record: JobRecord) -> ProbeWatch | None:
+    """The probe of the attempt ``record`` describes, where its workload has one."""
+    if record.workload is None or not record.ranks:
+        return None
+    return record.workload.probe_watch(record.ranks[0].host)
 
 
 def _probe(probes: ProbeWatch, connector: Connector, hosts: dict) -> str | None:

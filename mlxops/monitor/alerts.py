@@ -19,19 +19,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxops.jobs.spec import ALERT_DEFAULTS
+from mlxops.jobs.workloads import Workload
 from mlxops.node.protocol import RUNNING, STALLED
 from mlxops.trainer.validation import overfitting
 
 RECENT, BASELINE = 3, 50   # metrics lines: the "now" and the "usual" of tokens/s
 
 
-def thresholds(job: Mapping[str, Any] | None) -> dict[str, float]:
-    """The job's thresholds (as launched), defaults for what it does not set. A serve
-    job's ``heartbeat_age`` is off: a server writes no heartbeat (the watchdog's probe is
-    its liveness, jobs/serveprobe.py), so the age only says how long it has run."""
+def thresholds(job: Mapping[str, Any] | None, workload: Workload | None = None
+               ) -> dict[str, float]:
+    """The job's thresholds (as launched), defaults for what it does not set. The
+    ``heartbeat_age`` of a workload that writes none is off (a server: the watchdog's
+    probe is its liveness, jobs/serveprobe.py), so the age only says how long it has run."""
     given = (job or {}).get("alerts") or {}
     found = {key: float(given.get(key, default)) for key, default in ALERT_DEFAULTS.items()}
-    if (job or {}).get("serve"):
+    if workload is not None and not workload.heartbeats:
         found["heartbeat_age"] = 0.0
     return found
 

@@ -20,6 +20,7 @@ from typing import Any
 from mlxops import events
 from mlxops.events import Event
 from mlxops.jobs.record import JobRecord, load_record
+from mlxops.jobs.workloads import KINDS, Workload
 from mlxops.monitor import alerts, files
 from mlxops.monitor.files import METRICS, SAMPLES, JsonlTail, MirrorState
 from mlxops.node.protocol import ENDED_STATES
@@ -197,11 +198,16 @@ def job_info(record: JobRecord) -> dict[str, Any]:
             "attempt": record.attempt, "created": record.created, "updated": record.updated,
             "message": record.message, "job_file": record.job_file,
             "inventory": record.inventory, "excluded": record.excluded,
-            "trainer": job.get("trainer"), "command": job.get("command"),
-            "serve": job.get("serve"),
+            # what it runs: its kind, and its section under the kind's key (others null)
+            "kind": record.workload.kind if record.workload else None,
+            **dict.fromkeys(KINDS), **_workload(record.workload),
             "restart": {"max_restarts": record.restart.max_restarts,
                         "stall_timeout": record.restart.stall_timeout},
-            "alerts": alerts.thresholds(job)}
+            "alerts": alerts.thresholds(job, record.workload)}
+
+
+def _workload(workload: Workload | None) -> dict[str, Any]:
+    return {} if workload is None else {workload.kind: workload.to_record()}
 
 
 def serving(samples: Sequence[dict[str, Any]], points: int | None = None
@@ -240,7 +246,7 @@ def document(mirror: Mirror, *, points: int | None = None, now: float | None = N
     ``extras``: more top-level fields (the report's plan and bench)."""
     record, metrics, samples = mirror.record, mirror.metrics, mirror.samples
     last = samples[-1] if samples else None
-    limits = alerts.thresholds(record.job)
+    limits = alerts.thresholds(record.job, record.workload)
     cols = columns(metrics, SERIES)
     ranks = _ranks(samples)
     nodes = _nodes(record, samples)

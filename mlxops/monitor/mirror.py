@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +102,7 @@ def sample_line(status: JobStatus, nodes: dict[str, dict[str, Any]], now: float
              for r in status.ranks]
     line = {"time": round(now, 3), "state": status.state, "attempt": status.attempt,
             "step": status.step, "ranks": ranks, "nodes": nodes}
-    if status.serve is not None:  # a serve job's figures (jobs/serveprobe.py)
-        line["serve"] = asdict(status.serve)
-    return line
+    return line | status.live()  # a probed job's figures (jobs/serveprobe.py)
 
 
 def feed(record: JobRecord, connector: Connector, *, status: JobStatus | None = None,
@@ -237,7 +234,7 @@ class Feeder:
             self._hosts = inventory_hosts(record)
         if feed(record, self.connector, status=status, hosts=self._hosts) is not None:
             mirror = self._alerts.look(record)
-            self._plateau.look(mirror.metrics, record.job, record.attempt)
+            self._plateau.look(mirror.metrics, record.workload, record.attempt)
 
     def _feed_quietly(self, status: JobStatus) -> None:
         try:
@@ -261,8 +258,8 @@ class AlertEvents:
         mirror = self._mirror.read()
         last = mirror.samples[-1] if mirror.samples else None
         cols = columns(mirror.metrics, SERIES)
-        found = alerts.evaluate(alerts.thresholds(record.job), last, cols["tokens_per_sec"],
-                                cols)
+        limits = alerts.thresholds(record.job, record.workload)
+        found = alerts.evaluate(limits, last, cols["tokens_per_sec"], cols)
         now = {(a["kind"], a.get("host"), a.get("rank")): a for a in found}
         new = [a for key, a in now.items() if key not in self._active]
         self._active = set(now)

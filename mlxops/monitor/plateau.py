@@ -11,23 +11,20 @@ another plateau after it is a new event.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from mlxops import events
+from mlxops.jobs.workloads import Workload
 from mlxops.node.protocol.metrics import MetricsLine
 from mlxops.trainer.validation import Validation
 
 DEFAULT_PATIENCE = 3   # evaluations without a new best before a job without patience hears
 
 
-def job_patience(job: Mapping[str, Any] | None) -> int:
+def job_patience(workload: Workload | None) -> int:
     """The job's ``train.patience`` (as launched), or :data:`DEFAULT_PATIENCE`."""
-    for section in ("trainer", "finetune"):
-        train = ((job or {}).get(section) or {}).get("train") or {}
-        if train.get("patience"):
-            return int(train["patience"])
-    return DEFAULT_PATIENCE
+    found = workload.patience if workload is not None else 0
+    return found or DEFAULT_PATIENCE
 
 
 def plateau(metrics: Sequence[MetricsLine], patience: int) -> tuple[int, float, int] | None:
@@ -51,9 +48,9 @@ class PlateauEvents:
         self.name = name
         self._told: int | None = None   # the best step the last event was about
 
-    def look(self, metrics: Sequence[MetricsLine], job: Mapping[str, Any] | None,
+    def look(self, metrics: Sequence[MetricsLine], workload: Workload | None,
              attempt: int) -> events.Event | None:
-        patience = job_patience(job)
+        patience = job_patience(workload)
         found = plateau(metrics, patience)
         if found is None or found[0] == self._told:
             return None

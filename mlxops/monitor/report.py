@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mlxops.errors import UserError
 from mlxops.jobs.record import JobRecord
 from mlxops.monitor import bench
 from mlxops.monitor.data import Mirror, document
 from mlxops.tasks.facts import load_cached_facts
-from mlxops.trainer.plan import plan_memory
 
 STATIC = Path(__file__).resolve().parent / "static"
 POINTS = 4000   # rows per series drawn in the page (--json keeps them all)
@@ -29,10 +29,14 @@ SCRIPTS = ("chart.js", "view.js", "report.js")
 
 def plan(record: JobRecord) -> list[dict[str, Any]] | None:
     """``mlxops plan``'s figures per host from the facts provision cached (no host asked);
-    None for a ``command:`` job or when no host has cached facts."""
+    None for a job mlxops does not plan (``command:``, ``serve:``), when its inputs no
+    longer read (a fine-tuned model moved), or when no host has cached facts."""
     spec = record.job_spec()
-    trainer = spec.trainer if spec is not None else None
-    if trainer is None:
+    try:
+        planner = spec.workload.planner(spec.path)
+    except UserError:
+        return None
+    if planner is None:
         return None
     rows = []
     for host in record.hosts:
@@ -41,8 +45,8 @@ def plan(record: JobRecord) -> list[dict[str, Any]] | None:
         if not memory:
             continue
         ranks = len(record.ranks_on(host.name))
-        memory_plan = plan_memory(trainer, int(memory), record.world_size, ranks_per_node=ranks,
-                                  working_set=facts.ranks_working_set)
+        memory_plan = planner.memory(int(memory), record.world_size, ranks_per_node=ranks,
+                                     working_set=facts.ranks_working_set)
         rows.append({"host": host.name, "memory_bytes": int(memory), "ranks": ranks,
                      **memory_plan.to_dict()})
     return rows or None

@@ -103,49 +103,79 @@ def _positive(value: Any, key: str, *, integer: bool = False, top: float) -> Any
     return value
 
 
-def check_section(data: Any) -> None:
-    """Refuse a bad ``notify:`` before anything else happens (whether it names a target
-    may depend on the inventory's default: :func:`effective` checks that)."""
-    _overlay(data, NotifyConfig())
+@dataclass(frozen=True)
+class NotifySection:
+    """A ``notify:`` as written, parsed once: the keys it sets (None: not set, the
+    default's value stands), or ``off`` (``notify: false``). Read over the inventory's
+    default by :func:`resolve` once the job's hosts are known."""
+
+    off: bool = False
+    command: tuple[str, ...] | None = None
+    webhook: str | None = None
+    events: tuple[str, ...] | None = None
+    timeout: float | None = None
+    retries: int | None = None
+
+    def set_keys(self) -> dict[str, Any]:
+        return {key: getattr(self, key) for key in KEYS if getattr(self, key) is not None}
+
+    def to_dict(self) -> dict[str, Any] | bool:
+        """As the job file would write it (the record's copy): ``false``, or the keys set."""
+        if self.off:
+            return False
+        return {key: list(v) if isinstance(v, tuple) else v
+                for key, v in self.set_keys().items()}
 
 
-def effective(data: Any, default: NotifyConfig | None) -> NotifyConfig | None:
-    """``notify:`` as written, read over ``default`` (the inventory's) key by key.
-
-    None: nothing to notify (no section and no default, or ``false``).
-    """
+def parse_section(data: Any) -> NotifySection | None:
+    """A ``notify:`` section (or the record's copy of one), every key checked; None when
+    there is none. :class:`NotifyError` names the key at fault."""
     if data is None:
-        return default
-    config = _overlay(data, default or NotifyConfig())
-    if config is not None and not config.targets:
-        raise NotifyError("says where to send nothing: give command: or webhook:")
-    return config
-
-
-def parse_default(data: Any) -> NotifyConfig | None:
-    """The inventory's ``mlxops_notify``: a whole section (it names a target)."""
-    return effective(data, None)
-
-
-def _overlay(data: Any, base: NotifyConfig) -> NotifyConfig | None:
-    if data is False:
         return None
+    if data is False:
+        return NotifySection(off=True)
     if not isinstance(data, Mapping):
         raise NotifyError("must be a mapping (command:, webhook:, events:, timeout:, "
                           "retries:) or false")
     for key in data:
         if key not in KEYS:
             raise NotifyError(f"unknown key (known: {', '.join(KEYS)})", str(key))
-    config = base
+    values: dict[str, Any] = {}
     if "command" in data:
-        config = replace(config, command=_words(data["command"]))
+        values["command"] = _words(data["command"])
     if "webhook" in data:
-        config = replace(config, webhook=_url(data["webhook"]))
+        values["webhook"] = _url(data["webhook"])
     if "events" in data:
-        config = replace(config, events=_events(data["events"]))
+        values["events"] = _events(data["events"])
     if "timeout" in data:
-        config = replace(config, timeout=float(_positive(data["timeout"], "timeout", top=300)))
+        values["timeout"] = float(_positive(data["timeout"], "timeout", top=300))
     if "retries" in data:
-        config = replace(config, retries=_positive(data["retries"], "retries", integer=True,
-                                                   top=MAX_RETRIES))
+        values["retries"] = _positive(data["retries"], "retries", integer=True,
+                                      top=MAX_RETRIES)
+    return NotifySection(**values)
+
+
+def resolve(section: NotifySection | None, default: NotifyConfig | None
+            ) -> NotifyConfig | None:
+    """``section`` read over ``default`` (the inventory's) key by key.
+
+    None: nothing to notify (no section and no default, or ``false``).
+    """
+    if section is None:
+        return default
+    if section.off:
+        return None
+    config = replace(default or NotifyConfig(), **section.set_keys())
+    if not config.targets:
+        raise NotifyError("says where to send nothing: give command: or webhook:")
     return config
+
+
+def effective(data: Any, default: NotifyConfig | None) -> NotifyConfig | None:
+    """``notify:`` as written, parsed and read over ``default``."""
+    return resolve(parse_section(data), default)
+
+
+def parse_default(data: Any) -> NotifyConfig | None:
+    """The inventory's ``mlxops_notify``: a whole section (it names a target)."""
+    return effective(data, None)

@@ -44,10 +44,11 @@ from mlxops.jobs.record import (
     load_record,
     supervisor_lock,
 )
-from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world, parse_trainer
+from mlxops.jobs.spec import JobSpec, RestartPolicy, check_world
 from mlxops.jobs.status import JobStatus
 from mlxops.jobs.stop import remove_run_dirs, stop_job
 from mlxops.jobs.watch import supervise
+from mlxops.jobs.workloads.trainer import TrainerWorkload, parse_trainer
 from mlxops.monitor.mirror import Feeder
 from mlxops.node import protocol
 from mlxops.node.protocol import FINISHED, RUNNING
@@ -80,7 +81,8 @@ def job_spec(inventory: Path, hosts: str, backend: str, world: int) -> JobSpec:
                   "checkpoint_every": CHECKPOINT_EVERY, "keep": 2, "log_every": 10},
     }
     spec = JobSpec(path=inventory.resolve(), name=NAME, inventory=inventory.resolve(),
-                   hosts=hosts, backend=backend, trainer=parse_trainer(inventory, trainer),
+                   hosts=hosts, backend=backend,
+                   workload=TrainerWorkload(parse_trainer(inventory, trainer)),
                    env={MARKER: "1"},
                    # The kill is seen as an exit, not a stall; a long stall timeout lets a
                    # Linux node's first job compile MLX's CPU kernels (a minute, cold, on

@@ -88,7 +88,7 @@ def test_prepared_corpus_placed_on_two_nodes_only_changes_travel(sandbox, tmp_pa
     directory, manifest = prepared
     assert manifest.vocab_size == 1024 and len(manifest.train) == 4 and manifest.val
     spec = load_job(_job(tmp_path, sandbox, "t-data", str(directory)))
-    assert spec.trainer.model.vocab_size == 1024          # the manifest's
+    assert spec.workload.config.model.vocab_size == 1024  # the manifest's
     files = sorted([sf.MANIFEST, *(s.name for s in manifest.shards())])
 
     preps, ranks = _preflight(spec, connector)

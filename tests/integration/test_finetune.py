@@ -197,6 +197,10 @@ def test_fetched_best_adapters_load_in_mlx_lm_generate(runs, tmp_path, monkeypat
     assert doc["host"] == "node1" and doc["source"].startswith("best/step-")
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json",
                                                      "adapters.safetensors"]
+    # The config names the base model as this controller has it (the rank wrote its
+    # node's copy, under the node's root): the --model these adapters go with here.
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["model"] == str(runs["model"]) and config["data"] == str(runs["data"])
     generate = Path(sys.executable).with_name("mlx_lm.generate")
     proc = subprocess.run([str(generate), "--model", str(runs["model"]), "--adapter-path",
                            str(out), "--prompt", "What does json do?", "--max-tokens", "8"],

@@ -289,12 +289,12 @@ def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, mo
 
     monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
     spec = load_job(ROOT / "jobs" / "demo.yml")
-    plans = [NodePlan("localhost", 24 << 30, "M2", 3, plan_memory(spec.trainer, 24 << 30, 3,
+    plans = [NodePlan("localhost", 24 << 30, "M2", 3, plan_memory(spec.workload.config, 24 << 30, 3,
                                                                   ranks_per_node=3), "cached")]
     before = step_estimate(spec, plans)
     m = plans[0].plan
     assert before["gradient_bytes"] == 4 * m.params and before["allreduce"] is None
-    seq = spec.trainer.model.seq_len
+    seq = spec.workload.config.model.seq_len
     assert before["compute_gflop"] == pytest.approx(
         6 * m.params * m.micro_batch * m.accumulation * seq / 1e9)
     assert "no 'mlxops bench'" in step_notes(before)[1]

@@ -20,6 +20,7 @@ from mlxops.jobs.placement import NodePaths, place_ranks, rank_environment, rank
 from mlxops.jobs.preflight import HostPrep
 from mlxops.jobs.runfiles import run_files
 from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.workloads.trainer import TrainerWorkload
 from mlxops.node import blas, protocol
 from mlxops.node import preflight as node_preflight
 from mlxops.trainer.config import TrainConfig, TrainerConfig
@@ -196,7 +197,8 @@ def test_the_preload_goes_before_what_the_ranks_session_preloads(tmp_path):
 
 def spec(blas: str = "auto", backend: str = "ring") -> JobSpec:
     return JobSpec(path=Path("/jobs/j.yml"), name="j", inventory=Path("/inv.yml"),
-                   backend=backend, trainer=TrainerConfig(train=TrainConfig(steps=2)),
+                   backend=backend,
+                   workload=TrainerWorkload(TrainerConfig(train=TrainConfig(steps=2))),
                    blas=blas)
 
 

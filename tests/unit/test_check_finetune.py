@@ -83,7 +83,7 @@ def test_the_disk_plan_counts_checkpoints_best_and_the_optimizer(tmp_path):
 def test_disk_counts_what_the_node_lacks_of_the_model_and_the_data(tmp_path):
     cluster = cluster_of(tmp_path, n=2, job=finetune_job(tmp_path))
     node = cluster.state("mac1")
-    disk = plan_disk(cluster.target.finetune_model, cluster.target.job.finetune)
+    disk = plan_disk(cluster.target.planner.shape, cluster.target.job.workload.config)
     node_copies(cluster, node, tmp_path)
     node.ready.disk_free = MIN_FREE_BYTES + disk.total_bytes
     check_resources.check_disk(node, cluster)       # every file there: checkpoints only
@@ -109,7 +109,7 @@ def test_memory_follows_the_finetune_plan_and_the_share_of_balance(tmp_path):
     cluster = cluster_of(tmp_path, n=2, job={**job, "balance": {"mac1": 3, "mac2": 1}})
     for name in ("mac1", "mac2"):
         check_resources.check_memory(cluster.state(name), cluster)
-    cfg, shape = cluster.target.job.finetune, cluster.target.finetune_model
+    cfg, shape = cluster.target.job.workload.config, cluster.target.planner.shape
     # Less than one example a pass needs with gradient checkpointing (fine-tuning's plan).
     least = plan_finetune(cfg, shape, 64 * GB, 2, per_rank=1, working_set=None)
     small = plan_finetune(cfg, shape, 2**20, 2, per_rank=3)

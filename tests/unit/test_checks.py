@@ -267,11 +267,12 @@ def _least_memory(job: Path, world: int, per_rank: int) -> int:
     """The fewest bytes of memory in which one rank taking ``per_rank`` sequences a step
     fits (the trainer's own plan, bisected to a KiB)."""
     from mlxops.jobs.spec import load_job
-    trainer = load_job(job).trainer
+    from mlxops.trainer.plan import plan_memory
+    trainer = load_job(job).workload.config
     lo, hi = 1, 64 * GB
     while hi - lo > 1024:
         mid = (lo + hi) // 2
-        fits = check_resources.plan_memory(trainer, mid, world, per_rank=per_rank).fits
+        fits = plan_memory(trainer, mid, world, per_rank=per_rank).fits
         lo, hi = (lo, mid) if fits else (mid, hi)
     return hi
 

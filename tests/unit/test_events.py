@@ -138,10 +138,14 @@ def line(step, val_loss=None):
 
 
 def test_a_plateau_is_one_event_per_best_that_validation_stopped_beating(home):
+    from mlxops.finetune.config import FinetuneConfig
+    from mlxops.jobs.workloads.finetune import FinetuneWorkload
+    from mlxops.jobs.workloads.trainer import TrainerWorkload
     from mlxops.monitor.plateau import PlateauEvents, job_patience, plateau
+    from mlxops.trainer.config import TrainConfig, TrainerConfig
 
-    job = {"trainer": {"train": {"patience": 2}}}
-    assert job_patience(job) == 2 and job_patience({"finetune": {"train": {}}}) == 3
+    job = TrainerWorkload(TrainerConfig(train=TrainConfig(patience=2)))
+    assert job_patience(job) == 2 and job_patience(FinetuneWorkload(FinetuneConfig())) == 3
     run = [line(10, 2.0), line(20, 1.5), line(25), line(30, 1.6)]
     assert plateau(run, 2) is None                     # one evaluation without a best
     run.append(line(40, 1.5))                          # equal is no new best: two

@@ -94,3 +94,61 @@ def test_written_in_mlx_lms_layout_without_the_checkpoints_state(run, tmp_path):
     written = F.write_out(files, out)
     assert sorted(p.name for p in out.iterdir()) == sorted(F.FETCHED)
     assert written[F.ADAPTERS] == (run / source / F.ADAPTERS).stat().st_size
+
+
+class LocalConnector:
+    """A connector whose every host runs the command in a local ``sh`` (the node's side
+    as in the tests above)."""
+
+    def connect(self, host):
+        return self
+
+    def run(self, command, timeout=None):
+        from mlxops.transport.connection import CommandResult
+
+        proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True,
+                              timeout=30)
+        return CommandResult(command, proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+
+def test_the_fetched_config_names_the_controllers_model_not_the_nodes_copy(tmp_path,
+                                                                           monkeypatch):
+    """A rank wrote mlx-lm's ``model``/``data`` keys as its node's copies (what it read);
+    mlx-lm's loaders read neither back, a person or a tool on the controller does, to find
+    the base model the adapters go with: the controller's directories, as the job gave."""
+    from mlxops.finetune.config import FinetuneConfig
+    from mlxops.jobs.placement import Rank
+    from mlxops.jobs.record import HostRecord, JobRecord
+    from mlxops.jobs.workloads.finetune import FinetuneWorkload
+
+    cfg = FinetuneConfig()
+    cfg.model.path, cfg.data.path = str(tmp_path / "models" / "tiny"), str(tmp_path / "chat")
+    root = tmp_path / "node root"
+    run = root / "runs" / "ft"
+    checkpoint(run, f"ckpt/{protocol.checkpoint_name(5)}", 5)
+    node_copy = f"{root}/data/tiny-0123abcd"
+    config = run / "ckpt" / protocol.checkpoint_name(5) / F.ADAPTER_CONFIG
+    config.write_text(json.dumps({"fine_tune_type": "lora", "num_layers": 2,
+                                  "model": node_copy, "data": f"{root}/data/chat-4567"}))
+    record = JobRecord(name="ft", job_file="/j.yml", inventory="/inv.yml", backend="ring",
+                       hosts=[HostRecord("a", str(root), "/py")],
+                       ranks=[Rank(0, "a", "10.0.0.1", 30000, 0)],
+                       workload=FinetuneWorkload(cfg), job={})
+    monkeypatch.setattr(F, "inventory_hosts", lambda record: {"a": object()})
+
+    got = F.fetch(record, LocalConnector(), tmp_path / "out")
+
+    written = json.loads((tmp_path / "out" / F.ADAPTER_CONFIG).read_text())
+    assert written == {"fine_tune_type": "lora", "num_layers": 2,
+                       "model": cfg.model.path, "data": cfg.data.path}
+    assert got.files[F.ADAPTER_CONFIG] == (tmp_path / "out" / F.ADAPTER_CONFIG).stat().st_size
+
+
+def test_only_a_job_that_writes_adapters_has_any_to_fetch(tmp_path):
+    from mlxops.jobs.record import JobRecord
+    from mlxops.jobs.workloads.command import CommandWorkload
+
+    record = JobRecord(name="c", job_file="/j.yml", inventory="/inv.yml", backend="ring",
+                       hosts=[], ranks=[], workload=CommandWorkload(("python", "x.py")), job={})
+    with pytest.raises(UserError, match="not a fine-tuning job"):
+        F.fetch(record, LocalConnector(), tmp_path / "out")

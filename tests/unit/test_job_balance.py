@@ -12,7 +12,7 @@ from rich.console import Console
 from mlxops import console
 from mlxops.cli.plan_balance import balance_notes, balance_table, shown
 from mlxops.jobs.balance import plan_balance
-from mlxops.jobs.spec import load_job, rank_config
+from mlxops.jobs.spec import load_job, rank_weights
 from mlxops.node.protocol.calibration import Calibration
 from mlxops.trainer.balance import Balance, recorded_speeds
 
@@ -53,7 +53,7 @@ def test_the_plan_shows_the_split_the_trainer_takes(tmp_path, balance, global_ba
     plan = plan_balance(spec, the_hosts, calibration(**measured) if measured else None)
     rank_hosts = [h.name for h in the_hosts for _ in range(h.slots)]
     # the ranks' config, as mlxops writes it, through the trainer's own rule
-    config = rank_config(spec, rank_hosts)
+    config = spec.workload.rank_config(rank_weights(spec, rank_hosts))
     cal = calibration(**measured) if measured else None
     speeds = recorded_speeds(rank_hosts, cal.hosts, cal.samples_per_sec) if cal else None
     try:

@@ -45,7 +45,7 @@ def test_data_gives_the_trainer_the_manifests_vocabulary(tmp_path, prepared):
     (prepared / sf.MANIFEST).write_text(manifest.text())
     spec = _job(tmp_path, "prepared")
     assert spec.data == DataSpec(prepared.resolve(), None)
-    assert spec.trainer.model.vocab_size == 1024
+    assert spec.workload.config.model.vocab_size == 1024
     assert set(spec.data.content().files) == set(files_for_node(manifest)) == {
         "manifest.json", "train-000000.bin", "val-000000.bin"}
     # The job record keeps it, and gives the same job back.
@@ -86,7 +86,7 @@ def test_bad_data_is_one_line_naming_the_key(tmp_path, prepared, data, trainer, 
 
 def test_a_vocabulary_given_equal_is_fine(tmp_path, prepared):
     trainer = {**TRAINER, "model": {**TRAINER["model"], "vocab_size": 256}}
-    assert _job(tmp_path, "prepared", trainer).trainer.model.vocab_size == 256
+    assert _job(tmp_path, "prepared", trainer).workload.config.model.vocab_size == 256
 
 
 def test_each_rank_reads_its_nodes_copy():

@@ -14,6 +14,8 @@ from mlxops.jobs.placement import place_ranks
 from mlxops.jobs.preflight import HostPrep, PreflightError, check_preflight
 from mlxops.jobs.selection import rdma_devices
 from mlxops.jobs.spec import JobSpec
+from mlxops.jobs.workloads.finetune import FinetuneWorkload
+from mlxops.jobs.workloads.trainer import TrainerWorkload
 from mlxops.node.protocol import Leftover
 from mlxops.trainer.config import TrainerConfig
 
@@ -23,7 +25,7 @@ FINETUNE = FinetuneConfig()
 
 def spec(backend: str = "ring") -> JobSpec:
     return JobSpec(path=Path("/jobs/j.yml"), name="j", inventory=Path("/inv.yml"),
-                   backend=backend, trainer=TrainerConfig())
+                   backend=backend, workload=TrainerWorkload(TrainerConfig()))
 
 
 def preps(**answers):
@@ -88,7 +90,7 @@ def test_jaccl_needs_an_rdma_device_for_every_pair_before_any_host_is_touched():
 def test_a_job_that_runs_mlx_lm_is_refused_where_mlx_lm_is_missing_or_differs():
     import dataclasses
 
-    finetune = dataclasses.replace(spec(), trainer=None, finetune=FINETUNE)
+    finetune = dataclasses.replace(spec(), workload=FinetuneWorkload(FINETUNE))
     p = preps(a={"mlx_lm": "0.32.2"}, b={"mlx_lm": None})
     ranks = place_ranks([x.host for x in p.values()], 30000)
     with pytest.raises(PreflightError, match="b: mlx-lm not installed for /py, needed here: "

@@ -165,7 +165,7 @@ def test_a_restart_runs_the_job_as_launched_not_the_edited_file(tmp_path, monkey
     new = watch.restart(record, None, "rank 0 on a vanished", events.append)
 
     assert calls.launched == [spec]
-    assert calls.launched[0].trainer.train.steps == 100
+    assert calls.launched[0].workload.config.train.steps == 100
     assert new.attempt == 2 and new.restart.max_restarts == 4
     assert [r.reason for r in load_record("j").restarts] == ["rank 0 on a vanished"]
     assert not any("re-reading" in e for e in events)

@@ -13,9 +13,13 @@ from mlxops.jobs.spec import (
     check_balance,
     check_world,
     load_job,
-    rank_config,
     rank_weights,
 )
+
+
+def rank_config(spec, rank_hosts):
+    """The trainer config as the ranks on ``rank_hosts`` get it."""
+    return spec.workload.rank_config(rank_weights(spec, rank_hosts))
 
 INVENTORY = {"all": {"hosts": {"a": {"ansible_host": "10.0.0.1"}}}}
 GOOD = {
@@ -65,7 +69,7 @@ def test_command_jobs_split_a_string_and_take_a_workdir(tmp_path):
     (tmp_path / "work").mkdir()
     spec = load_job(write(tmp_path, with_(trainer=None, command="python train.py --lr 'a b'",
                                           workdir="work", env={"X": 1})))
-    assert spec.command == ["python", "train.py", "--lr", "a b"]
+    assert spec.workload.argv == ("python", "train.py", "--lr", "a b")
     assert spec.workdir == (tmp_path / "work").resolve()
     assert spec.env == {"X": "1"}
 
@@ -163,7 +167,7 @@ def test_bad_job_files(case):
 def test_merge_keys_load_as_ansible_loads_them():
     spec = load_job(DATA / "good" / "merged.yml")
     # the first merged mapping wins over the second, the mapping's own keys over both
-    train = spec.trainer.train
+    train = spec.workload.config.train
     assert (train.steps, train.lr, train.warmup, train.global_batch) == (30, 0.01, 2, 6)
     assert (spec.restart.max_restarts, spec.restart.stall_timeout) == (1, 9.0)
 
@@ -202,7 +206,7 @@ def test_balance_weights_become_the_trainers_per_rank_weights(tmp_path):
     config = rank_config(spec, ["a", "a", "b"])
     assert (config.train.steps, config.train.balance) == (10, [1.5, 1.5, 1.0])
     # the job's own config is unchanged
-    assert (spec.trainer.train.steps, spec.trainer.train.balance) == (10, "equal")
+    assert (spec.workload.config.train.steps, spec.workload.config.train.balance) == (10, "equal")
     check_balance(spec, _hosts(("a", 2), ("b", 1)))
     for mode in ("equal", "auto"):
         other = load_job(write(tmp_path, with_(balance=mode)))
@@ -249,9 +253,10 @@ def test_a_finetune_job_is_parsed_into_its_config_with_its_paths_made_absolute(t
 
     path, model, data = finetune_job(tmp_path, method={"type": "dora", "rank": 4})
     spec = load_job(path)
-    assert isinstance(spec.finetune, FinetuneConfig) and spec.trainer is None
-    assert (spec.finetune.method.type, spec.finetune.method.rank) == ("dora", 4)
-    assert spec.finetune.model.path == str(model) and spec.finetune.data.path == str(data)
+    cfg = spec.workload.config
+    assert spec.workload.kind == "finetune" and isinstance(cfg, FinetuneConfig)
+    assert (cfg.method.type, cfg.method.rank) == ("dora", 4)
+    assert cfg.model.path == str(model) and cfg.data.path == str(data)
     assert spec.needs_mlx_lm and spec.total_steps == 20
 
 
@@ -273,7 +278,7 @@ def test_the_model_and_data_directories_are_checked_at_load(tmp_path, remove, ke
 def test_without_validation_valid_jsonl_is_not_needed(tmp_path):
     path, _, data = finetune_job(tmp_path, train={"eval_every": 0})
     (data / "valid.jsonl").unlink()
-    assert load_job(path).finetune.train.eval_every == 0
+    assert load_job(path).workload.config.train.eval_every == 0
 
 
 def test_check_world_applies_the_finetune_rule_and_the_jobs_balance(tmp_path):
@@ -289,16 +294,15 @@ def test_check_world_applies_the_finetune_rule_and_the_jobs_balance(tmp_path):
 
 
 def test_a_finetune_rank_gets_the_nodes_copies_the_run_directory_and_the_split(tmp_path):
-    from mlxops.jobs.runfiles import finetune_config
-
     path, model, data = finetune_job(tmp_path)
     spec = dataclasses.replace(load_job(path), balance={"a": 3.0})
-    cfg = finetune_config(spec, "/home/u/.mlxops", "/home/u/.mlxops/runs/tiny", ["a", "a"])
+    cfg = spec.workload.rank_config("/home/u/.mlxops", "/home/u/.mlxops/runs/tiny",
+                                    rank_weights(spec, ["a", "a"]))
     assert cfg.model.path.startswith("/home/u/.mlxops/data/tiny-")
     assert cfg.data.path.startswith("/home/u/.mlxops/data/chat-")
     assert cfg.out == "/home/u/.mlxops/runs/tiny"
     assert cfg.train.balance == [1.5, 1.5]
-    assert spec.finetune.model.path == str(model)   # the job's own config is unchanged
+    assert spec.workload.config.model.path == str(model)   # the job's own is unchanged
 
 
 def test_the_record_keeps_the_finetune_config_and_reads_it_back(tmp_path):
@@ -307,6 +311,6 @@ def test_the_record_keeps_the_finetune_config_and_reads_it_back(tmp_path):
     path, _, _ = finetune_job(tmp_path, optimizer={"lr": 2e-4})
     spec = load_job(path)
     kept = launched_job(spec)
-    assert kept["finetune"]["optimizer"]["lr"] == 2e-4 and kept["trainer"] is None
+    assert kept["finetune"]["optimizer"]["lr"] == 2e-4 and "trainer" not in kept
     from mlxops.finetune.config import from_dict
-    assert from_dict(kept["finetune"], "job.finetune") == spec.finetune
+    assert from_dict(kept["finetune"], "job.finetune") == spec.workload.config

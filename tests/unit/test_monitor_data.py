@@ -46,7 +46,8 @@ def test_the_finished_run_reads_back_whole(tmp_path, monkeypatch):
     assert doc["alerts"] == []   # ended: nothing to alert about now
     assert doc["job"]["alerts"] == {"memory_share": 0.02, "tokens_per_sec_drop": 0.5,
                                     "heartbeat_age": 20.0, "val_loss_rise": 0.02}
-    assert doc["job"]["trainer"]["train"]["steps"] == 300
+    assert doc["job"]["trainer"]["train"]["steps"] == 300 and doc["job"]["kind"] == "trainer"
+    assert doc["job"]["command"] is None and doc["job"]["serve"] is None
     json.dumps(doc)   # one JSON document
 
 

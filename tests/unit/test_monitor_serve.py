@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from mlxops.jobs.servespec import ServeSpec
+from mlxops.jobs.workloads.serve import ServeWorkload
 from mlxops.monitor import alerts, prom, report
 from mlxops.monitor.data import MirrorReader, document, serving
 from mlxops.monitor.server import Jobs
@@ -62,12 +64,12 @@ def test_requests_of_each_attempt_are_added_up():
 
 
 def test_a_serve_job_has_no_heartbeat_alert_whatever_its_file_says():
-    serve_job = {"serve": {"port": 8080}, "alerts": {"heartbeat_age": 10}}
-    assert alerts.thresholds(serve_job)["heartbeat_age"] == 0
+    serve_job, server = {"alerts": {"heartbeat_age": 10}}, ServeWorkload(ServeSpec("/m"))
+    assert alerts.thresholds(serve_job, server)["heartbeat_age"] == 0
     assert alerts.thresholds({"alerts": {"heartbeat_age": 10}})["heartbeat_age"] == 10
     sample = {"state": "running", "ranks": [{"rank": 0, "host": "node1", "state": "running",
                                              "heartbeat_age": 95.0}]}
-    assert alerts.evaluate(alerts.thresholds(serve_job), sample, []) == []
+    assert alerts.evaluate(alerts.thresholds(serve_job, server), sample, []) == []
 
 
 def test_the_job_table_line_of_a_serve_job_says_its_requests(home):

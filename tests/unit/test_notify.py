@@ -16,7 +16,7 @@ from mlxops.devtools.webhook import Receiver
 from mlxops.errors import UserError
 from mlxops.jobs.notifying import job_notify
 from mlxops.notify import config as notify_config
-from mlxops.notify.config import NotifyConfig
+from mlxops.notify.config import NotifyConfig, parse_section
 from mlxops.notify.deliver import GAVE_UP, SENDING, SENT, Ledger, Notifier
 
 
@@ -162,20 +162,50 @@ DEFAULT = notify_config.parse_default({"webhook": "https://hooks.example.com/T0/
 def test_a_jobs_section_is_read_over_the_inventory_default_key_by_key(tmp_path):
     hosts = [host("n1", DEFAULT), host("n2", DEFAULT)]
     job = tmp_path / "job.yml"
-    config = job_notify(job, {"events": ["failed"]}, hosts, tmp_path / "inv.yml")
+    config = job_notify(job, parse_section({"events": ["failed"]}), hosts, tmp_path / "inv.yml")
     assert config == NotifyConfig(webhook="https://hooks.example.com/T0/B0", events=("failed",))
     assert job_notify(job, None, hosts, tmp_path / "inv.yml") == DEFAULT
-    assert job_notify(job, False, hosts, tmp_path / "inv.yml") is None
+    assert job_notify(job, parse_section(False), hosts, tmp_path / "inv.yml") is None
     assert job_notify(job, None, [host("n1", None)], tmp_path / "inv.yml") is None
 
 
 def test_a_section_that_names_no_target_or_hosts_that_disagree_are_refused(tmp_path):
     job, inventory = tmp_path / "job.yml", tmp_path / "inv.yml"
     with pytest.raises(UserError) as no_target:
-        job_notify(job, {"events": ["failed"]}, [host("n1", None)], inventory)
+        job_notify(job, parse_section({"events": ["failed"]}), [host("n1", None)],
+                   inventory)
     assert str(no_target.value) == (f"{job}: notify: says where to send nothing: give "
                                     "command: or webhook:")
     with pytest.raises(UserError) as differ:
         job_notify(job, None, [host("n1", DEFAULT), host("n2", None)], inventory)
     assert str(differ.value) == (f"{inventory}: mlxops_notify: differs between the hosts of "
                                  "one job (n1, n2): set it once, under all: vars")
+
+
+def test_a_jobs_section_is_parsed_once_and_the_record_keeps_it_typed(tmp_path, monkeypatch):
+    """``notify:`` is a typed value on the spec (parsed at load), kept in the record as
+    the job file wrote it and read back as the same value for the watchdog."""
+    import yaml
+
+    from mlxops.jobs.record import JobRecord, launched_job
+    from mlxops.jobs.spec import load_job
+    from mlxops.notify.config import NotifySection
+
+    monkeypatch.setenv("MLXOPS_HOME", str(tmp_path / "home"))
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump({"all": {"hosts": {"a": {}}}}))
+    for section, want in [
+            ({"command": "notify-send 'job' ", "events": ["failed", "failed"], "retries": 0},
+             NotifySection(command=("notify-send", "job"), events=("failed",), retries=0)),
+            (False, NotifySection(off=True)), (None, None)]:
+        (tmp_path / "job.yml").write_text(yaml.safe_dump(
+            {"name": "j", "inventory": "inv.yml", "command": "true", "notify": section}))
+        spec = load_job(tmp_path / "job.yml")
+        assert spec.notify == want
+        record = JobRecord(name="j", job_file=str(spec.path), inventory=str(spec.inventory),
+                           backend="ring", hosts=[], ranks=[], job=launched_job(spec))
+        again = JobRecord.from_dict(json.loads(json.dumps(record.to_dict())))
+        assert again.job_spec().notify == want
+    assert notify_config.resolve(NotifySection(webhook="https://h.example.com/x"), DEFAULT
+                                 ) == NotifyConfig(webhook="https://h.example.com/x")
+    with pytest.raises(notify_config.NotifyError, match="says where to send nothing"):
+        notify_config.resolve(NotifySection(events=("failed",)), None)

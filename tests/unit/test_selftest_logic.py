@@ -242,7 +242,7 @@ def test_skipped_steps_and_facts_read_without_provision(tmp_path):
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 8, 16])
 def test_the_job_is_valid_for_any_world_size(world):
     spec = J.job_spec(Path("/x/inventory.yml"), "all", "ring", world)
-    cfg = spec.trainer
+    cfg = spec.workload.config
     trainer_config.check_world(cfg, world)
     check_world(spec, world)
     assert spec.name == J.NAME and spec.env == {J.MARKER: "1"}

@@ -30,7 +30,7 @@ def write(tmp_path, serve=None, **top):
 
 
 def test_defaults_a_loopback_server_on_8080(tmp_path):
-    spec = load_job(write(tmp_path)).serve
+    spec = load_job(write(tmp_path)).workload.spec
     assert (spec.model, spec.model_job, spec.port, spec.bind) == ("/models/tiny", None, 8080,
                                                                   "127.0.0.1")
     assert (spec.parallel, spec.probe_timeout, spec.start_timeout) == (None, 30.0, 300.0)
@@ -40,7 +40,7 @@ def test_defaults_a_loopback_server_on_8080(tmp_path):
 def test_a_training_jobs_checkpoint_and_the_servers_options(tmp_path):
     spec = load_job(write(tmp_path, {"model": {"job": "run1", "step": 200}, "port": 9000,
                                      "parallel": "pipeline", "max_tokens": 64, "temp": 0,
-                                     "use_default_chat_template": True})).serve
+                                     "use_default_chat_template": True})).workload.spec
     assert (spec.model, spec.model_job, spec.model_step) == (None, "run1", 200)
     assert spec.options == {"max_tokens": 64, "temp": 0.0, "use_default_chat_template": True}
     assert spec.export_arch == "qwen2"  # mlx-lm's llama cannot pipeline
@@ -85,11 +85,11 @@ def test_serve_is_instead_of_a_trainer_or_a_command(tmp_path):
 
 
 def test_parallel_goes_with_several_hosts(tmp_path):
-    one = load_job(write(tmp_path, {"model": "/m"})).serve
+    one = load_job(write(tmp_path, {"model": "/m"})).workload.spec
     check_hosts(tmp_path / "job.yml", one, ["a"])
     with pytest.raises(UserError, match="serve.parallel: required with 2 hosts"):
         check_hosts(tmp_path / "job.yml", one, ["a", "b"])
-    piped = load_job(write(tmp_path, {"model": "/m", "parallel": "tensor"})).serve
+    piped = load_job(write(tmp_path, {"model": "/m", "parallel": "tensor"})).workload.spec
     with pytest.raises(UserError, match="serve.parallel: goes with several hosts"):
         check_hosts(tmp_path / "job.yml", piped, ["a"])
 
@@ -112,7 +112,7 @@ def test_a_pipeline_job_may_go_on_with_one_of_its_hosts(tmp_path):
 
 def test_the_server_command_line_quotes_what_the_user_wrote(tmp_path):
     spec = load_job(write(tmp_path, {"model": "/models/my model; rm -rf ~", "max_tokens": 32,
-                                     "chat_template": "{{ x }} $(id)"})).serve
+                                     "chat_template": "{{ x }} $(id)"})).workload.spec
     paths = NodePaths("/home/u/.mlxops", "chat")
     argv = server_argv(spec, "/venv/bin/python", paths, Rank(0, "a", "10.0.0.1", 20000, 0),
                        world_size=1)
@@ -127,7 +127,8 @@ def test_the_server_command_line_quotes_what_the_user_wrote(tmp_path):
 
 
 def test_a_checkpoint_is_exported_on_the_node_before_the_server_starts(tmp_path):
-    spec = load_job(write(tmp_path, {"model": {"job": "run1"}, "parallel": "pipeline"})).serve
+    job = write(tmp_path, {"model": {"job": "run1"}, "parallel": "pipeline"})
+    spec = load_job(job).workload.spec
     paths = NodePaths("/r", "chat")
     lines = prepare_lines(spec, "/py", paths)
     assert shlex.split(lines[1]) == ["/py", "-m", "mlxops.trainer.export", "--run-dir",
@@ -141,7 +142,7 @@ def test_a_checkpoint_is_exported_on_the_node_before_the_server_starts(tmp_path)
 
 
 def test_the_best_checkpoint_is_exported_with_best(tmp_path):
-    spec = load_job(write(tmp_path, {"model": {"job": "run1", "best": True}})).serve
+    spec = load_job(write(tmp_path, {"model": {"job": "run1", "best": True}})).workload.spec
     words = shlex.split(prepare_lines(spec, "/py", NodePaths("/r", "chat"))[1])
     assert "--best" in words and "--step" not in words
 
@@ -151,4 +152,4 @@ def test_the_record_keeps_the_serve_section(tmp_path):
     record = JobRecord(name="chat", job_file=str(spec.path), inventory=str(spec.inventory),
                        backend="ring", hosts=[], ranks=[], job=launched_job(spec))
     again = JobRecord.from_dict(record.to_dict())
-    assert again.serve == spec.serve and again.job_spec().serve == spec.serve
+    assert again.workload == spec.workload and again.job_spec().workload == spec.workload

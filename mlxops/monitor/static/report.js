@@ -9,8 +9,9 @@ document.addEventListener("DOMContentLoaded", () => {
   const drawn = MlxopsView.job(root, doc);
 
   root.append(el("h3", { text: "Config (as launched)" }));
-  const config = doc.job.trainer ? { trainer: doc.job.trainer }
-    : doc.job.serve ? { serve: doc.job.serve } : { command: doc.job.command };
+  // The job's kind of work (jobs/workloads/), its section under the kind's key.
+  const kind = doc.job.kind || "command";
+  const config = { [kind]: doc.job[kind] };
   config.restart = doc.job.restart;
   config.alerts = doc.job.alerts;
   root.append(el("pre", { class: "config", text: JSON.stringify(config, null, 2) }));

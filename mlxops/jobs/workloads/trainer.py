@@ -1,0 +1,198 @@
+"""``trainer:``: the bundled trainer (:mod:`mlxops.trainer`, docs/trainer.md).
+
+The section is parsed once, at load, by the trainer's own rules
+(:mod:`mlxops.trainer.config`) into its :class:`TrainerConfig`; every later reader takes
+that, never the mapping. Two keys are mlxops's: ``out`` (the run directory on each node)
+and ``train.balance`` (from the job's ``balance:``, per rank: :meth:`rank_config`).
+
+Checked at load, on the controller, what the ranks would otherwise refuse after they
+started, for a job on prepared shards (the job's ``data:``, or ``trainer.data.source:
+shards`` at an absolute path the controller can read too):
+
+* ``model.vocab_size`` is the corpus's (its ``manifest.json``): refused when it differs,
+  taken from the manifest when not given;
+* ``model.seq_len`` leaves the training split at least one window: a shard of ``c_j``
+  tokens gives ``(c_j - 1) // seq_len`` windows (:mod:`mlxops.trainer.shards`), and their
+  sum must be >= 1; the same for the validation split when ``train.eval_every`` is set.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxops.errors import bad_input
+from mlxops.jobs.data import DataSpec, apply_manifest, rank_data
+from mlxops.jobs.workloads.base import NodePlacement, Planner, RankPlan, Workload
+from mlxops.node import protocol
+from mlxops.trainer import config as trainer_config
+from mlxops.trainer import shardformat
+from mlxops.trainer.config import TrainerConfig
+
+KIND = "trainer"
+
+
+def problem(exc: Exception) -> str:
+    """The trainer says ``trainer: model.dims: ...``; the job file's way is
+    ``trainer.model.dims: ...``."""
+    message = str(exc)
+    return KIND + "." + message[len(KIND) + 2:] if message.startswith(f"{KIND}: ") else message
+
+
+def parse_trainer(path: Path, section: Any) -> TrainerConfig:
+    """The trainer's own loader parses the section (it names the key that is wrong)."""
+    if not isinstance(section, dict):
+        raise bad_input(path, KIND, "must be a mapping (model:, data:, train:)")
+    if "out" in section:
+        raise bad_input(path, f"{KIND}.out", "is set by mlxops (the job's run directory)")
+    if isinstance(section.get("train"), dict) and "balance" in section["train"]:
+        raise bad_input(path, f"{KIND}.train.balance", "is set by mlxops from the job's "
+                                                       "'balance:' (equal, auto or host: "
+                                                       "weight)")
+    try:
+        return trainer_config.from_dict(dict(section), where=KIND)
+    except trainer_config.ConfigError as exc:
+        raise bad_input(path, None, problem(exc)) from None
+
+
+def _corpus(path: Path, cfg: TrainerConfig, section: dict[str, Any],
+            data: DataSpec | None) -> None:
+    """The load-time checks against the corpus's manifest (module doc)."""
+    if data is not None:
+        apply_manifest(path, data, cfg, section)
+        manifest, where = data.manifest(), "data"
+    elif cfg.data.source == shardformat.SHARDS_SOURCE and cfg.data.path \
+            and Path(cfg.data.path).is_absolute() \
+            and (Path(cfg.data.path) / shardformat.MANIFEST).is_file():
+        # The ranks read this path on their nodes; the controller reads the same one (a
+        # shared mount, a sandbox): what they would refuse is refused here.
+        try:
+            manifest = shardformat.read_manifest(Path(cfg.data.path))
+        except shardformat.ShardError as exc:
+            raise bad_input(path, f"{KIND}.data.path", str(exc)) from None
+        given = (section.get("model") or {}).get("vocab_size")
+        if given is not None and given != manifest.vocab_size:
+            raise bad_input(path, f"{KIND}.model.vocab_size",
+                            f"{given}, but the corpus at {cfg.data.path} was tokenized with "
+                            f"a vocabulary of {manifest.vocab_size} (leave it out: it is "
+                            "taken from its manifest.json)")
+        cfg.model.vocab_size = manifest.vocab_size
+        where = f"{KIND}.data.path"
+    else:
+        return
+    seq = cfg.model.seq_len
+    splits = [(shardformat.TRAIN, "training")]
+    if cfg.train.eval_every:
+        splits.append((shardformat.VAL, "validation"))
+    for split, name in splits:
+        windows = sum(max(0, (s.tokens - 1) // seq) for s in manifest.shards(split))
+        if windows < 1:
+            tokens = manifest.tokens(split)
+            raise bad_input(path, f"{KIND}.model.seq_len",
+                            f"{seq}, but the {name} split of the corpus ({where}) has "
+                            f"{tokens} tokens: no shard holds seq_len + 1 of them (a "
+                            "smaller seq_len, or more data)")
+
+
+@dataclass(frozen=True)
+class TrainerWorkload(Workload):
+    config: TrainerConfig
+
+    kind = KIND
+    what = "the bundled trainer"
+    summary = "the bundled trainer"
+    splits_batch = True
+    reads_data = True
+    exports = True
+
+    @classmethod
+    def parse(cls, path: Path, section: Any, *, data: DataSpec | None = None
+              ) -> TrainerWorkload:
+        cfg = parse_trainer(path, section)
+        _corpus(path, cfg, section, data)
+        return cls(cfg)
+
+    def to_record(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    @classmethod
+    def from_record(cls, data: Any) -> TrainerWorkload:
+        return cls(trainer_config.from_dict(data, f"job.{KIND}"))
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.config.train.steps
+
+    @property
+    def global_batch(self) -> int | None:
+        return self.config.train.global_batch
+
+    @property
+    def patience(self) -> int:
+        return self.config.train.patience
+
+    def rank_config(self, balance: str | list[float]) -> TrainerConfig:
+        """The config as its ranks get it: ``train.balance`` set. A copy."""
+        config = copy.deepcopy(self.config)
+        config.train.balance = balance
+        return config
+
+    def check_world(self, path: Path, hosts: str, balance: str | list[float],
+                    world: int) -> None:
+        try:
+            trainer_config.check_world(self.rank_config(balance), world, where=KIND)
+        except trainer_config.ConfigError as exc:
+            raise bad_input(path, None, f"{problem(exc)}; the hosts {hosts!r} give {world} "
+                                        "ranks (their mlxops_slots)") from None
+
+    def rank_plan(self, node: NodePlacement) -> RankPlan:
+        paths = node.paths
+        config = self.rank_config(node.balance).to_dict() | {"out": paths.run_dir}
+        if node.data_dir is not None:     # the job's data: this node's copy of the shards
+            config = rank_data(config, node.data_dir)
+        argv = [node.python, "-m", "mlxops.trainer", "--config",
+                paths.run_file(protocol.TRAINER_CONFIG)] + (["--resume"] if node.resume
+                                                            else [])
+        return RankPlan(cwd=paths.run_dir, argv={r.rank: argv for r in node.here},
+                        files={protocol.TRAINER_CONFIG: json.dumps(config, indent=1).encode()})
+
+    def planner(self, path: Path) -> Planner:
+        return TrainerPlanner(self.config)
+
+
+#: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True)
+class TrainerPlanner(Planner):
+    """The trainer's own plan (:mod:`mlxops.trainer.plan`)."""
+
+    config: TrainerConfig
+
+    def memory(self, memory: int, world: int, *, ranks_per_node: int,
+               per_rank: int | None = None, working_set: int | None = None) -> Any:
+        from mlxops.trainer.plan import plan_memory
+
+        return plan_memory(self.config, memory, world, ranks_per_node=ranks_per_node,
+                           per_rank=per_rank, working_set=working_set)
+
+    def checkpoints(self) -> tuple[int, int]:
+        from mlxops.trainer.plan import count_params
+
+        train = self.config.train
+        kept = train.keep + 1 if train.checkpoint_every else 0
+        return count_params(self.config) * CHECKPOINT_BYTES_PER_PARAM, kept
+
+    def step_work(self, plan: Any) -> tuple[int, int]:
+        return plan.micro_batch * plan.accumulation * self.config.model.seq_len, 4 * plan.params
+
+    def attention(self, tokens: int) -> tuple[float, int]:
+        from mlxops.trainer.plan import attended_keys, attention_flops_per_token
+
+        model = self.config.model
+        return (attention_flops_per_token(self.config) * tokens / 1e9,
+                attended_keys(model.seq_len, model.window))
