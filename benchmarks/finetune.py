@@ -105,9 +105,10 @@ def ours(tmp: Path, model: Path, data: Path, a: argparse.Namespace, ranks: int, 
     config = {
         "model": {"path": str(model)}, "data": {"path": str(data)},
         "method": {"type": "lora", "rank": 8, "scale": 20.0, "num_layers": -1},
-        "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.01},
         "train": {"steps": a.steps, "global_batch": a.batch, "max_seq_len": a.max_seq_len,
-                  "log_every": a.report, "eval_every": 0, "save_every": 0, "seed": 0},
+                  "log_every": a.report, "eval_every": 0, "checkpoint_every": 0, "seed": 0,
+                  "micro_batch": a.batch, "optimizer": "adamw", "lr": 1e-4,
+                  "weight_decay": 0.01},
         "out": str(out),
     }
     path = tmp / f"ours-{ranks}-{n}.json"

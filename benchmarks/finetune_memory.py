@@ -97,7 +97,8 @@ def main() -> int:
                        "method": {"type": method, "num_layers": -1 if method == "full" else 2},
                        "train": {"max_seq_len": seq, "grad_checkpoint": ckpt, "steps": 3,
                                  "global_batch": micro, "eval_every": 0, "log_every": 1,
-                                 "save_every": 0, "consistency_every": 0},
+                                 "checkpoint_every": 0, "micro_batch": micro,
+                                 "consistency_every": 0},
                        "out": str(out)}
             config = Path(tmp) / "finetune.json"
             config.write_text(json.dumps(section))

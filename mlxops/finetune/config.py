@@ -14,10 +14,10 @@ dependencies). The names follow mlx-lm's where it has one (``num_layers``, ``ran
 
 Batch: each step takes ``train.global_batch`` examples over all ranks; rank r takes a
 contiguous slice of ``c_r`` of them (``train.balance``, :mod:`mlxops.trainer.balance`) and
-cuts it into ``train.accumulation`` micro-batches (or more: the out-of-memory back-off
-doubles it). The loss is the mean over every unmasked token of the global batch, whatever
-the split, so the world size, the balance and the accumulation change only the order of
-summation.
+cuts it into ``ceil(c_r / train.micro_batch)`` micro-batches (the out-of-memory back-off
+halves ``micro_batch``). The loss is the mean over every unmasked token of the global
+batch, whatever the split, so the world size, the balance and the micro-batches change
+only the order of summation.
 """
 
 from __future__ import annotations
@@ -30,13 +30,12 @@ from typing import Any
 
 from mlxops.trainer import sections
 from mlxops.trainer.config import ConfigError, coerce
+from mlxops.trainer.vocabulary import OPTIMIZERS, SCHEDULES, TrainKeys, default, upgrade
 
 __all__ = ["ConfigError", "FinetuneConfig", "load_config", "check_world", "describe_options",
            "diff_resume_keys", "METHODS", "OPTIMIZERS", "SCHEDULES"]
 
 METHODS = ("lora", "dora", "full")
-OPTIMIZERS = ("adamw", "adam", "sgd")
-SCHEDULES = ("cosine", "constant")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -75,44 +74,20 @@ class DataSection:
 
 
 @dataclass
-class OptimizerSection:
-    name: str = _f("adamw", "adamw, adam or sgd")
-    lr: float = _f(1e-5, "peak learning rate")
-    min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
-    schedule: str = _f("constant", "cosine or constant (after the warmup)")
-    warmup: int = _f(0, "linear warmup steps from 0")
-    weight_decay: float = _f(0.0, "weight decay (adamw only)")
-    grad_clip: float = _f(0.0, "clip the global gradient norm to this; 0 = off")
+class TrainSection(TrainKeys):
+    """``train:``: the keys every program has (:class:`mlxops.trainer.vocabulary.TrainKeys`,
+    one meaning each) with fine-tuning's defaults, and fine-tuning's own."""
 
-
-@dataclass
-class TrainSection:
-    steps: int = _f(1000, "optimizer steps in total (the schedule spans them); see epochs")
+    global_batch: int = default("global_batch", 4)
+    micro_batch: int = default("micro_batch", 4)
+    lr: float = default("lr", 1e-5)
+    schedule: str = default("schedule", "constant")
+    eval_every: int = default("eval_every", 100)
+    eval_batches: int = default("eval_batches", 25, "validation batches of global_batch "
+                                "examples per evaluation; -1 = all of valid.jsonl")
     epochs: int = _f(0, "when above 0: train this many passes over train.jsonl instead "
-                     "(epochs x its full global batches)")
-    stop_at: int = _f(0, "stop after this step, leaving the run resumable; 0 = the last")
-    global_batch: int = _f(4, "examples per optimizer step, over all ranks")
-    accumulation: int = _f(1, "micro-batches each rank cuts its share into (one "
-                           "forward/backward each); the out-of-memory back-off doubles it")
+                     "of train.steps (epochs x its full global batches)")
     max_seq_len: int = _f(2048, "tokens per example at most (longer ones are cut)")
-    grad_checkpoint: bool = _f(False, "recompute each block in backward (mx.checkpoint)")
-    seed: int = _f(0, "seed of the adapters' initialisation, the dropout and the data order")
-    log_every: int = _f(10, "print and write metrics every N steps")
-    eval_every: int = _f(100, "validation loss every N steps (and at the last); 0 = never")
-    eval_batches: int = _f(25, "validation batches of global_batch examples; -1 = all "
-                           "of valid.jsonl")
-    save_every: int = _f(100, "write a checkpoint (and its adapters) every N steps and at "
-                         "the end; 0 = only at the end")
-    keep: int = _f(3, "keep the newest K checkpoints (best/ is kept besides)")
-    patience: int = _f(0, "stop after this many validations without a new best "
-                       "validation loss; 0 = never")
-    balance: list | str = _f("equal", "how the global batch is split over ranks: equal, "
-                             "auto (measured in the first steps) or a list of weights, one "
-                             "per rank")
-    grad_reduce_dtype: str = _f("float32", "gradients on the network in the all-reduce: "
-                                "float32 or bfloat16")
-    consistency_every: int = _f(100, "every N steps the ranks compare a checksum of their "
-                                "trainable weights and optimizer state; 0 = off")
 
 
 @dataclass
@@ -120,7 +95,6 @@ class FinetuneConfig:
     model: ModelSection = field(default_factory=ModelSection)
     method: MethodSection = field(default_factory=MethodSection)
     data: DataSection = field(default_factory=DataSection)
-    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     train: TrainSection = field(default_factory=TrainSection)
     out: str = _f("runs/finetune", "run directory: metrics.jsonl, progress/, ckpt/ and best/ "
                   "(each checkpoint holds its adapters in mlx-lm's format)")
@@ -130,7 +104,7 @@ class FinetuneConfig:
 
 
 SECTIONS = {"model": ModelSection, "method": MethodSection, "data": DataSection,
-            "optimizer": OptimizerSection, "train": TrainSection}
+            "train": TrainSection}
 
 # Keys that must be equal between a checkpoint and the config that resumes it: they change
 # the trainable weights, the data stream or the optimisation. The model and data paths may
@@ -138,7 +112,8 @@ SECTIONS = {"model": ModelSection, "method": MethodSection, "data": DataSection,
 RESUME_KEYS = (
     [f"method.{f.name}" for f in dataclasses.fields(MethodSection)]
     + ["data.mask_prompt"]
-    + [f"optimizer.{f.name}" for f in dataclasses.fields(OptimizerSection)]
+    + [f"train.{name}" for name in ("optimizer", "lr", "min_lr", "schedule", "warmup",
+                                     "weight_decay", "grad_clip")]
     + ["train.global_batch", "train.max_seq_len", "train.seed", "train.epochs"]
 )
 
@@ -170,29 +145,29 @@ def apply_overrides(cfg: FinetuneConfig, overrides: list[str], where: str = "--s
 
 def validate(cfg: FinetuneConfig, where: str) -> None:
     """Every value on its own (what needs the world size: :func:`check_world`)."""
-    m, d, o, t = cfg.method, cfg.data, cfg.optimizer, cfg.train
+    m, d, t = cfg.method, cfg.data, cfg.train
     if not cfg.model.path:
         raise ConfigError(f"{where}: model.path: required (the base model's directory)")
     if not d.path:
         raise ConfigError(f"{where}: data.path: required (a directory with train.jsonl)")
-    choices = {"method.type": (m.type, METHODS), "optimizer.name": (o.name, OPTIMIZERS),
-               "optimizer.schedule": (o.schedule, SCHEDULES),
+    choices = {"method.type": (m.type, METHODS), "train.optimizer": (t.optimizer, OPTIMIZERS),
+               "train.schedule": (t.schedule, SCHEDULES),
                "train.grad_reduce_dtype": (t.grad_reduce_dtype, ("float32", "bfloat16"))}
     for key, (value, allowed) in choices.items():
         if value not in allowed:
             raise ConfigError(f"{where}: {key}: must be {' | '.join(allowed)}, got {value!r}")
     positive = {"method.rank": m.rank, "train.steps": t.steps,
-                "train.global_batch": t.global_batch, "train.accumulation": t.accumulation,
+                "train.global_batch": t.global_batch, "train.micro_batch": t.micro_batch,
                 "train.max_seq_len": t.max_seq_len, "train.log_every": t.log_every,
-                "train.keep": t.keep, "optimizer.lr": o.lr}
+                "train.keep": t.keep, "train.lr": t.lr}
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where}: {key}: must be positive, got {value}")
-    at_least_zero = {"method.scale": m.scale, "optimizer.min_lr": o.min_lr,
-                     "optimizer.warmup": o.warmup, "optimizer.weight_decay": o.weight_decay,
-                     "optimizer.grad_clip": o.grad_clip, "train.epochs": t.epochs,
+    at_least_zero = {"method.scale": m.scale, "train.min_lr": t.min_lr,
+                     "train.warmup": t.warmup, "train.weight_decay": t.weight_decay,
+                     "train.grad_clip": t.grad_clip, "train.epochs": t.epochs,
                      "train.seed": t.seed, "train.eval_every": t.eval_every,
-                     "train.save_every": t.save_every, "train.patience": t.patience,
+                     "train.checkpoint_every": t.checkpoint_every, "train.patience": t.patience,
                      "train.consistency_every": t.consistency_every}
     for key, value in at_least_zero.items():
         if value < 0:
@@ -239,7 +214,7 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any],
 
 def diff_resume_keys(saved: dict[str, Any], current: FinetuneConfig) -> list[str]:
     """Keys of :data:`RESUME_KEYS` whose values differ: ``["method.rank: ..."]``."""
-    return sections.diff_keys(RESUME_KEYS, saved, current.to_dict(),
+    return sections.diff_keys(RESUME_KEYS, upgrade(saved), current.to_dict(),
                               FinetuneConfig().to_dict())
 
 

@@ -93,8 +93,8 @@ def adapter_config(cfg: FinetuneConfig, num_layers: int) -> dict[str, Any]:
         "mask_prompt": cfg.data.mask_prompt,
         "batch_size": cfg.train.global_batch,
         "max_seq_length": cfg.train.max_seq_len,
-        "learning_rate": cfg.optimizer.lr,
-        "optimizer": cfg.optimizer.name,
+        "learning_rate": cfg.train.lr,
+        "optimizer": cfg.train.optimizer,
         "grad_checkpoint": cfg.train.grad_checkpoint,
         "seed": cfg.train.seed,
     }

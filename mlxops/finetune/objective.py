@@ -12,12 +12,12 @@ whatever the split of the global batch over ranks and micro-batches.
 
 from __future__ import annotations
 
-from typing import Any
-
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+
+from mlxops.trainer import optimizers
 
 from .config import FinetuneConfig
 
@@ -33,20 +33,9 @@ def token_loss(model: nn.Module, tokens: mx.array, lengths: mx.array, weight: mx
 
 
 def make_optimizer(cfg: FinetuneConfig, steps: int) -> optim.Optimizer:
-    o = cfg.optimizer
-    if o.schedule == "cosine":
-        lr: Any = optim.cosine_decay(o.lr, max(1, steps - o.warmup), end=o.min_lr)
-    else:
-        lr = o.lr
-    if o.warmup:
-        after = lr if callable(lr) else (lambda _: mx.array(o.lr))
-        lr = optim.join_schedules([optim.linear_schedule(0.0, o.lr, o.warmup), after],
-                                  [o.warmup])
-    if o.name == "sgd":
-        return optim.SGD(learning_rate=lr)
-    if o.name == "adam":
-        return optim.Adam(learning_rate=lr)
-    return optim.AdamW(learning_rate=lr, weight_decay=o.weight_decay)
+    """``train:``'s optimizer and schedule (the trainer's rule,
+    :func:`mlxops.trainer.optimizers.make_optimizer`)."""
+    return optimizers.make_optimizer(cfg.train, steps)
 
 
 def seed_of(seed: int, step: int, place: int) -> int:

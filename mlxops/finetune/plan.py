@@ -61,11 +61,13 @@ import json
 import math
 import re
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxops.trainer import plan as trainer_plan
+from mlxops.trainer import plansearch
+from mlxops.trainer.plansearch import PlanFields
 
 from .config import FinetuneConfig
 
@@ -196,31 +198,16 @@ def adapted(shape: ModelShape, cfg: FinetuneConfig) -> list[Linear]:
 
 
 @dataclass
-class FinetunePlan:
-    """One rank's plan, in bytes (the field names the plan table shares with the
-    trainer's :class:`~mlxops.trainer.plan.MemoryPlan`)."""
+class FinetunePlan(PlanFields):
+    """One rank's plan, in bytes: the fields every plan has
+    (:class:`~mlxops.trainer.plansearch.PlanFields`; ``params`` the base model's,
+    unpacked) and fine-tuning's own."""
 
-    params: int                # of the base model, unpacked
     base_bytes: int            # the base weights as stored (quantized: packed)
     quantized_bits: int | None
     trainable_params: int
     trainable_bytes: int       # adapters (float32), or the trained blocks
-    grad_bytes: int
-    optimizer_bytes: int
-    activation_bytes: int      # the backward pass's peak above what is alive all along
-    update_bytes: int          # the update's peak above it
-    total_bytes: int
-    budget_bytes: int
-    budget_from: str
-    micro_batch: int
-    accumulation: int
-    grad_checkpoint: bool
-    fits: bool
-    world_size: int
     seq_len: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _trainable(shape: ModelShape, cfg: FinetuneConfig) -> tuple[int, int]:
@@ -245,7 +232,7 @@ def estimate(shape: ModelShape, cfg: FinetuneConfig, micro: int, world: int = 1,
     P = trainer_plan
     ckpt = cfg.train.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     _, trainable = _trainable(shape, cfg)
-    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
+    state = OPTIMIZER_STATE.get(cfg.train.optimizer, 2) * trainable
     alive = shape.base_bytes + (0 if cfg.method.type == "full" else trainable) + state
     w, t = shape.activation_bytes, cfg.train.max_seq_len
     n_tok, d, f, ht = micro * t, shape.dims, shape.mlp, shape.heads * t
@@ -284,7 +271,7 @@ class DiskPlan:
 def plan_disk(shape: ModelShape, cfg: FinetuneConfig) -> DiskPlan:
     """The checkpoints of a run of ``cfg`` on ``shape`` (see the module's **Disk**)."""
     _, trainable = _trainable(shape, cfg)
-    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
+    state = OPTIMIZER_STATE.get(cfg.train.optimizer, 2) * trainable
     kept = cfg.train.keep + 1 + (2 if cfg.train.eval_every else 0)
     return DiskPlan(checkpoint_bytes=2 * trainable + state, checkpoints=kept)
 
@@ -294,37 +281,24 @@ def plan_finetune(cfg: FinetuneConfig, shape: ModelShape, memory_bytes: int, wor
                   working_set: int | None = None) -> FinetunePlan:
     """Plan one rank on a node (as :func:`mlxops.trainer.plan.plan_memory`): its
     ``per_rank`` examples a step (default ``global_batch / world_size``, rounded up) cut
-    into ``train.accumulation`` micro-batches, or more (doubling, as the out-of-memory
-    back-off does) until it fits, first without gradient checkpointing (unless asked),
-    then with it; ``fits`` is False when one example a pass with checkpointing does not."""
+    into micro-batches of at most ``train.micro_batch``, or smaller as the out-of-memory
+    back-off makes them, by the shared search (:mod:`mlxops.trainer.plansearch`); ``fits``
+    is False when one example a pass with checkpointing does not."""
     t = cfg.train
     budget, source = trainer_plan.budget_bytes(memory_bytes, working_set, ranks_per_node)
     per_rank = per_rank or max(1, -(-t.global_batch // world_size))
     trainable_params, trainable = _trainable(shape, cfg)
-    state = OPTIMIZER_STATE.get(cfg.optimizer.name, 2) * trainable
-    accumulations = []
-    a = min(t.accumulation, per_rank)
-    while True:
-        accumulations.append(a)
-        if a >= per_rank:
-            break
-        a = min(2 * a, per_rank)
-
-    def plan(accumulation: int, ckpt: bool, fits: bool) -> FinetunePlan:
-        micro = -(-per_rank // accumulation)
-        alive, compute, update = estimate(shape, cfg, micro, world_size, ckpt)
-        return FinetunePlan(
-            params=shape.params, base_bytes=shape.base_bytes,
-            quantized_bits=shape.quantized_bits, trainable_params=trainable_params,
-            trainable_bytes=trainable, grad_bytes=trainable, optimizer_bytes=state,
-            activation_bytes=compute - alive, update_bytes=update - alive,
-            total_bytes=max(compute, update), budget_bytes=budget, budget_from=source,
-            micro_batch=micro, accumulation=accumulation, grad_checkpoint=ckpt, fits=fits,
-            world_size=world_size, seq_len=t.max_seq_len)
-
-    for ckpt in ([True] if t.grad_checkpoint else [False, True]):
-        for accumulation in accumulations:
-            micro = -(-per_rank // accumulation)
-            if max(estimate(shape, cfg, micro, world_size, ckpt)[1:]) <= budget:
-                return plan(accumulation, ckpt, True)
-    return plan(per_rank, True, False)
+    state = OPTIMIZER_STATE.get(cfg.train.optimizer, 2) * trainable
+    choice = plansearch.search(
+        plansearch.finetune_micro_batches(per_rank, t.micro_batch), t.grad_checkpoint,
+        lambda micro, ckpt: max(estimate(shape, cfg, micro, world_size, ckpt)[1:]), budget)
+    micro, ckpt = choice.micro_batch, choice.grad_checkpoint
+    alive, compute, update = estimate(shape, cfg, micro, world_size, ckpt)
+    return FinetunePlan(
+        params=shape.params, base_bytes=shape.base_bytes,
+        quantized_bits=shape.quantized_bits, trainable_params=trainable_params,
+        trainable_bytes=trainable, grad_bytes=trainable, optimizer_bytes=state,
+        activation_bytes=compute - alive, update_bytes=update - alive,
+        total_bytes=max(compute, update), budget_bytes=budget, budget_from=source,
+        micro_batch=micro, accumulation=-(-per_rank // micro), grad_checkpoint=ckpt,
+        fits=choice.fits, world_size=world_size, seq_len=t.max_seq_len)

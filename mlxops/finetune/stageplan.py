@@ -68,7 +68,7 @@ def finetune_costs(shape: ModelShape, ends: Ends, cfg: FinetuneConfig, micro: in
     ``train.max_seq_len`` tokens (see the module)."""
     m = cfg.method
     ckpt = cfg.train.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
-    state_per = OPTIMIZER_STATE.get(cfg.optimizer.name, 2)
+    state_per = OPTIMIZER_STATE.get(cfg.train.optimizer, 2)
     w, t = shape.activation_bytes, cfg.train.max_seq_len
     n_tok, d, f, ht = micro * t, shape.dims, shape.mlp, shape.heads * t
     layer = w * n_tok * (P.A_D * d + P.A_F * f + P.A_S * ht)

@@ -37,7 +37,7 @@ def parse_finetune(path: Path, section: Any) -> FinetuneConfig:
     """The ``finetune:`` section of job file ``path`` as its config, paths absolute."""
     if not isinstance(section, dict):
         raise bad_input(path, SECTION, "must be a mapping (model:, method:, data:, "
-                                       "optimizer:, train:)")
+                                       "train:)")
     if "out" in section:
         raise bad_input(path, f"{SECTION}.out", "is set by mlxops (the job's run directory)")
     if isinstance(section.get("train"), dict) and "balance" in section["train"]:

@@ -35,7 +35,7 @@ environment:
   {_VAR["host"]:<19} the rank's host as the inventory names it (else the hostname)
   test hooks:         MLXOPS_TRAINER_CKPT_DELAY=SECONDS sleeps mid checkpoint write;
                       MLXOPS_TRAINER_FAKE_OOM=STEP (or RANK:STEP) simulates one
-                      allocation failure there (on every rank, or on that one);
+                      Metal out-of-memory there (on every rank, or on that one);
                       MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP makes that rank's weights drift
                       after that step (train.consistency_every repairs it);
                       MLXOPS_TRAINER_FAKE_SLOW=RANK:SECONDS slows that rank's compute by

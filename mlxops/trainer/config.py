@@ -25,6 +25,7 @@ from typing import Any
 
 from . import balance, sections
 from .configfile import ConfigError
+from .vocabulary import OPTIMIZERS, SCHEDULES, TrainKeys, default, upgrade
 
 
 def _f(default: Any, help: str) -> Any:
@@ -66,37 +67,14 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
-    steps: int = _f(1000, "optimizer steps in total (the learning-rate schedule spans them)")
-    stop_at: int = _f(0, "stop after this step, leaving the run resumable; 0 = train.steps")
-    global_batch: int = _f(32, "sequences per optimizer step, over all ranks")
-    micro_batch: int = _f(8, "sequences per rank per forward/backward (upper bound)")
-    lr: float = _f(3e-4, "peak learning rate (AdamW)")
-    min_lr: float = _f(0.0, "learning rate at the end of the cosine decay")
-    warmup: int = _f(0, "linear warmup steps")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    grad_clip: float = _f(0.0, "clip the global gradient norm to this; 0 = off")
-    seed: int = _f(0, "seed of the model initialisation")
-    checkpoint_every: int = _f(100, "write a checkpoint every N steps (and at the end); 0 = off")
-    keep: int = _f(3, "keep the last K checkpoints")
-    log_every: int = _f(10, "print and write metrics every N steps")
-    grad_checkpoint: bool = _f(False, "recompute each layer in backward (mx.checkpoint)")
+class TrainConfig(TrainKeys):
+    """``train:``: the keys every program has (:class:`~.vocabulary.TrainKeys`, with the
+    bundled trainer's defaults) and the trainer's own."""
+
     dtype: str = _f("float32", "compute dtype: float32 | bfloat16 (master weights stay fp32)")
-    grad_reduce_dtype: str = _f("float32", "gradients on the network in the all-reduce: "
-                                "float32 | bfloat16 (half the bytes; summed across ranks in "
-                                "bfloat16, everything else float32)")
-    consistency_every: int = _f(100, "every N steps the ranks compare a checksum of their "
-                                "parameters and optimizer state; on a mismatch rank 0's copy "
-                                "is sent to all; 0 = off")
-    balance: list | str = _f("equal", "how the global batch is split over ranks: equal | "
-                             "auto (measured in the first steps) | a list of weights, one "
-                             "per rank (relative speeds); gradients weighted by sample count")
-    eval_every: int = _f(0, "measure the validation loss every N steps (and at the end); "
-                         "0 = off; needs data.source shards (its validation split) or "
-                         "synthetic")
-    eval_batches: int = _f(4, "global batches of validation data per evaluation")
-    patience: int = _f(0, "end the run (resumably) after N evaluations in a row without a "
-                       "new best validation loss; 0 = off")
+    eval_every: int = default("eval_every", 0, "measure the validation loss every N steps "
+                              "(and at the last); 0 = off; needs data.source shards (its "
+                              "validation split) or synthetic")
 
 
 @dataclass
@@ -126,8 +104,8 @@ SYNTHETIC_SUCCESSORS = 4
 RESUME_KEYS = (
     [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)]
     + [f"data.{f.name}" for f in dataclasses.fields(DataConfig) if f.name != "prefetch"]
-    + ["train.global_batch", "train.seed", "train.lr", "train.min_lr", "train.warmup",
-       "train.weight_decay", "train.grad_clip"]
+    + ["train.global_batch", "train.seed", "train.optimizer", "train.lr", "train.min_lr",
+       "train.schedule", "train.warmup", "train.weight_decay", "train.grad_clip"]
 )
 
 
@@ -228,6 +206,10 @@ def validate(cfg: TrainerConfig, where: str) -> None:
                           f"{t.consistency_every}")
     if t.lr <= 0:
         raise ConfigError(f"{where}: train.lr: must be positive")
+    for key, (value, allowed) in {"train.optimizer": (t.optimizer, OPTIMIZERS),
+                                  "train.schedule": (t.schedule, SCHEDULES)}.items():
+        if value not in allowed:
+            raise ConfigError(f"{where}: {key}: must be {' | '.join(allowed)}, got {value!r}")
     for key, value in {"train.dtype": t.dtype,
                        "train.grad_reduce_dtype": t.grad_reduce_dtype}.items():
         if value not in ("float32", "bfloat16"):
@@ -292,7 +274,8 @@ def load_config(
 
 def diff_resume_keys(saved: dict[str, Any], current: TrainerConfig) -> list[str]:
     """Keys of :data:`RESUME_KEYS` whose values differ: ``["model.dims: 64 != 128"]``."""
-    return sections.diff_keys(RESUME_KEYS, saved, current.to_dict(), TrainerConfig().to_dict())
+    return sections.diff_keys(RESUME_KEYS, upgrade(saved), current.to_dict(),
+                              TrainerConfig().to_dict())
 
 
 def describe_options() -> str:

@@ -45,7 +45,7 @@ def run(argv: list[str] | None, *, prog: str, description: str, epilog: str, wha
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     from .distributed import DistributedError
-    from .train import TrainerError
+    from .errors import TrainerError
 
     try:
         start(cfg, args.resume)

@@ -3,7 +3,8 @@
 Each is read when it may fire and does nothing when unset (docs/trainer.md, Environment):
 
 - ``MLXOPS_TRAINER_FAKE_OOM=STEP`` (every rank) or ``RANK:STEP``: one simulated
-  allocation failure at that step (the out-of-memory back-off);
+  out-of-memory at that step, in the form a Mac raises (a Metal command buffer's,
+  :data:`.oom.COMMAND_BUFFER_OOM`), for the out-of-memory back-off;
 - ``MLXOPS_TRAINER_FAKE_SLOW=RANK:SECONDS``: that rank's compute takes SECONDS longer per
   sequence, as on a slower machine (``train.balance: auto``);
 - ``MLXOPS_TRAINER_FAKE_DIVERGE=RANK:STEP``: after that step, that rank's first parameter
@@ -32,7 +33,7 @@ def _rank_step(name: str, rank: int, step: int, rank_optional: bool = False) -> 
 
 
 def fake_oom(rank: int, step: int) -> bool:
-    """True once, at the hook's step: the caller raises a simulated allocation failure."""
+    """True once, at the hook's step: the caller raises a simulated out-of-memory."""
     if "oom" in _fired or not _rank_step("MLXOPS_TRAINER_FAKE_OOM", rank, step, True):
         return False
     _fired.add("oom")

@@ -78,10 +78,11 @@ arrays.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from .config import TrainerConfig, load_config
+from .plansearch import PlanFields, search, trainer_micro_batches
 
 #: Bytes per parameter of the state: float32 weights and AdamW's two float32 moments.
 STATE = 12
@@ -128,24 +129,11 @@ class Peak:
 
 
 @dataclass
-class MemoryPlan:
-    params: int            # number of parameters
-    param_bytes: int       # per rank: float32 weights (and their bfloat16 copy)
-    grad_bytes: int        # float32 gradients (twice when accumulating)
-    optimizer_bytes: int   # AdamW's two moments
-    activation_bytes: int  # the backward pass's peak above the state, suggested micro-batch
-    update_bytes: int      # the optimizer step's peak above the state
-    total_bytes: int       # the estimated peak: state + the larger of the two above
-    budget_bytes: int      # what this rank may use
-    budget_from: str       # "working set" (MLX's recommended, Metal) or "memory" (CPU)
-    micro_batch: int
-    accumulation: int
-    grad_checkpoint: bool
-    fits: bool
-    world_size: int
+class MemoryPlan(PlanFields):
+    """One rank's plan: the fields every plan has (:class:`~.plansearch.PlanFields`) and
+    the trainer's own."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    param_bytes: int       # per rank: float32 weights (and their bfloat16 copy)
 
 
 def count_params(cfg: TrainerConfig) -> int:
@@ -235,29 +223,24 @@ def plan_memory(
     The suggested micro-batch is the largest divisor of the per-rank batch, not above
     ``train.micro_batch``, that fits, first without gradient checkpointing (unless the
     config asks for it), then with it; ``fits`` is False if even micro-batch 1 with
-    checkpointing does not.
+    checkpointing does not (the shared search, :mod:`.plansearch`).
     """
     cfg = config if isinstance(config, TrainerConfig) else load_config(config)
     t = cfg.train
     n = count_params(cfg)
     budget, source = budget_bytes(memory_bytes, working_set, ranks_per_node)
     per_rank = per_rank or max(1, t.global_batch // world_size)
-    divisors = [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
-    candidates = [d for d in divisors if d <= t.micro_batch] or [1]
     bf16 = t.dtype == "bfloat16"
-
-    def plan(micro: int, ckpt: bool, fits: bool) -> MemoryPlan:
-        accumulation = per_rank // micro
-        peak = estimate(cfg, micro, accumulation, world_size, ckpt)
-        return MemoryPlan(
-            params=n, param_bytes=n * (6 if bf16 else 4),
-            grad_bytes=4 * n * (2 if accumulation > 1 else 1), optimizer_bytes=8 * n,
-            activation_bytes=peak.compute - peak.state, update_bytes=peak.update - peak.state,
-            total_bytes=peak.total, budget_bytes=budget, budget_from=source, micro_batch=micro,
-            accumulation=accumulation, grad_checkpoint=ckpt, fits=fits, world_size=world_size)
-
-    for ckpt in ([True] if t.grad_checkpoint else [False, True]):
-        for micro in candidates:
-            if estimate(cfg, micro, per_rank // micro, world_size, ckpt).total <= budget:
-                return plan(micro, ckpt, True)
-    return plan(1, True, False)
+    choice = search(trainer_micro_batches(per_rank, t.micro_batch), t.grad_checkpoint,
+                    lambda micro, ckpt: estimate(cfg, micro, per_rank // micro, world_size,
+                                                 ckpt).total, budget)
+    micro, ckpt = choice.micro_batch, choice.grad_checkpoint
+    accumulation = per_rank // micro
+    peak = estimate(cfg, micro, accumulation, world_size, ckpt)
+    return MemoryPlan(
+        params=n, param_bytes=n * (6 if bf16 else 4),
+        grad_bytes=4 * n * (2 if accumulation > 1 else 1), optimizer_bytes=8 * n,
+        activation_bytes=peak.compute - peak.state, update_bytes=peak.update - peak.state,
+        total_bytes=peak.total, budget_bytes=budget, budget_from=source, micro_batch=micro,
+        accumulation=accumulation, grad_checkpoint=ckpt, fits=choice.fits,
+        world_size=world_size)

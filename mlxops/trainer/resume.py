@@ -34,14 +34,13 @@ from . import checkpoint
 from .checkpoint import write_atomic
 from .configfile import ConfigError
 from .distributed import all_gather_cpu
+from .errors import TrainerError
 
 
 def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool
                       ) -> Path | None:
     """The checkpoint to resume from (None: start at step 0), as every rank agrees;
     ``out`` as the config spells it (the messages name it so)."""
-    from .train import TrainerError  # train imports this module
-
     latest = checkpoint.find_latest(Path(out) / protocol.CKPT_DIR)
     local_step = checkpoint.load_step(latest) if latest else -1
     steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), group).tolist()

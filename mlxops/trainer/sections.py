@@ -8,7 +8,8 @@ job's section) or from ``--set section.key=value`` strings; either way a key is
 key's type by the config's own ``coerce(where, key, type, value)``. A ``--set`` value is
 JSON when it parses, else the text; where the key is a string the text is kept as typed
 (``007`` stays ``"007"``). Every refusal is a :class:`ConfigError` naming where the value
-came from and the key (exit 2).
+came from and the key (exit 2); an unknown key names the key meant, where one is close or
+was renamed (:mod:`.vocabulary`).
 
 The world size's rule (:func:`check_world_size`) and the resume rule
 (:func:`diff_keys`) are the same for both configs too. Standard library only.
@@ -24,6 +25,7 @@ from typing import Any, get_type_hints
 
 from . import balance as balance_rule
 from .configfile import ConfigError, read_file
+from .vocabulary import known_keys, unknown_key
 
 Coerce = Callable[[str, str, Any, Any], Any]
 
@@ -44,10 +46,10 @@ def set_key(cfg: Any, sections: Mapping[str, type], where: str, key: str, value:
         return
     section_name, _, sub = key.partition(".")
     if section_name not in sections:
-        raise ConfigError(f"{where}: {key}: unknown key")
+        raise unknown_key(where, key, known_keys(sections))
     hints = get_type_hints(type(getattr(cfg, section_name)))
     if sub not in hints:
-        raise ConfigError(f"{where}: {key}: unknown key")
+        raise unknown_key(where, key, known_keys(sections))
     if text is not None and hints[sub] in (str, str | None) and value is not None:
         value = text  # keep "007" or "1e3" as strings where a string is expected
     setattr(getattr(cfg, section_name), sub, coerce(where, key, hints[sub], value))
@@ -61,7 +63,9 @@ def fill(cfg: Any, sections: Mapping[str, type], data: Mapping[str, Any], where:
             set_key(cfg, sections, where, key, value, coerce)
             continue
         if key not in sections:
-            raise ConfigError(f"{where}: {key}: unknown key")
+            if isinstance(value, dict) and value:  # name its first key: optimizer.lr
+                key = f"{key}.{next(iter(value))}"
+            raise unknown_key(where, key, known_keys(sections) + list(sections))
         if value is None:
             continue
         if not isinstance(value, dict):

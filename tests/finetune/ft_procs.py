@@ -22,9 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = {
     "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
     "data": {"mask_prompt": True},
-    "optimizer": {"lr": 1e-3},
-    "train": {"steps": 8, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
-              "eval_batches": 1, "save_every": 4, "keep": 2, "log_every": 1},
+    "train": {"lr": 1e-3, "steps": 8, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
+              "eval_batches": 1, "checkpoint_every": 4, "keep": 2, "log_every": 1},
 }
 
 

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 from mlxops.node import protocol
 
 BIN = Path(sys.executable).parent
-SHORT = {"steps": 2, "eval_every": 2, "save_every": 2}
+SHORT = {"steps": 2, "eval_every": 2, "checkpoint_every": 2}
 
 
 def mlx_lm(command: str, *args: str) -> subprocess.CompletedProcess:

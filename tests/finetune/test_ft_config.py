@@ -19,11 +19,11 @@ def test_defaults_and_file_values(tmp_path):
     p = tmp_path / "ft.json"
     p.write_text(json.dumps({**BASE, "method": {"type": "dora", "rank": 4,
                                                 "keys": ["self_attn.q_proj"]},
-                             "optimizer": {"lr": 1}, "out": "runs/x"}))
+                             "train": {"lr": 1}, "out": "runs/x"}))
     cfg = load_config(p)
     assert cfg.method.type == "dora" and cfg.method.rank == 4
     assert cfg.method.keys == ["self_attn.q_proj"] and cfg.method.scale == 20.0
-    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
     assert cfg.train.global_batch == FinetuneConfig().train.global_batch
     assert cfg.out == "runs/x" and cfg.model.path == "models/tiny"
 
@@ -37,8 +37,8 @@ def test_defaults_and_file_values(tmp_path):
     ({**BASE, "method": {"num_layers": -2}}, "method.num_layers: must be positive or -1"),
     ({**BASE, "method": {"keys": "q_proj"}}, "method.keys: must be null or a list"),
     ({**BASE, "method": {"type": "full", "keys": ["q_proj"]}}, "method.keys: goes with"),
-    ({**BASE, "optimizer": {"name": "lion"}}, "optimizer.name: must be adamw"),
-    ({**BASE, "optimizer": {"lr": "fast"}}, "optimizer.lr: expected float"),
+    ({**BASE, "train": {"optimizer": "lion"}}, "train.optimizer: must be adamw"),
+    ({**BASE, "train": {"lr": "fast"}}, "train.lr: expected float"),
     ({**BASE, "train": {"stepz": 3}}, "finetune: train.stepz: unknown key"),
     ({**BASE, "train": {"patience": 2, "eval_every": 0}}, "train.patience: needs"),
     ({**BASE, "train": {"eval_batches": 0}}, "train.eval_batches: must be positive or -1"),
@@ -86,7 +86,7 @@ def test_world_rules():
 def test_resume_keys():
     saved = load_config(BASE).to_dict()
     moved = load_config({"model": {"path": "elsewhere"}, "data": {"path": "d2"},
-                         "train": {"steps": 9, "accumulation": 2, "balance": "auto"}})
+                         "train": {"steps": 9, "micro_batch": 2, "balance": "auto"}})
     assert diff_resume_keys(saved, moved) == []  # paths and the split may change
     other = load_config({**BASE, "method": {"rank": 4}})
     assert diff_resume_keys(saved, other) == ["method.rank: checkpoint has 8, config has 4"]

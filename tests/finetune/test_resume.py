@@ -127,7 +127,7 @@ def test_fewer_ranks_with_the_old_micro_batches_continue_bit_for_bit(straight, t
     micro-batch's shape (rows, padded width) does, which is why the case above is held to
     a tolerance."""
     resumed = resumed_at_4_on_one_rank(straight, tiny, tmp_path, "one-acc2",
-                                       "--set", "train.accumulation=2")
+                                       "--set", "train.micro_batch=2")
     want = curve(straight)
     assert {s: resumed[s] for s in range(5, 9)} == {s: want[s] for s in range(5, 9)}
 
@@ -151,8 +151,8 @@ def test_patience_stops_a_run_that_stopped_improving(tiny, tmp_path):
     better than the first, and patience 1 ends the run there, with a checkpoint."""
     out = tmp_path / "patient"
     config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"],
-                          optimizer={"name": "sgd", "lr": 1e-30},
-                          train={"eval_every": 2, "patience": 1, "save_every": 0})
+                          train={"optimizer": "sgd", "lr": 1e-30, "eval_every": 2, "patience": 1,
+                                 "checkpoint_every": 0})
     proc = ok(run_finetune(config))
     assert "patience: 1 validations without a loss below" in proc.stdout
     assert sorted(curve(out)) == [1, 2, 3, 4]

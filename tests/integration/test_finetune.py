@@ -52,9 +52,8 @@ TOLERANCE = 1e-4
 FINETUNE = {
     "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
     "data": {"mask_prompt": True},
-    "optimizer": {"lr": 1e-3},
-    "train": {"steps": STEPS, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
-              "eval_batches": 1, "save_every": 2, "keep": 2, "log_every": 1},
+    "train": {"lr": 1e-3, "steps": STEPS, "global_batch": 4, "max_seq_len": 64, "eval_every": 4,
+              "eval_batches": 1, "checkpoint_every": 2, "keep": 2, "log_every": 1},
 }
 SLOW = {"MLXOPS_TRAINER_FAKE_SLOW": "1:0.4"}
 
@@ -164,7 +163,7 @@ def test_a_lora_job_trains_on_two_nodes_and_keeps_its_best(runs, sandbox):
 def test_stop_resume_and_kill_9_recovery_give_the_straight_curve_bit_for_bit(runs, sandbox):
     assert runs["stop"] == 0
     start = int(runs["resumed_from"].removeprefix("resumed from step "))
-    assert 2 <= start < 8 and start % 2 == 0, runs["resumed_from"]   # save_every 2
+    assert 2 <= start < 8 and start % 2 == 0, runs["resumed_from"]   # checkpoint_every 2
     final = runs["interrupted"]
     assert final.state == "finished", final.to_dict()
     assert len(runs["restarts"]) == 1 and "rank 1 on node2" in runs["restarts"][0].reason

@@ -19,7 +19,7 @@ from mlxops.trainer.train import make_optimizer
 def runs(tmp_path_factory):
     """2 ranks, 20 steps: checked every 5 steps; the same with rank 1 made to drift after
     step 10; and drifting with the check off."""
-    tmp = tmp_path_factory.mktemp("consistency")
+    tmp = tmp_path_factory.mktemp("drift")  # not a word the log is searched for
     got = {}
     for name, every, hook in [("ref", 5, None), ("repaired", 5, "1:10"), ("off", 0, "1:10")]:
         cfg = write_config(tmp, tmp / name, train={"steps": 20, "checkpoint_every": 0,

@@ -32,7 +32,7 @@ def train_tiny(tmp_path: Path, *, tie: bool, steps: int = 3) -> Path:
            "train": {"steps": steps, "global_batch": 4, "micro_batch": 4, "lr": 3e-3,
                      "log_every": 1, "checkpoint_every": steps, "consistency_every": 0},
            "out": str(tmp_path / "run")}
-    train.Trainer(load_config(cfg), resume=False).run()
+    train.train(load_config(cfg), resume=False)
     return tmp_path / "run"
 
 

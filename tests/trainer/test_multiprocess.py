@@ -225,7 +225,8 @@ def test_cli_help_and_bad_config(tmp_path):
     bad.write_text(json.dumps({"train": {"stepz": 1}}))
     proc = subprocess.run(trainer_cmd(bad), env=env, capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {bad}: train.stepz: unknown key"
+    assert proc.stderr.strip() == (f"error: {bad}: train.stepz: unknown key; did you mean "
+                                   "train.steps?")
 
 
 def test_resume_of_a_finished_run_ends_at_once(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from mlx.utils import tree_flatten
 from trainer_procs import PY, ROOT, TINY, run_script
 
-from mlxops.trainer import step, train
+from mlxops.trainer import loop, step, train
 from mlxops.trainer.config import load_config
 
 
@@ -62,12 +62,12 @@ def test_bfloat16_wire_is_within_its_precision_and_comes_back_float32(reduced):
         assert got[f"{variant}/stats"].tolist() == got["fp32/stats"].tolist()
 
 
-def run_counting_waits(tmp_path, monkeypatch, **train_keys) -> tuple[train.Trainer, list]:
+def run_counting_waits(tmp_path, monkeypatch, **train_keys) -> tuple[loop.Loop, list]:
     """Train TINY with ``train_keys``; the step number at each mx.eval (a host wait)."""
     cfg = json.loads(json.dumps(TINY))
     cfg["train"].update({"log_every": 3, "checkpoint_every": 0, **train_keys})
     cfg["out"] = str(tmp_path / "out")
-    trainer = train.Trainer(load_config(cfg), resume=False)
+    trainer = train.trainer_loop(load_config(cfg), resume=False)
     calls = []
     real = mx.eval
     monkeypatch.setattr(mx, "eval", lambda *a: (calls.append(trainer.step), real(*a))[1])
@@ -78,7 +78,7 @@ def run_counting_waits(tmp_path, monkeypatch, **train_keys) -> tuple[train.Train
 def test_a_fused_step_waits_on_the_host_once(tmp_path, monkeypatch):
     """Accumulation 1: one mx.eval a step; a logged step splits its wait in two."""
     trainer, calls = run_counting_waits(tmp_path, monkeypatch, steps=6, micro_batch=8)
-    assert trainer.accum == 1
+    assert trainer.workload.accum == 1
     per_step = [calls.count(s) for s in range(6)]  # trainer.step is the steps done before
     assert per_step == [1, 1, 2, 1, 1, 2], per_step
     recs = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -89,7 +89,7 @@ def test_a_fused_step_waits_on_the_host_once(tmp_path, monkeypatch):
 
 def test_accumulation_waits_once_per_micro_batch_and_once_to_update(tmp_path, monkeypatch):
     trainer, calls = run_counting_waits(tmp_path, monkeypatch, steps=3, micro_batch=2)
-    assert trainer.accum == 4
+    assert trainer.workload.accum == 4
     assert [calls.count(s) for s in range(3)] == [5, 5, 5]
 
 
@@ -127,18 +127,18 @@ def test_the_heartbeat_is_rewritten_at_most_every_half_second(tmp_path, monkeypa
     cfg = json.loads(json.dumps(TINY))
     cfg["train"].update({"steps": 12, "checkpoint_every": 0, "micro_batch": 8})
     cfg["out"] = str(tmp_path / "out")
-    trainer = train.Trainer(load_config(cfg), resume=False)
+    trainer = train.trainer_loop(load_config(cfg), resume=False)
     ticks = iter(range(100))
     trainer._clock = lambda: next(ticks) * 0.2  # each heartbeat chance is 0.2 s later
     beats = []
-    real = train.write_atomic
+    real = loop.write_atomic
 
     def write(path, text, **kw):
         if path.parent.name == "progress":
             beats.append((json.loads(text)["step"], json.loads(text)["state"]))
         return real(path, text, **kw)
 
-    monkeypatch.setattr(train, "write_atomic", write)
+    monkeypatch.setattr(loop, "write_atomic", write)
     trainer.run()
     # 0.2 s a step: steps 1, 4 (0.6 s after 1), 7, 10; then the end.
     assert beats == [(1, "running"), (4, "running"), (7, "running"), (10, "running"),

@@ -71,7 +71,7 @@ def test_the_disk_plan_counts_checkpoints_best_and_the_optimizer(tmp_path):
     body = {"model": {"path": "m"}, "data": {"path": "d"}}
     cases = [  # (sections, checkpoint bytes, checkpoints)
         (LORA, 4 * lora * (2 + 2), 2 + 1 + 2),            # weights, adapters, AdamW's 2
-        ({**LORA, "optimizer": {"name": "sgd"}}, 4 * lora * (2 + 1), 5),
+        ({**LORA, "train": {**LORA["train"], "optimizer": "sgd"}}, 4 * lora * (2 + 1), 5),
         ({"method": {"rank": 8}, "train": {"keep": 2, "eval_every": 0}}, 4 * lora * 4, 3),
     ]
     for sections, checkpoint, kept in cases:

@@ -109,7 +109,7 @@ def test_what_trains_per_method(tmp_path):
     dora = cfg(model, method={"type": "dora", "rank": 4, "num_layers": 2})
     outputs = 2 * sum(o for o, _ in LINEARS.values())
     assert plan_finetune(dora, shape, 2**34, 1).trainable_params == 2 * per_block + outputs
-    full = cfg(model, method={"type": "full", "num_layers": -1}, optimizer={"name": "sgd"})
+    full = cfg(model, method={"type": "full", "num_layers": -1}, train={"optimizer": "sgd"})
     plan = plan_finetune(full, shape, 2**34, 1)
     assert plan.trainable_params == 3 * BLOCK_PARAMS
     assert plan.optimizer_bytes == plan.trainable_bytes
@@ -129,7 +129,7 @@ def test_activations_grow_with_the_sequence_and_checkpointing_cuts_them(tmp_path
 def test_a_node_too_small_gets_more_accumulation_then_checkpointing_then_no(tmp_path):
     model = write_model(tmp_path / "m")
     shape = read_model(model)
-    c = cfg(model, train={"global_batch": 16, "max_seq_len": 2048})
+    c = cfg(model, train={"global_batch": 16, "micro_batch": 8, "max_seq_len": 2048})
     roomy = plan_finetune(c, shape, 2**36, 2)
     assert (roomy.micro_batch, roomy.accumulation, roomy.grad_checkpoint, roomy.fits) == (
         8, 1, False, True)

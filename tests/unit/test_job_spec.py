@@ -308,9 +308,9 @@ def test_a_finetune_rank_gets_the_nodes_copies_the_run_directory_and_the_split(t
 def test_the_record_keeps_the_finetune_config_and_reads_it_back(tmp_path):
     from mlxops.jobs.record import launched_job
 
-    path, _, _ = finetune_job(tmp_path, optimizer={"lr": 2e-4})
+    path, _, _ = finetune_job(tmp_path, train={"lr": 2e-4})
     spec = load_job(path)
     kept = launched_job(spec)
-    assert kept["finetune"]["optimizer"]["lr"] == 2e-4 and "trainer" not in kept
+    assert kept["finetune"]["train"]["lr"] == 2e-4 and "trainer" not in kept
     from mlxops.finetune.config import from_dict
     assert from_dict(kept["finetune"], "job.finetune") == spec.workload.config

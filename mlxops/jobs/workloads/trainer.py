@@ -184,7 +184,7 @@ class TrainerPlanner(Planner):
         from mlxops.trainer.plan import count_params
 
         train = self.config.train
-        kept = train.keep + 1 if train.checkpoint_every else 0
+        kept = train.keep + 1 if train.checkpoint_every else 1   # the last one
         return count_params(self.config) * CHECKPOINT_BYTES_PER_PARAM, kept
 
     def step_work(self, plan: Any) -> tuple[int, int]:
