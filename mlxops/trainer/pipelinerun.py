@@ -7,7 +7,10 @@ micro-batches, the first stage their inputs, the last their targets) and runs th
 step of :mod:`.pipeline`. Everything else about a run is the loop's (:mod:`.loop`), with
 what the loop does where ranks hold different state (``replicated = False``): no
 consistency check, and every rank writes its own checkpoint, ``ckpt/stage-<s>/``, with
-its weights and optimizer state under the whole model's names.
+its weights and optimizer state under the whole model's names. A resume reads the same
+step's checkpoint of every stage beside its own and takes the names it holds now, so a
+run goes on over another split (fewer stages, other layers) where those directories are
+on the node (one machine, a shared ``out``); elsewhere a name no file has is refused.
 
 **The loss** is known on the last stage only. Every rank's step statistics are one
 ``all_sum`` of ``[loss, 1, 0]`` with the loss 0 on the stages before the last, so every
@@ -31,12 +34,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 
 from . import pipeline, stages
+from .checkpoint import CKPT_MODEL, CKPT_OPTIMIZER
 from .data import Batches, split_rank
 from .errors import TrainerError
-from .loop import GB
+from .loop import GB, Log
 from .stagemodel import StageModel, TrainerStage
 from .train import TrainerWorkload, make_optimizer
 
@@ -93,14 +97,6 @@ class PipelineTrainerWorkload(TrainerWorkload):
     def check_world(self, world: int) -> None:
         super().check_world(world)   # config.check_world: one rank per stage
 
-    def diff_resume_keys(self, saved: dict[str, Any]) -> list[str]:
-        diff = super().diff_resume_keys(saved)
-        was = saved.get("train", {}).get("stages")
-        if was != self.cfg.train.stages:
-            diff.append(f"train.stages: saved {was}, now {self.cfg.train.stages} (a resume "
-                        "on another split is not built into the run loop yet)")
-        return diff
-
     def build_model(self) -> None:
         """Only this stage's part of the model, and its optimizer."""
         cfg, t, p = self.cfg, self.cfg.train, self.place
@@ -155,10 +151,43 @@ class PipelineTrainerWorkload(TrainerWorkload):
         return stages.stage_peak(costs, self.first_layer, self.end_layer, p.rank, p.world,
                                  self.accum)[0]
 
+    # -- resume, on this split or another -------------------------------------------------
+
+    @staticmethod
+    def _gathered(path: Path, filename: str) -> dict[str, mx.array]:
+        """``filename`` of the same step's checkpoint of every stage whose directory is
+        beside this one (``ckpt/stage-*/step-<n>/``), merged by name: the layers a stage
+        holds now may have been another stage's when the checkpoint was written."""
+        merged: dict[str, mx.array] = {}
+        for stage_dir in sorted(path.parent.parent.glob("stage-*")):
+            if (stage_dir / path.name / filename).is_file():
+                merged.update(mx.load(str(stage_dir / path.name / filename)))
+        return merged
+
+    def _missing(self, path: Path, name: str) -> TrainerError:
+        return TrainerError(
+            f"{path.parent.parent}: no stage's checkpoint {path.name} holds {name}, which "
+            f"stage {self.place.rank} (layers {self.first_layer}-{self.end_layer - 1}) "
+            "holds now: a resume on another split reads every stage's ckpt/stage-*/ on "
+            "this node (docs/pipeline.md)")
+
     def load_weights(self, weights: dict[str, mx.array], path: Path) -> None:
+        merged = self._gathered(path, CKPT_MODEL)
         held = dict(tree_flatten(self.model.parameters()))
-        if set(weights) != set(held):
-            missing = sorted(set(held) - set(weights)) or sorted(set(weights) - set(held))
-            raise TrainerError(f"{path}: holds other layers than stage {self.place.rank} "
-                               f"(layers {self.first_layer}-{self.end_layer - 1}): {missing[0]}")
-        self.model.update(pipeline.shaped(self.model.parameters(), weights))
+        for name in held:
+            if name not in merged:
+                raise self._missing(path, name)
+        self.model.update(pipeline.shaped(self.model.parameters(),
+                                          {k: merged[k] for k in held}))
+
+    def restore_state(self, state: dict[str, Any], path: Path, log: Log) -> None:
+        """The trainer's checks, then the optimizer's state of this stage's parameters
+        from every stage's checkpoint (the loop restored only this stage's own file)."""
+        super().restore_state(state, path, log)
+        saved = self._gathered(path, CKPT_OPTIMIZER)
+        wanted = dict(tree_flatten(self.optimizer.state))
+        for name in wanted:
+            if name not in saved:
+                raise self._missing(path, f"optimizer {name}")
+        self.optimizer.state = tree_map_with_path(lambda p, _: saved[p],
+                                                  self.optimizer.state)

@@ -64,12 +64,28 @@ def test_a_stopped_pipeline_resumes_bit_for_bit(tmp_path):
     assert losses(paused) == losses(straight)
 
 
-def test_a_resume_on_another_split_is_refused_naming_the_key(tmp_path):
+def test_three_stages_stopped_resume_on_two_bit_for_bit(tmp_path):
+    straight = tmp_path / "straight"
+    ok(run_trainer(config(tmp_path, straight, [2, 2, 2]), ranks=3, timeout=300))
+    out = tmp_path / "run"
+    ok(run_trainer(config(tmp_path, out, [1, 2, 3], stop_at=3), ranks=3, timeout=300))
+    # Two stages now, holding layers other stages checkpointed: read by name from each
+    # stage's checkpoint of step 3.
+    proc = ok(run_trainer(config(tmp_path, out, [4, 2]), "--resume", ranks=2, timeout=300))
+    assert "resume: step 3" in proc.stdout
+    assert losses(out) == losses(straight)
+
+
+def test_a_layer_no_stage_checkpointed_is_refused_naming_it(tmp_path):
     out = tmp_path / "run"
     ok(run_trainer(config(tmp_path, out, [3, 3], stop_at=3), ranks=2, timeout=300))
-    proc = run_trainer(config(tmp_path, out, [2, 4]), "--resume", ranks=2, timeout=300)
-    assert proc.returncode == 2
-    assert "train.stages: saved [3, 3], now [2, 4]" in proc.stderr
+    # As on a node that has only its own stage's checkpoints: stage 1's are elsewhere.
+    import shutil
+
+    shutil.rmtree(out / "ckpt" / "stage-1")
+    proc = run_trainer(config(tmp_path, out, [6]), "--resume", timeout=300)
+    assert proc.returncode == 1
+    assert "no stage's checkpoint step-00000003 holds blocks.3." in proc.stderr
 
 
 def test_stages_that_are_not_the_models_layers_are_refused_naming_the_key():
