@@ -11,7 +11,9 @@ the unified hierarchy has the cpu controller, else v1's cpu controller
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,9 +83,19 @@ def clear(name: str) -> None:
     group = root / name
     if not group.exists():
         return
-    for line in (group / "cgroup.procs").read_text().split():
-        move_process(root, int(line))
-    group.rmdir()
+    # A process may fork into the group while the others are moved out (a rank's helper
+    # ending, a login in flight), and the kernel refuses to remove a group that still
+    # has one (EBUSY, seen on a zsh node right after a job ended): move, then try again.
+    for attempt in range(CLEAR_TRIES):
+        for line in (group / "cgroup.procs").read_text().split():
+            move_process(root, int(line))
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == CLEAR_TRIES - 1:
+                raise
+            time.sleep(0.1)
 
 
 def move_process(group: Path, pid: int) -> None:
@@ -131,6 +143,10 @@ def set_memory_limit(name: str, pids: list[int], nbytes: int) -> None:
         move_process(group, pid)
 
 
+#: How many times :func:`clear_memory` moves a group's processes out and tries to remove it.
+CLEAR_TRIES = 50
+
+
 def clear_memory(name: str) -> None:
     """Move every process of memory cgroup ``name`` back to the root and remove it."""
     try:
@@ -140,9 +156,19 @@ def clear_memory(name: str) -> None:
     group = root / name
     if not group.exists():
         return
-    for line in (group / "cgroup.procs").read_text().split():
-        move_process(root, int(line))
-    group.rmdir()
+    # A process may fork into the group while the others are moved out (a rank's helper
+    # ending, a login in flight), and the kernel refuses to remove a group that still
+    # has one (EBUSY, seen on a zsh node right after a job ended): move, then try again.
+    for attempt in range(CLEAR_TRIES):
+        for line in (group / "cgroup.procs").read_text().split():
+            move_process(root, int(line))
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == CLEAR_TRIES - 1:
+                raise
+            time.sleep(0.1)
 
 
 def node_mount_command() -> str:
