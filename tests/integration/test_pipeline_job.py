@@ -14,13 +14,15 @@ A model one limited node cannot hold takes minutes a step on this shared 2-core 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from job_helpers import run_dir
+from job_helpers import BackgroundWatchdog, run_dir, wait_for_step
 
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
@@ -47,7 +49,7 @@ def memory_cgroups():
         pytest.skip(f"memory limits: {why}")
 
 
-def write_job(tmp_path: Path, box, **train) -> Path:
+def write_job(tmp_path: Path, box, restart: dict | None = None, **train) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"].update(train)
     trainer["stages"] = "auto"
@@ -56,16 +58,16 @@ def write_job(tmp_path: Path, box, **train) -> Path:
            # MLX's own BLAS, as the reference process has: OpenBLAS's kernels sum in
            # another order (the losses then differ from step 2 by ~1e-6)
            "blas": "off",
-           "restart": {"max_restarts": 0, "stall_timeout": 180}}
+           "restart": restart or {"max_restarts": 0, "stall_timeout": 180}}
     path = tmp_path / "t-pipe.yml"
     path.write_text(yaml.safe_dump(job))
     return path
 
 
-def reference(tmp_path: Path) -> dict[int, float]:
+def reference(tmp_path: Path, **train) -> dict[int, float]:
     """One process holding all 6 layers: the trainer with ``train.stages: [6]``."""
     cfg = json.loads(json.dumps(TRAINER))
-    cfg["train"]["stages"] = [6]
+    cfg["train"].update(train, stages=[6])
     cfg["out"] = str(tmp_path / "one")
     (tmp_path / "one.json").write_text(json.dumps(cfg))
     subprocess.run([sys.executable, "-m", "mlxops.trainer", "--config",
@@ -102,3 +104,26 @@ def test_stages_auto_split_by_memory_train_stop_and_resume_as_one_process(
     assert losses(box) == reference(tmp_path)
     for s, node in enumerate(LIMITS):   # each node holds its own stage's checkpoints
         assert (run_dir(box, node, "t-pipe") / "ckpt" / f"stage-{s}").is_dir()
+
+
+def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, tmp_path,
+                                                           connector):
+    box = login_sandbox_mut
+    for node, limit in LIMITS.items():
+        box.set_memory_limit(node, limit)
+    longer = {"steps": 30, "checkpoint_every": 5}
+    spec = load_job(write_job(tmp_path, box, restart={"max_restarts": 1,
+                                                      "stall_timeout": 180}, **longer))
+    record = launch(spec, connector, fresh=True)
+    watchdog = BackgroundWatchdog(record, connector)
+    wait_for_step(record, connector, 7)
+    # The middle stage's trainer (the rank's process group leads its wrapper).
+    pgid = int((run_dir(box, "node2", "t-pipe") / "rank-1.pid").read_text())
+    child = subprocess.run(["pgrep", "-P", str(pgid)], capture_output=True, text=True)
+    os.kill(int(child.stdout.split()[0]), signal.SIGKILL)
+    final = watchdog.result(timeout=300)
+    assert final.state == "finished", final.to_dict()
+    restarts = load_record("t-pipe").restarts
+    # Its neighbours fail too (their send/recv lost the peer): one restart of the job.
+    assert len(restarts) == 1, restarts
+    assert losses(box) == reference(tmp_path, **longer)
