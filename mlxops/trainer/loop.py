@@ -209,7 +209,8 @@ class Loop:
     def _start(self, resume: bool) -> None:
         w = self.workload
         # Every rank reads its own node's copy; all must agree on the step.
-        latest = agreed_checkpoint(self.cfg.out, self.group, resume, self.ckpt_dir)
+        latest = agreed_checkpoint(self.cfg.out, self.group, resume, self.ckpt_dir,
+                                   oldest=not w.replicated)
         unavailable = oom.backoff_unavailable(mx.__version__, mx.metal.is_available())
         if unavailable:
             self.log(f"note: {unavailable}")

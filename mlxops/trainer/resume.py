@@ -38,11 +38,17 @@ from .errors import TrainerError
 
 
 def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool,
-                      ckpt_dir: Path | None = None) -> Path | None:
+                      ckpt_dir: Path | None = None, oldest: bool = False) -> Path | None:
     """The checkpoint to resume from (None: start at step 0), as every rank agrees;
     ``out`` as the config spells it (the messages name it so); ``ckpt_dir``: where this
-    rank's checkpoints are (``out/ckpt``, or a pipeline stage's ``out/ckpt/stage-<s>``)."""
-    latest = checkpoint.find_latest(ckpt_dir or Path(out) / protocol.CKPT_DIR)
+    rank's checkpoints are (``out/ckpt``, or a pipeline stage's ``out/ckpt/stage-<s>``).
+
+    ``oldest`` (pipeline stages, whose checkpoints launch cannot align: each node holds
+    another stage's): where the ranks' newest differ (a kill while some stages wrote
+    theirs), every rank takes the oldest of them, which each still holds (``keep`` >= 1
+    older ones), rather than refusing."""
+    directory = ckpt_dir or Path(out) / protocol.CKPT_DIR
+    latest = checkpoint.find_latest(directory)
     local_step = checkpoint.load_step(latest) if latest else -1
     steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), group).tolist()
     if not resume:
@@ -51,6 +57,12 @@ def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool
                               f"{max(steps)}); pass --resume to continue, or choose "
                               "another out")
         return None
+    if len(set(steps)) != 1 and oldest and min(steps) >= 0:
+        older = directory / checkpoint.checkpoint_name(min(steps))
+        if checkpoint.checkpoint_complete(older):
+            return older   # every rank takes this branch: the steps are gathered
+        raise TrainerError(f"{directory}: no complete checkpoint of step {min(steps)}, "
+                           f"the newest every stage has (steps {steps})")
     if len(set(steps)) != 1:
         raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
                            "copy the newest checkpoint to every node")

@@ -76,6 +76,21 @@ def test_three_stages_stopped_resume_on_two_bit_for_bit(tmp_path):
     assert losses(out) == losses(straight)
 
 
+def test_stages_whose_newest_checkpoints_differ_resume_from_the_newest_all_have(tmp_path):
+    straight = tmp_path / "straight"
+    ok(run_trainer(config(tmp_path, straight, [3, 3]), ranks=2, timeout=300))
+    out = tmp_path / "run"
+    ok(run_trainer(config(tmp_path, out, [3, 3], stop_at=4, checkpoint_every=2), ranks=2,
+                   timeout=300))
+    # As a kill between two stages' writes of step 4 leaves them: stage 1 has step 2 only.
+    import shutil
+
+    shutil.rmtree(out / "ckpt" / "stage-1" / "step-00000004")
+    proc = ok(run_trainer(config(tmp_path, out, [3, 3]), "--resume", ranks=2, timeout=300))
+    assert "resume: step 2" in proc.stdout
+    assert losses(out) == losses(straight)
+
+
 def test_a_layer_no_stage_checkpointed_is_refused_naming_it(tmp_path):
     out = tmp_path / "run"
     ok(run_trainer(config(tmp_path, out, [3, 3], stop_at=3), ranks=2, timeout=300))
