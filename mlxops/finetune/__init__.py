@@ -1,9 +1,10 @@
 """Fine-tuning real language models (issue 18): mlx-lm's parts, mlxops' loop.
 
 mlx-lm loads the model and tokenizer, applies chat templates, builds LoRA/DoRA layers and
-defines the adapters' format; the step (one compiled function with the all-reduce inside,
+defines the adapters' format; fine-tuning is a workload of the bundled trainer's run loop
+(:mod:`mlxops.trainer.loop`): the step (one compiled function with the all-reduce inside,
 :mod:`mlxops.trainer.step`), the unequal split, the consistency check, the out-of-memory
-back-off, heartbeats, metrics and exact-resume checkpoints are the bundled trainer's.
+back-off, heartbeats, metrics and exact-resume checkpoints are the loop's.
 
     python -m mlxops.finetune --config finetune.json [--resume] [--set KEY=VALUE ...]
 

@@ -83,8 +83,8 @@ class TrainSection(TrainKeys):
     lr: float = default("lr", 1e-5)
     schedule: str = default("schedule", "constant")
     eval_every: int = default("eval_every", 100)
-    eval_batches: int = default("eval_batches", 25, "validation batches of global_batch "
-                                "examples per evaluation; -1 = all of valid.jsonl")
+    eval_batches: int = default("eval_batches", 25, "global batches of validation data per "
+                                "evaluation; -1 = all of valid.jsonl")
     epochs: int = _f(0, "when above 0: train this many passes over train.jsonl instead "
                      "of train.steps (epochs x its full global batches)")
     max_seq_len: int = _f(2048, "tokens per example at most (longer ones are cut)")

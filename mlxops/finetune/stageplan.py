@@ -30,7 +30,14 @@ from mlxops.trainer import plan as P
 from mlxops.trainer.stages import ModelCosts, Part
 
 from .config import FinetuneConfig
-from .plan import DTYPE_BYTES, OPTIMIZER_STATE, ModelShape, adapted, read_header
+from .plan import (
+    BLOCK_ACTIVATIONS,
+    DTYPE_BYTES,
+    OPTIMIZER_STATE,
+    ModelShape,
+    adapted,
+    read_header,
+)
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ def finetune_costs(shape: ModelShape, ends: Ends, cfg: FinetuneConfig, micro: in
             trained[x.block] += 4 * m.rank * (x.inputs + x.outputs) + (
                 x.weight_bytes * x.outputs if m.type == "dora" else 0)
             dropout_in[x.block] += x.inputs
+    # The blocks' activations weighted by method, as the one-process plan weights them.
+    weight = BLOCK_ACTIVATIONS.get(m.type, 1.0)
     blocks = []
     for b in range(shape.layers):
         tb = trained[b]
@@ -94,10 +103,11 @@ def finetune_costs(shape: ModelShape, ends: Ends, cfg: FinetuneConfig, micro: in
         below = b < shape.layers - n
         work = n_tok * (2 if below else 6) * shape.block_params.get(b, 0)
         blocks.append(Part(alive, P.G / 4 * tb, P.U / 4 * tb,
-                           0 if below else kept + dropout, work))
+                           0 if below else weight * kept + dropout, work))
     transient = w * n_tok * (P.X_D * d + P.X_F * f + P.X_S * ht)
     if ckpt:
         transient += (1 + P.RECOMPUTED) * layer
+    transient *= weight
     return ModelCosts(
         layers=tuple(blocks), embed=Part(alive=ends.embed),
         head=Part(alive=ends.head, work=n_tok * 6 * shape.vocab * d), transient=transient,

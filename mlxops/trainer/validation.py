@@ -1,6 +1,6 @@
 """Validation: the best checkpoint, ``patience``, and the over-fitting alert, one rule.
 
-Shared by the bundled trainer (trainer/train.py), the fine-tuning loop (mlxops/finetune/)
+Shared by the run loop (trainer/loop.py: the bundled trainer and fine-tuning)
 and the monitor's alert (monitor/alerts.py), so a run ends, keeps its best weights and is
 flagged by the same arithmetic everywhere.
 

@@ -108,7 +108,14 @@ def unknown_key(where: str, key: str, known: Iterable[str]) -> ConfigError:
     if key in RENAMED:
         new, why = RENAMED[key]
         return ConfigError(f"{where}: {key}: unknown key; did you mean {new}? ({why})")
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    known = list(known)
+    section, dot, sub = key.partition(".")
+    # Within its section when that exists: "train." alone would make any two keys close.
+    siblings = [k.partition(".")[2] for k in known if dot and k.startswith(section + ".")]
+    if siblings:
+        close = [f"{section}.{k}" for k in difflib.get_close_matches(sub, siblings, n=1)]
+    else:
+        close = difflib.get_close_matches(key, known, n=1)
     hint = f"; did you mean {close[0]}?" if close else ""
     return ConfigError(f"{where}: {key}: unknown key{hint}")
 

@@ -78,3 +78,17 @@ def test_the_back_off_is_unavailable_on_metal_before_mlx_0_32(version, metal, av
     assert (reason is None) == available
     if reason:
         assert version in reason and "0.32" in reason
+
+
+def test_the_hook_raises_the_command_buffer_form_through_the_loop(tmp_path):
+    """A rank at micro_batch 1 cannot back off: the run stops with one line quoting what
+    the hook raised, the command buffer's form (a run that can back off, and finishes, is
+    tests/trainer/test_multiprocess.py's and tests/finetune/test_resume.py's)."""
+    from trainer_procs import run_trainer, write_config
+
+    config = write_config(tmp_path, tmp_path / "out",
+                          train={"steps": 4, "global_batch": 1, "micro_batch": 1})
+    proc = run_trainer(config, env={"MLXOPS_TRAINER_FAKE_OOM": "2"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"error: out of memory at step 2 with micro_batch 1: "
+                                   f"{oom.COMMAND_BUFFER_OOM} (test hook)")

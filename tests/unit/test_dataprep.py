@@ -332,3 +332,33 @@ def test_the_reader_thread_hands_on_errors_and_stops_when_left():
     count = len(read)
     time.sleep(0.3)
     assert len(read) == count and count <= 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc")
+def test_a_tokenizer_json_stays_within_the_memory_bound(tmp_path):
+    """The same bound with a ``tokenizer.json`` (a byte-level BPE of 512 tokens trained by
+    mlxops/devtools/tinymodels.py: a small vocabulary makes the most tokens, so the most
+    memory, per byte of text) over a corpus larger than the bound."""
+    pytest.importorskip("tokenizers")
+    from mlxops.devtools.tinymodels import docstring_paragraphs, write_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    write_tokenizer(tmp_path / "tok", [text for _, text in docstring_paragraphs()])
+    words = np.array(" ".join(DOCS).split())
+    rng = np.random.default_rng(1)
+    block = "\n\n".join(" ".join(rng.choice(words, size=12)) for _ in range(4000)) + "\n\n"
+    corpus, bound = tmp_path / "big.txt", 88 << 20
+    with open(corpus, "w") as fh:
+        for i in range((96 << 20) // len(block) + 1):
+            fh.write(f"{i}\n\n{block}")
+    proc = subprocess.Popen([sys.executable, "-m", "mlxops", "data", "prepare", str(corpus),
+                             "-o", str(tmp_path / "out"), "--max-memory", "88M", "--json",
+                             "--tokenizer", str(tmp_path / "tok" / "tokenizer.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = _peak_while_running(proc)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    report = json.loads(out)
+    assert corpus.stat().st_size > bound and 0 < peak <= bound, (peak, report["peak_memory"])
+    assert report["peak_memory"] <= bound
+    assert sf.read_manifest(tmp_path / "out").tokenizer.kind == encoders.TOKENIZER_JSON

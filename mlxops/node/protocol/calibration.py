@@ -1,7 +1,7 @@
 """``calibration.json``: what ``train.balance: auto`` measured, and the node's answer that
 carries it to the controller.
 
-Written by the trainer's writer rank on every node (``trainer/train.py``) into the run
+Written by the trainer's writer rank on every node (``trainer/loop.py``) into the run
 directory; read on the node by the ``calibration`` command (``node/calibration.py``) and
 carried to ``mlxops plan`` (``jobs/balance.py``) in a :class:`CalibrationAnswer`, so the
 controller never reads the file itself. Both halves go through the one decoder

@@ -1,6 +1,7 @@
 """The trainer's ``metrics.jsonl`` record: one line per logged step, written by rank 0 of
-the bundled trainer (``mlxops/trainer/train.py``), copied to the controller's mirror and
-read by the monitor (``mlxops/monitor/data.py``). Its fields are spelt here only.
+the run loop (``mlxops/trainer/loop.py``: the bundled trainer and fine-tuning), copied to
+the controller's mirror and read by the monitor (``mlxops/monitor/data.py``). Its fields
+are spelt here only.
 
 Times are seconds: ``step_time`` is the mean over the steps since the last line, split into
 ``compute_time`` and ``comm_time`` (all-reduce and update) by the share measured on the
