@@ -26,13 +26,12 @@ from typing import Any
 from mlxops.bench.results import bus_factor, latest_for, predict_us
 from mlxops.errors import UserError
 from mlxops.finetune.plan import FinetunePlan
-from mlxops.hostfacts import HostFacts
 from mlxops.jobs.balance import BalancePlan
 from mlxops.jobs.selection import select_hosts
 from mlxops.jobs.spec import JobSpec
-from mlxops.tasks.facts import ask_facts, load_cached_facts, save_facts
+from mlxops.jobs.stagesplit import host_facts
 from mlxops.trainer.plan import MemoryPlan
-from mlxops.transport import Connector, Results, run_parallel
+from mlxops.transport import Connector, Results
 
 
 @dataclass
@@ -64,16 +63,7 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
     hosts = select_hosts(spec)
     world = sum(h.slots for h in hosts)
 
-    def work(host) -> tuple[HostFacts, str]:
-        """The host's facts, and where they came from."""
-        cached = None if refresh else load_cached_facts(host.name)
-        if cached and cached.memory_bytes:
-            return cached, "cached facts"
-        fresh = ask_facts(connector.connect(host), host)
-        save_facts(host.name, fresh)
-        return fresh, "asked now"
-
-    results = run_parallel(hosts, work)
+    results = host_facts(hosts, connector, refresh)
     facts = results.succeeded_values()
     plans = []
     for host in hosts:

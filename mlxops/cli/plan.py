@@ -16,7 +16,10 @@ from mlxops.errors import EXIT_FAILED
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from mlxops.jobs.spec import JobSpec
+    from mlxops.jobs.stagesplit import StageSplit
     from mlxops.planning import NodePlan
+    from mlxops.transport import Connector
 
 GB = 1024**3
 
@@ -144,6 +147,58 @@ def step_notes(step: dict | None) -> list[str]:
                     f"{Path(ar['bench']).name}, {ar['bench_ranks']} ranks)", *attention]
 
 
+def stage_table(found: StageSplit) -> Table:
+    """One row per stage (host, ring order): its layers, planned peak and budget."""
+    table = console.table(
+        console.column("stage", right=True), console.column("host", wrap=True),
+        console.column("layers", right=True), console.column("in flight", right=True),
+        console.column("peak GB", right=True), console.column("budget GB", right=True),
+        console.column("fits"))
+    for host, p in zip(found.hosts, found.plans, strict=True):
+        table.add_row(str(p.stage), host, f"{p.start}-{p.stop - 1}", str(p.in_flight),
+                      f"{p.peak / GB:.2f}", f"{p.budget / GB:.2f}",
+                      "[green]yes[/]" if p.fits else "[bold red]NO[/]")
+    return table
+
+
+def stage_notes(found: StageSplit) -> list[str]:
+    seconds, bubble = found.step
+    step = (f"predicted step {seconds * 1e3:.0f} ms" if seconds is not None else
+            "step time: needs each host's measured speed (hosts taken as equally fast)")
+    return [f"stages: layers {found.layers} over {len(found.hosts)} hosts; "
+            f"{found.micro_batches} micro-batches of {found.sequences} a step through every "
+            f"stage (1F1B)",
+            f"{step}; pipeline bubble {bubble:.0%} of the step"]
+
+
+def _plan_stages(job: str, spec: JobSpec, connector: Connector, refresh: bool,
+                 as_json: bool) -> None:
+    """``mlxops plan`` of a job with stages: the split over its hosts (a split that does
+    not fit is refused with each stage's numbers, exit 2)."""
+    from mlxops.jobs.selection import select_hosts
+    from mlxops.jobs.stagesplit import host_facts, stage_split
+
+    hosts = select_hosts(spec)
+    results = host_facts(hosts, connector, refresh)
+    facts = {name: f for name, (f, _) in results.succeeded_values().items()}
+    reached = [h for h in hosts if h.name in facts]
+    found = stage_split(spec, reached, facts) if reached == hosts else None
+    if as_json:
+        console.print_json({"name": spec.name, "fits": found is not None,
+                            "stages": found.to_dict() if found else None,
+                            "unreachable": {h: results[h].message for h in results.unreachable}})
+    else:
+        for host in results.unreachable:
+            console.err.print(f"{host}: unreachable: {results[host].message}")
+        if found is not None:
+            console.print_table(stage_table(found))
+            console.out.print()
+            for line in stage_notes(found):
+                console.out.print(line, markup=False)
+            console.out.print(f"Next: mlxops launch {job}", markup=False)
+    sys.exit(results.exit_code or (0 if found is not None else EXIT_FAILED))
+
+
 @click.command("plan")
 @click.argument("job", type=click.Path(dir_okay=False))
 @click.option("--refresh", is_flag=True, help="Ask every node for its memory, ignoring cached "
@@ -160,6 +215,10 @@ def command(job, refresh, as_json, connect):
     from mlxops.transport import Connector
 
     spec = load_job(job)
+    if spec.workload.pipeline() is not None:
+        with Connector(connect) as connector:
+            _plan_stages(job, spec, connector, refresh, as_json)
+        return
     with Connector(connect) as connector:
         split = balance_plan(spec, connector) if spec.workload.splits_batch else None
         plans, results = plan_job(spec, connector, refresh=refresh, split=split)

@@ -59,6 +59,7 @@ class FinetuneWorkload(ReplicatedOptimizer):
 
     words = WORDS
     trainable_only = True
+    replicated = True
 
     def __init__(self, cfg: FinetuneConfig) -> None:
         self.cfg = cfg

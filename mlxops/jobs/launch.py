@@ -75,6 +75,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         raise UserError("--fresh starts over and resume continues: choose one")
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
+    spec = _split_stages(spec, hosts, connector)
     ranks = place_ranks(hosts, spec.base_port, one_per_host=spec.workload.one_rank_per_host)
     results, preps = preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
@@ -113,6 +114,19 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         record.save()
         started.raise_on_failure("starting ranks")
     return record
+
+
+def _split_stages(spec: JobSpec, hosts: list, connector: Connector) -> JobSpec:
+    """A pipelined job's layers per host (``stages: auto`` split by memory over these
+    hosts, an explicit split checked against their budgets): :mod:`.stagesplit`."""
+    if spec.workload.pipeline() is None:
+        return spec
+    from mlxops.jobs.stagesplit import host_facts, split_spec
+
+    found = host_facts(hosts, connector)
+    found.raise_on_failure("reading the nodes' memory for the stages")
+    facts = {name: f for name, (f, _) in found.succeeded_values().items()}
+    return split_spec(spec, hosts, facts)
 
 
 def _align_checkpoints(spec: JobSpec, preps: dict[str, HostPrep], step: int,

@@ -33,7 +33,11 @@ def select_hosts(spec: JobSpec, exclude: Sequence[str] = ()) -> list:
     if not hosts:
         raise UserError(f"--exclude: no host of {spec.path.name} is left to run on")
     # launch, plan, resume: before connecting
-    check_world(spec, sum(h.slots for h in hosts), [h.name for h in render.rank_hosts(hosts)])
+    if spec.workload.one_rank_per_host:   # a server, pipeline stages: a rank a host
+        check_world(spec, len(hosts), [h.name for h in hosts])
+    else:
+        check_world(spec, sum(h.slots for h in hosts),
+                    [h.name for h in render.rank_hosts(hosts)])
     return hosts
 
 

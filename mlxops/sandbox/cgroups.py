@@ -1,15 +1,19 @@
-"""CPU quotas for sandbox nodes: a slower Mac, on Linux.
+"""CPU quotas and memory limits for sandbox nodes: a slower Mac, a smaller Mac, on Linux.
 
 A node's processes (its sshd and all it started: sessions, ranks; they share the node's
 network namespace) go into a cgroup of their own whose CPU bandwidth is capped at a
-fraction of one CPU; what the sshd forks later inherits it. cgroup v2 (``cpu.max``) where
+fraction of one CPU, or whose memory is limited (:func:`set_memory_limit`: the node's
+facts read the limit as its memory, mlxops/tasks/facts.py); what the sshd forks later
+inherits it. cgroup v2 (``cpu.max``) where
 the unified hierarchy has the cpu controller, else v1's cpu controller
 (``cpu.cfs_quota_us``), as on hybrid hosts. Needs root.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,9 +83,19 @@ def clear(name: str) -> None:
     group = root / name
     if not group.exists():
         return
-    for line in (group / "cgroup.procs").read_text().split():
-        move_process(root, int(line))
-    group.rmdir()
+    # A process may fork into the group while the others are moved out (a rank's helper
+    # ending, a login in flight), and the kernel refuses to remove a group that still
+    # has one (EBUSY, seen on a zsh node right after a job ended): move, then try again.
+    for attempt in range(CLEAR_TRIES):
+        for line in (group / "cgroup.procs").read_text().split():
+            move_process(root, int(line))
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == CLEAR_TRIES - 1:
+                raise
+            time.sleep(0.1)
 
 
 def move_process(group: Path, pid: int) -> None:
@@ -93,3 +107,85 @@ def move_process(group: Path, pid: int) -> None:
     except OSError as exc:
         if exc.errno != 3:  # ESRCH: it ended meanwhile
             raise
+
+
+def _memory_hierarchy() -> tuple[str, Path]:
+    controllers = ROOT / "cgroup.controllers"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        return "v2", ROOT
+    if (ROOT / "memory" / "memory.limit_in_bytes").exists():
+        return "v1", ROOT / "memory"
+    raise MlxopsError(f"{ROOT}: no cgroup memory controller (v2 memory.max or v1 memory) "
+                      "to set a memory limit with")
+
+
+def memory_usable() -> str | None:
+    """None if memory limits can be set here, else why not."""
+    return unusable_because(_memory_hierarchy)
+
+
+def set_memory_limit(name: str, pids: list[int], nbytes: int) -> None:
+    """Limit ``pids`` (and what they fork later) to ``nbytes`` of memory together, in
+    memory cgroup ``name`` (made if needed): beyond it the kernel reclaims, then kills."""
+    if nbytes <= 0:
+        raise MlxopsError(f"memory limit: want a positive number of bytes, got {nbytes}")
+    version, root = _memory_hierarchy()
+    group = root / name
+    group.mkdir(exist_ok=True)
+    if version == "v2":
+        subtree = root / "cgroup.subtree_control"
+        if "memory" not in subtree.read_text().split():
+            subtree.write_text("+memory")
+        (group / "memory.max").write_text(str(nbytes))
+    else:
+        (group / "memory.limit_in_bytes").write_text(str(nbytes))
+    for pid in pids:
+        move_process(group, pid)
+
+
+#: How many times :func:`clear_memory` moves a group's processes out and tries to remove it.
+CLEAR_TRIES = 50
+
+
+def clear_memory(name: str) -> None:
+    """Move every process of memory cgroup ``name`` back to the root and remove it."""
+    try:
+        _, root = _memory_hierarchy()
+    except MlxopsError:
+        return
+    group = root / name
+    if not group.exists():
+        return
+    # A process may fork into the group while the others are moved out (a rank's helper
+    # ending, a login in flight), and the kernel refuses to remove a group that still
+    # has one (EBUSY, seen on a zsh node right after a job ended): move, then try again.
+    for attempt in range(CLEAR_TRIES):
+        for line in (group / "cgroup.procs").read_text().split():
+            move_process(root, int(line))
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == CLEAR_TRIES - 1:
+                raise
+            time.sleep(0.1)
+
+
+def node_mount_command() -> str:
+    """Shell run first in a node's private mount namespace: the memory cgroup hierarchy
+    mounted again where the node looks for it. ``ip netns exec`` mounts a fresh /sys for
+    the network namespace, which hides /sys/fs/cgroup, so without it a node could not read
+    its own memory limit (as a container or a Linux host can). Best effort: a failure
+    leaves the node without it, as before."""
+    try:
+        version, _ = _memory_hierarchy()
+    except MlxopsError:
+        return ""
+    if version == "v2":
+        mount = "mount -t cgroup2 cgroup2 /sys/fs/cgroup"
+    else:
+        mount = ("mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup && mkdir -p "
+                 "/sys/fs/cgroup/memory && mount -t cgroup -o memory cgroup "
+                 "/sys/fs/cgroup/memory")
+    return "{ " + mount + "; } 2>/dev/null; "
+

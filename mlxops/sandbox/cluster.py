@@ -212,6 +212,8 @@ class Sandbox(Faults):
         for entry in state["nodes"]:
             if "cpu_quota" in entry:  # a test's slower node, left behind
                 cgroups.clear(self._cgroup(entry["name"]))
+            if "memory_limit" in entry:  # a test's smaller node, left behind
+                cgroups.clear_memory(self._cgroup(entry["name"]))
         for node in layouts:
             netns.delete_node_net(node)
         netns.delete_bridge(self.layout)

@@ -117,6 +117,21 @@ class Faults(SandboxState):
             entry["cpu_quota"] = fraction
         self._save()
 
+    def set_memory_limit(self, name: str, nbytes: int | None) -> None:
+        """Make the node a smaller Mac: its processes share ``nbytes`` of memory (a memory
+        cgroup, :mod:`mlxops.sandbox.cgroups`), which its facts read as its memory; None
+        lifts the limit."""
+        group = self._cgroup(name)
+        entry = self._entry(name)
+        if nbytes is None:
+            cgroups.clear_memory(group)
+            entry.pop("memory_limit", None)
+        else:
+            cgroups.set_memory_limit(group, netns.netns_pids(self.node_layout(name).netns),
+                                     nbytes)
+            entry["memory_limit"] = nbytes
+        self._save()
+
     def _cgroup(self, name: str) -> str:
         return f"mlxops-sandbox-{self.layout.prefix}-{name}"
 
@@ -144,8 +159,9 @@ class Faults(SandboxState):
 
     def restore(self) -> None:
         """Undo what the per-node controls did: every node awake, every link up at the rate
-        it was made with, no CPU quota, no node isolated, every sshd running, every current
-        host key trusted (tests that break nodes call this when done)."""
+        it was made with, no CPU quota or memory limit, no node isolated, every sshd
+        running, every current host key trusted (tests that break nodes call this when
+        done)."""
         for name in self.nodes:
             if self.asleep(name):
                 self.wake_node(name)
@@ -157,6 +173,8 @@ class Faults(SandboxState):
                 self._save()
             if "cpu_quota" in self._entry(name):
                 self.set_cpu_quota(name, None)
+            if "memory_limit" in self._entry(name):
+                self.set_memory_limit(name, None)
             if self._entry(name).pop("isolated", None):
                 netns.block_ssh_from(self.node_layout(name), None)
                 self._save()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mlxops.errors import MlxopsError
-from mlxops.sandbox import kernels
+from mlxops.sandbox import cgroups, kernels
 from mlxops.sandbox.layout import NODE_USER, NodeLayout
 from mlxops.sandbox.netns import pid_alive, send_signal
 from mlxops.sandbox.python import CACHE_DIR
@@ -197,7 +197,8 @@ def node_argv(node: NodeLayout, files: NodeFiles, node_user: str, argv: list[str
     elif env:
         inner = ["env", *[f"{k}={v}" for k, v in env.items()], *inner]
     passwd_home = pwd.getpwnam(node_user).pw_dir
-    wrapper = [_NAME_BIND_AND_EXEC, "sh", node.name, str(files.home), passwd_home]
+    wrapper = [cgroups.node_mount_command() + _NAME_BIND_AND_EXEC, "sh", node.name,
+               str(files.home), passwd_home]
     if darwin is not None:
         wrapper = [_NAME_BIND_HIDE_PROC_AND_EXEC, "sh", node.name, str(files.home),
                    passwd_home, str(darwin[0]), str(darwin[1])]

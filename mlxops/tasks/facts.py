@@ -78,6 +78,15 @@ if [ "$(uname -s)" = Darwin ]; then
   echo '@@mlxops:pmset'; pmset -g 2>/dev/null
 @MACNET@else
   echo '@@mlxops:meminfo'; grep MemTotal /proc/meminfo
+  echo '@@mlxops:cgroupmem'
+  while IFS=: read -r hid ctl cg; do
+    case "$ctl" in
+      '') f="/sys/fs/cgroup$cg/memory.max" ;;
+      memory|memory,*|*,memory|*,memory,*) f="/sys/fs/cgroup/memory$cg/memory.limit_in_bytes" ;;
+      *) continue ;;
+    esac
+    if [ -r "$f" ]; then cat "$f"; fi
+  done < /proc/self/cgroup
   echo '@@mlxops:nproc'; getconf _NPROCESSORS_ONLN
   echo '@@mlxops:cpuinfo'; grep -m1 'model name' /proc/cpuinfo
   echo '@@mlxops:ip'; ip -4 -o addr show 2>/dev/null
@@ -245,6 +254,15 @@ def parse_ip_addr(text: str) -> dict[str, list[str]]:
     return addrs
 
 
+def parse_cgroup_memory(text: str) -> int | None:
+    """The lowest memory limit of the cgroups the login shell is in (cgroup v2's
+    ``memory.max``, v1's ``memory.limit_in_bytes``: one number a line, or ``max``); None
+    without one. On Linux a node in a memory cgroup (a container, a sandbox node made a
+    small Mac) has that much memory, whatever /proc/meminfo says of the machine."""
+    limits = [int(v) for v in text.split() if v.isdigit()]
+    return min(limits) if limits else None
+
+
 def parse_gpu_cores(text: str) -> int | None:
     """``ioreg -rd1 -c AGXAccelerator``: the ``"gpu-core-count" = 38`` property."""
     match = re.search(r'"gpu-core-count"\s*=\s*(\d+)', text)
@@ -319,6 +337,9 @@ def build_facts(sections: Mapping[str, str], root: str) -> HostFacts:
         mem_kib = _int(parse_key_values(sections.get("meminfo", "")).get("MemTotal"))
         facts.chip = parse_key_values(sections.get("cpuinfo", "")).get("model name")
         facts.memory_bytes = mem_kib * 1024 if mem_kib is not None else None
+        limit = parse_cgroup_memory(sections.get("cgroupmem", ""))
+        if limit is not None and (facts.memory_bytes is None or limit < facts.memory_bytes):
+            facts.memory_bytes = limit   # a memory cgroup's limit is the node's memory
         facts.cpu_cores = _int(sections.get("nproc", "").strip())
         facts.interfaces = parse_ip_addr(sections.get("ip", ""))
     return facts

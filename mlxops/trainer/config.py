@@ -79,6 +79,8 @@ class TrainConfig(TrainKeys):
     eval_every: int = default("eval_every", 0, "measure the validation loss every N steps "
                               "(and at the last); 0 = off; needs data.source shards (its "
                               "validation split) or synthetic")
+    stages: list[int] | None = _f(None, "pipeline stages: layers per rank in rank order "
+                                  "(docs/pipeline.md); null = data parallel")
 
 
 @dataclass
@@ -143,6 +145,12 @@ def _coerce(where: str, key: str, typ: Any, value: Any) -> Any:
             return [float(w) for w in value]
         raise ConfigError(f"{where}: {key}: must be equal, auto or a list of positive "
                           f"numbers (one per rank), got {value!r}")
+    if typ == list[int] | None:  # train.stages: layers per rank
+        if value is None or (isinstance(value, list) and value and all(
+                isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value)):
+            return value
+        raise ConfigError(f"{where}: {key}: must be a list of positive layer counts (one "
+                          f"per rank) or null, got {value!r}")
     optional = False
     if typ in (int | None, str | None):
         optional = True
@@ -249,9 +257,26 @@ def validate(cfg: TrainerConfig, where: str) -> None:
     if t.eval_every and d.source not in EVAL_SOURCES:
         raise ConfigError(f"{where}: train.eval_every: validation needs data.source shards "
                           f"(the corpus's validation split) or synthetic, not {d.source}")
+    if t.stages is not None:
+        _validate_stages(cfg, where)
     if t.patience and not t.eval_every:
         raise ConfigError(f"{where}: train.patience: counts evaluations; set "
                           "train.eval_every too")
+
+
+def _validate_stages(cfg: TrainerConfig, where: str) -> None:
+    """``train.stages``: the layers of each stage, which must be the model's; what the
+    pipeline does not do yet is refused here rather than at its first step."""
+    t, layers = cfg.train, cfg.model.layers
+    if sum(t.stages) != layers:
+        raise ConfigError(f"{where}: train.stages: {t.stages} sums to {sum(t.stages)} "
+                          f"layers; the model has {layers} (model.layers)")
+    if t.balance != BALANCE_EQUAL:
+        raise ConfigError(f"{where}: train.balance: {t.balance!r} splits the batch; pipeline "
+                          "stages each take the whole batch (use equal)")
+    if t.eval_every:
+        raise ConfigError(f"{where}: train.eval_every: validation across pipeline stages is "
+                          "not built yet (docs/pipeline.md); set 0")
 
 
 def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
@@ -261,8 +286,14 @@ def check_world(cfg: TrainerConfig, world: int, where: str = "config") -> None:
     step, so the global batch must divide evenly; otherwise each rank takes at least one,
     and a list of weights has one per rank. (``micro_batch`` is an upper bound: the
     trainer takes the largest divisor of the per-rank batch not above it, so it never
-    conflicts with the world.)
+    conflicts with the world.) With ``train.stages`` each rank is a stage and takes the
+    whole batch: one rank per stage.
     """
+    if cfg.train.stages is not None:
+        if len(cfg.train.stages) != world:
+            raise ConfigError(f"{where}: train.stages: {len(cfg.train.stages)} stages need "
+                              f"as many ranks, not {world}")
+        return
     sections.check_world_size(cfg.train.global_batch, cfg.train.balance, world, where,
                               "sequence")
 

@@ -9,8 +9,9 @@ goes*, identically for every workload:
 - start and resume: the checkpoint every rank agrees on (:mod:`.resume`), the config keys
   it must share, the optimizer state, the step, the validation state, the measured
   speeds, and the metrics lines after it dropped;
-- a step: the workload's micro-batches through its compiled :class:`~.step.Steps` (one
-  fused call, or ``first``/``next`` per micro-batch and ``apply``), one host wait;
+- a step: the workload's micro-batches through its :class:`~.step.Steps`' ``run`` (one
+  fused call, or ``first``/``next`` per micro-batch and ``apply``; pipeline stages:
+  :class:`~.pipelinerun.PipelineSteps`), one host wait;
 - the out-of-memory back-off: a rank whose step fails with MLX's out-of-memory
   (:mod:`.oom`) abstains from the step's collectives, every rank undoes the step and the
   workload makes its micro-batches smaller (:meth:`Workload.back_off`); where MLX would
@@ -123,10 +124,14 @@ class Workload(Protocol):
     words: Words
     model: nn.Module
     optimizer: optim.Optimizer
-    steps: Steps                 # set by compile()
+    steps: Steps                 # set by compile(); anything with Steps' run/abstain/...
     total: int                   # the schedule's last step (validation is made there)
     stop: int                    # the last step of this run (train.stop_at or total)
     trainable_only: bool         # consistency compares the trainable weights only
+    #: Every rank holds the same state (data parallel): the consistency check compares
+    #: them and one rank per node writes its checkpoints. False (pipeline stages): each
+    #: rank holds its own part, writes it to ``ckpt/stage-<rank>/`` and nothing compares.
+    replicated: bool
 
     def check_world(self, world: int) -> None: ...
     def diff_resume_keys(self, saved: dict[str, Any]) -> list[str]: ...
@@ -196,12 +201,17 @@ class Loop:
         self.rank, self.world = group.rank(), group.size()
         self.group = group
         w.check_world(self.world)  # mlxops launch checked it too, with the job's hosts
-        self.writer = is_node_writer(group)
+        self.writer = is_node_writer(group) if w.replicated else True
+        self.ckpt_dir = self.out / protocol.CKPT_DIR
+        if not w.replicated:
+            self.ckpt_dir = self.ckpt_dir / f"stage-{self.rank}"
         self.place = Place(group, self.rank, self.world, self.writer)
         # balance: auto measures each rank's speed in its first steps (trainer/balance.py);
         # until then, and with equal, every rank takes as many items as it can equally.
         self.balance = balance.Balance.of(t.balance)
-        self.counts = self.balance.split(t.global_batch, self.world)
+        # Pipeline stages split layers, not the batch: each takes the whole global batch.
+        self.counts = (self.balance.split(t.global_batch, self.world) if w.replicated
+                       else [t.global_batch] * self.world)
         self.speeds: list[float] | None = None
         self.speed_hosts: list[str] | None = None  # the host of each rank speeds are for
         w.build(self.place, self.counts, self.log)
@@ -228,7 +238,8 @@ class Loop:
     def _start(self, resume: bool) -> None:
         w = self.workload
         # Every rank reads its own node's copy; all must agree on the step.
-        latest = agreed_checkpoint(self.cfg.out, self.group, resume)
+        latest = agreed_checkpoint(self.cfg.out, self.group, resume, self.ckpt_dir,
+                                   oldest=not w.replicated)
         unavailable = oom.backoff_unavailable(mx.__version__, mx.metal.is_available())
         if unavailable:
             self.log(f"note: {unavailable}")
@@ -285,45 +296,26 @@ class Loop:
     def _run_step(self, step: int, timed: bool) -> tuple[mx.array, float | None]:
         """Compute, all-reduce and update: (stats, seconds at which compute ended or None).
 
-        One host wait per step (the final ``mx.eval``), plus one per micro-batch when
-        accumulating; ``timed`` (a logged step) waits once more between the gradients
-        and the all-reduce of a fused step to measure the split.
+        ``timed`` (a logged step): measure the compute (the workload's ``steps.run`` says
+        what that costs); compute counts from before the batches are read.
         """
         w = self.workload
-        steps, t0 = w.steps, time.perf_counter()
+        t0 = time.perf_counter()
         try:
             if hooks.fake_oom(self.rank, step):
                 raise RuntimeError(f"{oom.COMMAND_BUFFER_OOM} (test hook)")
             batches = w.batches(step)
             hooks.fake_slow(self.rank, self.counts[self.rank])
-            compute = None
-            if len(batches) == 1:
-                (batch,) = batches
-                stats, local = steps.fused(*batch)
-                if timed:
-                    mx.eval(local)
-                    compute = time.perf_counter() - t0
-                del local
-            else:
-                loss_sum, acc = None, None
-                for batch in batches:
-                    if acc is None:
-                        loss_sum, acc = steps.first(*batch)
-                    else:
-                        loss_sum, acc = steps.next(*batch, loss_sum, acc)
-                    mx.eval(loss_sum, acc)
-                compute = time.perf_counter() - t0
-                stats = steps.apply(loss_sum, acc, mx.array(w.divisor(len(batches))))
-                del acc
-            mx.eval(stats, steps.state)
-            return stats, compute
+            before = time.perf_counter() - t0
+            stats, compute = w.steps.run(batches, w.divisor(len(batches)), timed)
+            return stats, None if compute is None else before + compute
         except (RuntimeError, MemoryError) as e:
             if not oom.is_oom(e):
                 raise
             self._oom_error = str(e).splitlines()[0]
         # Out of memory before this rank's collectives: join them with nothing, so that
         # its peers do not wait forever and all of them see the flag and undo the step.
-        stats = steps.abstain(stuck=not w.can_back_off())
+        stats = w.steps.abstain(stuck=not w.can_back_off())
         mx.eval(stats)
         return stats, None
 
@@ -371,7 +363,8 @@ class Loop:
             window.append((elapsed, compute, tokens))
             self._progress(loss, tokens / elapsed, protocol.RUNNING)
             hooks.fake_diverge(self.rank, step, w.model)
-            if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
+            if t.consistency_every and self.world > 1 and w.replicated and \
+                    step % t.consistency_every == 0:
                 self._check_consistency(step)
             val = w.evaluate() if evaluating else None
             if logged or val is not None:
@@ -514,7 +507,7 @@ class Loop:
             "config": self.cfg.to_dict(), "time": time.time(), "mlx_version": mx.__version__,
         }
         path = checkpoint.save(
-            where or self.out / protocol.CKPT_DIR, self.step, w.weights(),
+            where or self.ckpt_dir, self.step, w.weights(),
             w.optimizer_state(), state, keep or self.cfg.train.keep,
             extra=w.checkpoint_files())
         if self.rank == 0:

@@ -24,7 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.optimizers as optim
-from mlx.utils import tree_unflatten
+from mlx.utils import tree_map_with_path
 
 from mlxops.node import protocol
 from mlxops.node.protocol.metrics import kept_through
@@ -36,11 +36,18 @@ from .distributed import all_gather_cpu
 from .errors import TrainerError
 
 
-def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool
-                      ) -> Path | None:
+def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool,
+                      ckpt_dir: Path | None = None, oldest: bool = False) -> Path | None:
     """The checkpoint to resume from (None: start at step 0), as every rank agrees;
-    ``out`` as the config spells it (the messages name it so)."""
-    latest = checkpoint.find_latest(Path(out) / protocol.CKPT_DIR)
+    ``out`` as the config spells it (the messages name it so); ``ckpt_dir``: where this
+    rank's checkpoints are (``out/ckpt``, or a pipeline stage's ``out/ckpt/stage-<s>``).
+
+    ``oldest`` (pipeline stages, whose checkpoints launch cannot align: each node holds
+    another stage's): where the ranks' newest differ (a kill while some stages wrote
+    theirs), every rank takes the oldest of them, which each still holds (``keep`` >= 1
+    older ones), rather than refusing."""
+    directory = ckpt_dir or Path(out) / protocol.CKPT_DIR
+    latest = checkpoint.find_latest(directory)
     local_step = checkpoint.load_step(latest) if latest else -1
     steps = all_gather_cpu(mx.array([local_step], dtype=mx.int32), group).tolist()
     if not resume:
@@ -49,6 +56,12 @@ def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool
                               f"{max(steps)}); pass --resume to continue, or choose "
                               "another out")
         return None
+    if len(set(steps)) != 1 and oldest and min(steps) >= 0:
+        older = directory / checkpoint.checkpoint_name(min(steps))
+        if checkpoint.checkpoint_complete(older):
+            return older   # every rank takes this branch: the steps are gathered
+        raise TrainerError(f"{directory}: no complete checkpoint of step {min(steps)}, "
+                           f"the newest every stage has (steps {steps})")
     if len(set(steps)) != 1:
         raise TrainerError(f"ranks found different latest checkpoints (steps {steps}); "
                            "copy the newest checkpoint to every node")
@@ -68,8 +81,15 @@ def load_compatible(path: Path, diff_resume_keys: Callable[[dict[str, Any]], lis
 
 def restore_optimizer(optimizer: optim.Optimizer, saved: dict[str, mx.array],
                       trainable: dict[str, Any]) -> None:
-    """The optimizer's state as saved (flat names), then ``init`` for what it lacks."""
-    optimizer.state = tree_unflatten(list(saved.items()))
+    """The optimizer's state as saved (flat names), then ``init`` for what it lacks.
+
+    The saved arrays are put by name into the state ``init`` shapes from ``trainable``,
+    not rebuilt with ``tree_unflatten``: a pipeline stage's blocks are a dict keyed by
+    their numbers in the whole model (``blocks.7``), which ``tree_unflatten`` would make
+    a list from 0."""
+    optimizer.init(trainable)
+    shaped = tree_map_with_path(lambda path, v: saved.get(path, v), optimizer.state)
+    optimizer.state = shaped
     optimizer.init(trainable)
 
 

@@ -33,6 +33,7 @@ round trip, that the step must be undone and redone with a smaller micro-batch.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -237,6 +238,36 @@ class Steps:
 
     def _apply(self, loss_sum: mx.array, acc: dict, accum: mx.array) -> mx.array:
         return self._update(tree_map(lambda a: a / accum, acc), loss_sum / accum)
+
+    def run(self, batches: list[tuple[mx.array, ...]], divisor: float, timed: bool
+            ) -> tuple[mx.array, float | None]:
+        """One step over this rank's ``batches``: ``(stats, seconds at which compute
+        ended or None)``. One host wait per step (the final ``mx.eval``), plus one per
+        micro-batch when accumulating; ``timed`` (a logged step) waits once more between
+        the gradients and the all-reduce of a fused step to measure the split.
+        ``divisor``: what the summed micro-batch losses and gradients are divided by."""
+        t0 = time.perf_counter()
+        compute = None
+        if len(batches) == 1:
+            (batch,) = batches
+            stats, local = self.fused(*batch)
+            if timed:
+                mx.eval(local)
+                compute = time.perf_counter() - t0
+            del local
+        else:
+            loss_sum, acc = None, None
+            for batch in batches:
+                if acc is None:
+                    loss_sum, acc = self.first(*batch)
+                else:
+                    loss_sum, acc = self.next(*batch, loss_sum, acc)
+                mx.eval(loss_sum, acc)
+            compute = time.perf_counter() - t0
+            stats = self.apply(loss_sum, acc, mx.array(divisor))
+            del acc
+        mx.eval(stats, self.state)
+        return stats, compute
 
     def abstain(self, stuck: bool = False) -> mx.array:
         """Join this step's collectives with nothing (zeros, flag 0) and update nothing.

@@ -61,6 +61,7 @@ class TrainerWorkload(ReplicatedOptimizer):
 
     words = WORDS
     trainable_only = False
+    replicated = True
 
     def __init__(self, cfg: TrainerConfig) -> None:
         self.cfg = cfg
@@ -84,19 +85,24 @@ class TrainerWorkload(ReplicatedOptimizer):
         self.micro_cap = t.micro_batch  # halved by an out-of-memory back-off
         self.resplit(counts)
         self.dtype = mx.bfloat16 if t.dtype == "bfloat16" else mx.float32
+        self.build_model(log)
+        # The trainer's own RNG key, saved and restored exactly (MLX's global key cannot be
+        # set back); training itself draws no random numbers (no dropout).
+        self.key = mx.random.key(t.seed)
+        mx.eval(self.model.parameters(), self.optimizer.state)
+
+    def build_model(self, log: Log) -> None:
+        """The model, its optimizer and its evaluation (pipeline stages: their part)."""
+        cfg, t = self.cfg, self.cfg.train
         mx.random.seed(t.seed)
         self.model = Transformer(cfg.model, grad_checkpoint=t.grad_checkpoint)
         self.optimizer = make_optimizer(cfg)
         self.shard: zero.Shard | None = None
         if self._sharded(log):
-            self.shard = zero.Shard(self.model, self.optimizer, place.group, self.dtype)
+            self.shard = zero.Shard(self.model, self.optimizer, self.place.group, self.dtype)
         else:
             self.optimizer.init(self.model.trainable_parameters())
         self.evaluator = Evaluator(self.model)
-        # The trainer's own RNG key, saved and restored exactly (MLX's global key cannot be
-        # set back); training itself draws no random numbers (no dropout).
-        self.key = mx.random.key(t.seed)
-        mx.eval(self.model.parameters(), self.optimizer.state)
 
     def _sharded(self, log: Log) -> bool:
         """Whether this run shards the optimizer state: ``train.shard_optimizer``, and with
@@ -269,7 +275,12 @@ class TrainerWorkload(ReplicatedOptimizer):
 
 
 def trainer_loop(cfg: TrainerConfig, resume: bool = False) -> Loop:
-    """The run loop over the bundled trainer, ready to :meth:`~.loop.Loop.run`."""
+    """The run loop over the bundled trainer, ready to :meth:`~.loop.Loop.run`: data
+    parallel, or pipeline stages with ``train.stages`` (:mod:`.pipelinerun`)."""
+    if cfg.train.stages is not None:
+        from .pipelinerun import PipelineTrainerWorkload  # it builds on TrainerWorkload
+
+        return Loop(PipelineTrainerWorkload(cfg), resume)
     return Loop(TrainerWorkload(cfg), resume)
 
 

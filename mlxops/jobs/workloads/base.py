@@ -88,6 +88,20 @@ class Plan(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class PipelineCosts:
+    """A pipelined job's model for the split (:func:`mlxops.trainer.stages.split`):
+    ``costs`` (its :class:`~mlxops.trainer.stages.ModelCosts`), ``micro_batches`` a step
+    (``M``), ``sequences`` a micro-batch, ``explicit`` (layers per host, or None: split
+    by memory) and the job-file key that names the split."""
+
+    costs: Any
+    micro_batches: int
+    sequences: int
+    explicit: list[int] | None
+    key: str
+
+
 class Planner(ABC):
     """A workload's memory and disk plan, its inputs read on the controller."""
 
@@ -217,6 +231,15 @@ class Workload(ABC):
         """Its memory and disk plan (inputs read on the controller now, bad input naming
         ``path``); None: mlxops does not plan this kind."""
         return None
+
+    def pipeline(self) -> PipelineCosts | None:
+        """Its model as pipeline stages see it where the job asks for stages
+        (``stages:``, docs/pipeline.md); None: every rank holds the whole model."""
+        return None
+
+    def with_split(self, layers: list[int]) -> Workload:
+        """The same workload with its stages' layers decided (``stages: auto`` split)."""
+        raise NotImplementedError(f"{self.kind} has no stages")
 
     def probe_watch(self, host: str) -> ProbeWatch | None:
         """The watchdog's probe of one attempt whose rank 0 runs on ``host``; None when the

@@ -26,12 +26,18 @@ from typing import Any
 
 from mlxops.errors import bad_input
 from mlxops.jobs.data import DataSpec, apply_manifest, rank_data
-from mlxops.jobs.workloads.base import NodePlacement, Planner, RankPlan, Workload
+from mlxops.jobs.workloads.base import (
+    NodePlacement,
+    PipelineCosts,
+    Planner,
+    RankPlan,
+    Workload,
+)
 from mlxops.node import protocol
-from mlxops.node.protocol.collectives import ALL_GATHER
+from mlxops.node.protocol.collectives import ALL_GATHER, SEND_RECV
 from mlxops.trainer import config as trainer_config
 from mlxops.trainer import shardformat
-from mlxops.trainer.config import SHARD_AUTO, TrainerConfig
+from mlxops.trainer.config import BALANCE_EQUAL, SHARD_AUTO, TrainerConfig
 
 KIND = "trainer"
 
@@ -43,12 +49,36 @@ def problem(exc: Exception) -> str:
     return KIND + "." + message[len(KIND) + 2:] if message.startswith(f"{KIND}: ") else message
 
 
+#: ``trainer.stages: auto``: split the layers over the hosts by memory at launch.
+STAGES_AUTO = "auto"
+
+
+def parse_stages(path: Path, value: Any, layers: int) -> list[int] | str | None:
+    """``trainer.stages``: ``auto``, or the layers of each host in ring order, which must
+    be the model's ``model.layers`` (docs/pipeline.md)."""
+    if value is None or value == STAGES_AUTO:
+        return value
+    if not isinstance(value, list) or not value or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value):
+        raise bad_input(path, f"{KIND}.stages", f"must be auto or a list of layers per host "
+                                                f"(positive numbers), got {value!r}")
+    if sum(value) != layers:
+        raise bad_input(path, f"{KIND}.stages", f"{value} sums to {sum(value)} layers; the "
+                                                f"model has {layers} ({KIND}.model.layers)")
+    return list(value)
+
+
 def parse_trainer(path: Path, section: Any) -> TrainerConfig:
-    """The trainer's own loader parses the section (it names the key that is wrong)."""
+    """The trainer's own loader parses the section (it names the key that is wrong);
+    ``stages`` is the job's, :func:`parse_stages`'s."""
     if not isinstance(section, dict):
         raise bad_input(path, KIND, "must be a mapping (model:, data:, train:)")
     if "out" in section:
         raise bad_input(path, f"{KIND}.out", "is set by mlxops (the job's run directory)")
+    if isinstance(section.get("train"), dict) and "stages" in section["train"]:
+        raise bad_input(path, f"{KIND}.train.stages", f"is set by mlxops from '{KIND}.stages:' "
+                                                      "(auto or layers per host)")
+    section = {k: v for k, v in section.items() if k != "stages"}
     if isinstance(section.get("train"), dict) and "balance" in section["train"]:
         raise bad_input(path, f"{KIND}.train.balance", "is set by mlxops from the job's "
                                                        "'balance:' (equal, auto or host: "
@@ -57,6 +87,25 @@ def parse_trainer(path: Path, section: Any) -> TrainerConfig:
         return trainer_config.from_dict(dict(section), where=KIND)
     except trainer_config.ConfigError as exc:
         raise bad_input(path, None, problem(exc)) from None
+
+
+def with_stages(path: Path, cfg: TrainerConfig, stages: list[int] | str | None
+                ) -> TrainerConfig:
+    """``cfg`` with an explicit split in ``train.stages``, checked by the trainer's own
+    rules (a validation it cannot make across stages, say)."""
+    if stages is None:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    # auto: the same checks, with one stage standing for the split launch makes.
+    cfg.train.stages = stages if isinstance(stages, list) else [cfg.model.layers]
+    try:
+        trainer_config.validate(cfg, KIND)
+    except trainer_config.ConfigError as exc:
+        raise bad_input(path, None, problem(exc).replace(f"{KIND}.train.stages",
+                                                         f"{KIND}.stages")) from None
+    if not isinstance(stages, list):
+        cfg.train.stages = None
+    return cfg
 
 
 def _corpus(path: Path, cfg: TrainerConfig, section: dict[str, Any],
@@ -101,6 +150,9 @@ def _corpus(path: Path, cfg: TrainerConfig, section: dict[str, Any],
 @dataclass(frozen=True)
 class TrainerWorkload(Workload):
     config: TrainerConfig
+    #: ``stages: auto`` not split yet (launch splits it: :mod:`mlxops.jobs.stagesplit`);
+    #: an explicit or split one is ``config.train.stages``.
+    auto_stages: bool = False
 
     kind = KIND
     what = "the bundled trainer"
@@ -114,14 +166,22 @@ class TrainerWorkload(Workload):
               ) -> TrainerWorkload:
         cfg = parse_trainer(path, section)
         _corpus(path, cfg, section, data)
-        return cls(cfg)
+        stages = parse_stages(path, section.get("stages"), cfg.model.layers)
+        return cls(with_stages(path, cfg, stages), auto_stages=stages == STAGES_AUTO)
+
+    @property
+    def one_rank_per_host(self) -> bool:  # type: ignore[override]
+        """Pipeline stages: one rank per host, the hosts in ring order."""
+        return self.auto_stages or self.config.train.stages is not None
 
     def to_record(self) -> dict[str, Any]:
-        return self.config.to_dict()
+        return self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
 
     @classmethod
     def from_record(cls, data: Any) -> TrainerWorkload:
-        return cls(trainer_config.from_dict(data, f"job.{KIND}"))
+        data = dict(data)
+        auto = data.pop("stages", None) == STAGES_AUTO
+        return cls(trainer_config.from_dict(data, f"job.{KIND}"), auto_stages=auto)
 
     @property
     def total_steps(self) -> int | None:
@@ -143,6 +203,16 @@ class TrainerWorkload(Workload):
 
     def check_world(self, path: Path, hosts: str, balance: str | list[float],
                     world: int) -> None:
+        stages = self.config.train.stages
+        if (stages is not None or self.auto_stages) and balance != BALANCE_EQUAL:
+            raise bad_input(path, "balance", f"splits the batch; the stages of {KIND}.stages "
+                                             "each take the whole batch (leave balance: out)")
+        if stages is not None and len(stages) != world:
+            raise bad_input(path, f"{KIND}.stages", f"{stages} gives {len(stages)} hosts "
+                                                    f"layers; the hosts {hosts!r} are {world} "
+                                                    "(one stage per host)")
+        if self.one_rank_per_host:
+            return   # each stage takes the whole batch: nothing to divide
         try:
             trainer_config.check_world(self.rank_config(balance), world, where=KIND)
         except trainer_config.ConfigError as exc:
@@ -165,9 +235,30 @@ class TrainerWorkload(Workload):
 
     def collectives(self, world: int) -> tuple[str, ...]:
         """A sharded optimizer (``train.shard_optimizer`` true or auto) rebuilds the
-        weights with ``all_gather`` every step."""
+        weights with ``all_gather`` every step; pipeline stages (``trainer.stages``) pass
+        activations and their gradients with ``send``/``recv``."""
         mode = self.config.train.shard_optimizer
-        return (ALL_GATHER,) if world > 1 and (mode is True or mode == SHARD_AUTO) else ()
+        named = (SEND_RECV,) if self.one_rank_per_host else ()
+        if world > 1 and (mode is True or mode == SHARD_AUTO):
+            named += (ALL_GATHER,)
+        return named if world > 1 else ()
+
+    def pipeline(self) -> PipelineCosts | None:
+        if not self.one_rank_per_host:
+            return None
+        from mlxops.trainer.plansearch import trainer_micro_batches
+        from mlxops.trainer.stages import trainer_costs
+
+        t = self.config.train
+        micro = trainer_micro_batches(t.global_batch, t.micro_batch)[0]  # the whole batch
+        accum = t.global_batch // micro
+        return PipelineCosts(trainer_costs(self.config, micro, accum), accum, micro,
+                             None if self.auto_stages else t.stages, f"{KIND}.stages")
+
+    def with_split(self, layers: list[int]) -> TrainerWorkload:
+        config = copy.deepcopy(self.config)
+        config.train.stages = list(layers)
+        return TrainerWorkload(config, auto_stages=self.auto_stages)
 
 
 #: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
