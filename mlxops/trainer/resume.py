@@ -58,7 +58,7 @@ def agreed_checkpoint(out: str | Path, group: mx.distributed.Group, resume: bool
         return None
     if len(set(steps)) != 1 and oldest and min(steps) >= 0:
         older = directory / checkpoint.checkpoint_name(min(steps))
-        if checkpoint.checkpoint_complete(older):
+        if protocol.checkpoint_complete(older):
             return older   # every rank takes this branch: the steps are gathered
         raise TrainerError(f"{directory}: no complete checkpoint of step {min(steps)}, "
                            f"the newest every stage has (steps {steps})")
