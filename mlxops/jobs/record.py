@@ -121,6 +121,9 @@ class JobRecord:
     stopped_at: float | None = None        # the last `mlxops stop` (see the module doc)
     workload: Workload | None = None       # what the job runs, as launched (typed)
     fast_synch: bool = False               # its ranks run with MLX_METAL_FAST_SYNCH=1
+    # Hosts whose ranks survived SIGKILL (a wedged GPU, kernel-held memory): only a reboot
+    # frees them, so no attempt of this job is placed there again (restart, resume).
+    needs_reboot: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.job is not None:

@@ -132,6 +132,7 @@ class JobStatus:
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
     serve: ServeFigures | None = None        # a probed job's live figures, when known
     fast_synch: bool = False                 # its ranks run with MLX_METAL_FAST_SYNCH=1
+    needs_reboot: list[str] = field(default_factory=list)  # ranks there survived SIGKILL
 
     def live(self) -> dict[str, Any]:
         """The live figures as a status document or a sample line holds them (empty: none)."""
@@ -218,6 +219,8 @@ class JobStatus:
             doc["stray"] = self.stray
         if self.fast_synch:
             doc["fast_synch"] = True
+        if self.needs_reboot:
+            doc["needs_reboot"] = self.needs_reboot
         return doc | self.live()
 
 
@@ -301,7 +304,7 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
                      record.message, launcher, [h.name for h in record.stray],
-                     fast_synch=record.fast_synch)
+                     fast_synch=record.fast_synch, needs_reboot=list(record.needs_reboot))
 
 
 def _probed(record: JobRecord) -> bool:
