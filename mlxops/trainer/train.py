@@ -37,6 +37,7 @@ from .evaluate import Evaluator
 from .model import Transformer, count_params
 from .prefetch import Prefetcher
 from .resume import agreed_checkpoint, load_compatible, restore_optimizer, truncate_metrics
+from .startbeat import StartBeat
 from .step import WIRE_DTYPES, Steps
 from .validation import Validation, ValidationState, perplexity
 
@@ -75,6 +76,10 @@ class Trainer:
         self.out = Path(cfg.out)
         self.group = init_group(expected_world_size())
         self.rank, self.world = self.group.rank(), self.group.size()
+        self._beat_at: float | None = None  # when the heartbeat was last written
+        self._clock = time.monotonic  # what the heartbeat's interval is measured with
+        # Alive while it loads and compiles (trainer/startbeat.py), until its first step.
+        self._starting = StartBeat(self._starting_beat).start()
         check_world(cfg, self.world)  # mlxops launch checked it too, with the job's hosts
         self.writer = is_node_writer(self.group)
         t = cfg.train
@@ -106,8 +111,6 @@ class Trainer:
         mx.eval(self.model.parameters(), self.optimizer.state)
         self.step = 0
         self._oom_error = ""
-        self._beat_at: float | None = None  # when the heartbeat was last written
-        self._clock = time.monotonic  # what the heartbeat's interval is measured with
         self.repairs = 0  # consistency repairs in this run (resume carries them on)
         # What the last progress record said; a resume at or past the final step has none.
         self._last_loss: float | None = None
@@ -292,6 +295,7 @@ class Trainer:
             del before
             self.step = step
             window.append((t3 - t0, compute))
+            self._starting.stop()  # its first step's heartbeat is the loop's own from here
             self._progress(loss, tokens_per_step / (t3 - t0), protocol.RUNNING)
             hooks.fake_diverge(self.rank, step, self.model)
             if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
@@ -308,6 +312,7 @@ class Trainer:
                 self._checkpoint()
             hooks.hold(step, lambda: self._progress(self._last_loss, self._last_tps,
                                                     protocol.RUNNING))
+        self._starting.stop()  # a resume at or past its last step makes none
         self.prefetch.close()
         self._progress(self._last_loss, self._last_tps, protocol.FINISHED)
         self._log(f"done: {self.step} steps")
@@ -372,6 +377,17 @@ class Trainer:
         self._log(f"consistency: step {step}: {mismatch.describe()}; rank 0's parameters and "
                   f"optimizer state sent to every rank (repair {self.repairs} of this run)")
 
+    def _starting_beat(self) -> None:
+        """The heartbeat before the first step: no step of this run yet (``step`` None)."""
+        self._write_progress(protocol.Progress(
+            rank=self.rank, step=None, time=time.time(), pid=os.getpid(),
+            world_size=self.world, state=protocol.STARTING))
+
+    def _write_progress(self, progress: protocol.Progress) -> None:
+        path = self.out / protocol.progress_file(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(progress.to_dict()) + "\n", durable=False)
+
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
         now = self._clock()
@@ -379,14 +395,11 @@ class Trainer:
                 now - self._beat_at < protocol.HEARTBEAT_EVERY:
             return  # written less than HEARTBEAT_EVERY ago: a later step will
         self._beat_at = now
-        path = self.out / protocol.progress_file(self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(protocol.Progress(
+        self._write_progress(protocol.Progress(
             rank=self.rank, step=self.step, loss=loss, time=time.time(), pid=os.getpid(),
             world_size=self.world, tokens_per_sec=tps, state=state, val_loss=self._last_val,
             best_val_loss=self.validation.state.best_loss,
-            best_step=self.validation.state.best_step).to_dict()) + "\n",
-            durable=False)
+            best_step=self.validation.state.best_step))
 
     def _metrics(self, loss: float, window: list, tokens_per_step: int,
                  val_loss: float | None = None) -> None:
