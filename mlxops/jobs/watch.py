@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from mlxops import events
 from mlxops.errors import InternalError, MlxopsError
+from mlxops.jobs import wedged
 from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
 from mlxops.jobs.jacclinit import jaccl_init_failure
 from mlxops.jobs.launch import launch
@@ -38,8 +39,8 @@ from mlxops.jobs.serveprobe import ProbeWatch
 from mlxops.jobs.spec import JobSpec
 from mlxops.jobs.status import PEER_LOST, JobStatus, classify, job_status
 from mlxops.jobs.stop import reap_strays, stop_job
-from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED, StopAnswer
-from mlxops.transport import Connector, GroupError, HostUnreachable, Results
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STALLED, STOPPED
+from mlxops.transport import Connector, GroupError, HostUnreachable
 
 OnStatus = Callable[[JobStatus], None]
 STRAY_RETRY = 30.0  # seconds between attempts to reach a host the job left behind
@@ -63,21 +64,17 @@ def restart(record: JobRecord, connector: Connector, reason: str,
     """
     spec = record.job_spec()  # the job as launched: refused before anything is stopped
     on_event(f"restarting ({reason})")
-    wedged = survived_kill(stop_job(record, connector, mark_stopped=False))
+    stuck = wedged.survived_kill(stop_job(record, connector, mark_stopped=False))
     entry = Restart(time=time.time(), reason=reason, attempt=record.attempt)
 
     def begin(current: JobRecord) -> None:
         if current.state == STOPPED:
             raise JobStopped(current)
         current.restarts.append(entry)
-        _mark_needs_reboot(current, wedged)
+        wedged.mark(current, stuck)
 
     previous = update(record.name, begin)
-    for host, alive in wedged.items():
-        message = (f"{host} needs reboot: rank(s) {', '.join(map(str, alive))} survived "
-                   "SIGKILL (a wedged GPU?); the job goes on without it")
-        events.record(record.name, events.NEEDS_REBOOT, message, attempt=record.attempt,
-                      host=host, ranks=alive)
+    for message in wedged.tell(record.name, record.attempt, stuck):
         on_event(message)
     try:
         return _relaunch(spec, previous, connector, on_event)
@@ -86,33 +83,15 @@ def restart(record: JobRecord, connector: Connector, reason: str,
         stop_job(exc.record, connector, mark_stopped=False)
         raise
     except MlxopsError as exc:
-        if not wedged:
+        if not stuck:
             raise
-        raise MlxopsError(f"{', '.join(wedged)} needs reboot (its ranks survived SIGKILL) "
-                          f"and the job cannot go on without it: {exc}") from None
-
-
-def survived_kill(results: Results) -> dict[str, list[int | str]]:
-    """Hosts where a rank of the job was still there after SIGKILL, with those ranks.
-
-    A process that outlives SIGKILL is stuck in the kernel (on a Mac: a wedged GPU, its
-    wired memory held); only a reboot frees the node, so relaunching there fails again."""
-    return {host: list(result.value.alive) for host, result in results.items()
-            if isinstance(result.value, StopAnswer) and result.value.alive}
-
-
-def _mark_needs_reboot(current: JobRecord, wedged: dict[str, list[int | str]]) -> None:
-    """Record the wedged hosts, and keep them as strays: their ranks are stopped (and the
-    host forgotten as one) once they can be, by the reaper or ``mlxops stop``."""
-    current.needs_reboot += [h for h in wedged if h not in current.needs_reboot]
-    known = {h.name for h in current.stray}
-    current.stray += [current.host(h) for h in wedged if h not in known]
+        raise MlxopsError(wedged.cannot_go_on(stuck, exc)) from None
 
 
 def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
               on_event: OnEvent) -> JobRecord:
     try:
-        return launch(spec, connector, resume=True, exclude=_excluded(previous),
+        return launch(spec, connector, resume=True, exclude=wedged.excluded(previous),
                       previous=previous, on_warning=on_event)
     except GroupError as exc:
         gone = exc.results.unreachable
@@ -121,7 +100,7 @@ def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
     # A Mac that is down (powered off, asleep, off the network) need not end the run:
     # go on without it, same global batch, from the newest checkpoint the rest share.
     on_event(f"continuing without {', '.join(gone)} (unreachable)")
-    new = launch(spec, connector, resume=True, exclude=[*_excluded(previous), *gone],
+    new = launch(spec, connector, resume=True, exclude=[*wedged.excluded(previous), *gone],
                  previous=previous, on_warning=on_event)
     left = [previous.host(h) for h in gone]
 
@@ -130,12 +109,6 @@ def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
 
     new.stray = update(new.name, add_strays).stray
     return new
-
-
-def _excluded(record: JobRecord) -> list[str]:
-    """The hosts an attempt after ``record`` leaves out: those excluded, those that need
-    a reboot (never relaunched onto)."""
-    return [*record.excluded, *(h for h in record.needs_reboot if h not in record.excluded)]
 
 
 def _once_stopped(name: str, connector: Connector, hosts: dict | None) -> JobStatus:
