@@ -51,6 +51,7 @@ from mlxops.trainer.resume import (
     restore_optimizer,
     truncate_metrics,
 )
+from mlxops.trainer.startbeat import StartBeat
 from mlxops.trainer.step import WIRE_DTYPES, Steps
 from mlxops.trainer.train import CALIBRATION_STEPS, GB, TrainerError, is_oom
 from mlxops.trainer.validation import Validation, ValidationState, perplexity
@@ -68,6 +69,8 @@ class FineTuner:
         self.cfg, self.out = cfg, Path(cfg.out)
         self.group = init_group(expected_world_size())
         self.rank, self.world = self.group.rank(), self.group.size()
+        # Alive while it loads the base model and compiles (trainer/startbeat.py).
+        self._starting = StartBeat(self._starting_beat).start()
         check_world(cfg, self.world)
         self.writer = is_node_writer(self.group)
         t = cfg.train
@@ -251,6 +254,7 @@ class FineTuner:
             self.step, self._oom_error = step, ""
             tokens = self.cursor.step_tokens(step)
             window.append((elapsed, compute, tokens))
+            self._starting.stop()  # the loop's own heartbeat from its first step
             self._progress(loss, tokens / elapsed, protocol.RUNNING)
             if t.consistency_every and self.world > 1 and step % t.consistency_every == 0:
                 self._check_consistency(step)
@@ -274,6 +278,7 @@ class FineTuner:
                           f"{best.best_loss:.4f} (step {best.best_step}); stopping at step "
                           f"{step}")
                 break
+        self._starting.stop()  # a resume at or past its last step makes none
         self._progress(self._last[0], self._last[1], protocol.FINISHED)
         best = self.validation.state
         self._log(f"done: {self.step} steps; best validation loss "
@@ -309,6 +314,14 @@ class FineTuner:
         self.repairs += 1
         self._log(f"consistency: step {step}: {mismatch.describe()}; rank 0's trainable "
                   f"weights and optimizer state sent to every rank (repair {self.repairs})")
+
+    def _starting_beat(self) -> None:
+        """The heartbeat before the first step: no step of this run yet (``step`` None)."""
+        path = self.out / protocol.progress_file(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(protocol.Progress(
+            rank=self.rank, step=None, time=time.time(), pid=os.getpid(),
+            world_size=self.world, state=protocol.STARTING).to_dict()) + "\n", durable=False)
 
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last = (loss, tps)
