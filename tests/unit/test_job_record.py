@@ -334,3 +334,20 @@ def test_a_restart_is_a_record_that_round_trips_and_names_what_is_missing(tmp_pa
     with pytest.raises(MlxopsError, match=r"record.json: unreadable job record: "
                                           r"restarts\[0\]: missing field 'reason'$"):
         load_record("j")
+
+
+def test_status_shows_a_node_that_needs_reboot_in_text_and_json(tmp_path):
+    from mlxops import console
+    from mlxops.cli.watch import print_status
+    from mlxops.jobs.status import JobStatus, classify
+
+    record = record_for(load_job(write_job(tmp_path)), needs_reboot=["a"], stray=[],
+                        ranks=[])
+    status = classify(record, {}, {})
+    assert status.to_dict()["needs_reboot"] == ["a"]
+    assert "needs_reboot" not in JobStatus("j", RUNNING, []).to_dict()
+    with console.out.capture() as captured:
+        print_status(status)
+    text = captured.get()
+    assert "a needs reboot" in text and "survived SIGKILL" in text
+    assert "left behind while unreachable" not in text
