@@ -45,6 +45,7 @@ STARTED = "started"          # a fresh launch: every rank started
 RESUMED = "resumed"          # `mlxops resume` (detail: excluded hosts, the step)
 STALLED = "stalled"          # the watchdog found a rank without progress
 RESTARTED = "restarted"      # the watchdog stopped and resumed the job (detail: reason)
+NEEDS_REBOOT = "needs_reboot"  # a rank survived SIGKILL (a wedged GPU): its node is left out
 STOPPED = "stopped"          # `mlxops stop`
 FAILED = "failed"            # the job ended for good (detail: why)
 FINISHED = "finished"        # every rank finished
@@ -54,7 +55,8 @@ NOTIFIED = "notified"        # a notification was delivered (detail: the event, 
 NOTIFY_FAILED = "notify_failed"  # ... or given up after its retries
 
 #: What a notification can be sent for (a job's ``notify.events``).
-NOTIFIABLE = (STARTED, RESUMED, STALLED, RESTARTED, STOPPED, FAILED, FINISHED, ALERT, PLATEAU)
+NOTIFIABLE = (STARTED, RESUMED, STALLED, RESTARTED, NEEDS_REBOOT, STOPPED, FAILED, FINISHED,
+              ALERT, PLATEAU)
 KINDS = (*NOTIFIABLE, NOTIFIED, NOTIFY_FAILED)
 
 

@@ -113,7 +113,9 @@ def resume(name, exclude, detach, as_json, forks, connect):
 
     record = load_record(name)
     spec = load_job(record.job_file)
-    excluded = sorted(set(record.excluded) | {h.strip() for h in exclude.split(",") if h.strip()})
+    # A host that needs a reboot (its ranks survived SIGKILL) is never resumed onto.
+    excluded = sorted(set(record.excluded) | set(record.needs_reboot)
+                      | {h.strip() for h in exclude.split(",") if h.strip()})
 
     def started(record) -> None:
         events.record(record.name, events.RESUMED,

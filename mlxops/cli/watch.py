@@ -182,7 +182,11 @@ def print_status(status: JobStatus) -> None:
                           f"{restart.reason}", markup=False)
     for host, reason in status.unreachable.items():
         console.out.print(f"  [magenta]{host} unreachable[/]: {reason}")
-    for host in status.stray:
+    for host in status.needs_reboot:
+        console.out.print(f"  [red]{host} needs reboot[/]: a rank there survived SIGKILL (a "
+                          "wedged GPU?); the job runs without it and is never placed there "
+                          "again")
+    for host in (h for h in status.stray if h not in status.needs_reboot):
         console.out.print(f"  [yellow]{host} was left behind while unreachable[/]: its old ranks "
                           f"may still run; `mlxops stop {status.name}` stops them once it answers")
 

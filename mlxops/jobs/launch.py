@@ -101,6 +101,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
         supervisor=previous.supervisor if previous else None,  # a restart keeps its own
         message=f"resumed from step {step}" if resume and step is not None else "",
         fast_synch=fast_synch_on(spec.env, hosts),
+        needs_reboot=list(previous.needs_reboot) if previous else [],
     )
     record.save()
     for host, answer in sorted(started.succeeded_values().items()):

@@ -140,6 +140,9 @@ class JobRecord:
     fast_synch: bool = False               # its ranks run with MLX_METAL_FAST_SYNCH=1
     # The watchdog on a node that supervises the job; None: the controller does.
     supervisor: SupervisorRecord | None = None
+    # Hosts whose ranks survived SIGKILL (a wedged GPU, kernel-held memory): only a reboot
+    # frees them, so no attempt of this job is placed there again (restart, resume).
+    needs_reboot: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.job is not None:

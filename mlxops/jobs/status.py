@@ -132,6 +132,7 @@ class JobStatus:
     stray: list[str] = field(default_factory=list)  # hosts left behind, maybe still running
     serve: ServeFigures | None = None        # a probed job's live figures, when known
     fast_synch: bool = False                 # its ranks run with MLX_METAL_FAST_SYNCH=1
+    needs_reboot: list[str] = field(default_factory=list)  # ranks there survived SIGKILL
 
     def live(self) -> dict[str, Any]:
         """The live figures as a status document or a sample line holds them (empty: none)."""
@@ -218,6 +219,8 @@ class JobStatus:
             doc["stray"] = self.stray
         if self.fast_synch:
             doc["fast_synch"] = True
+        if self.needs_reboot:
+            doc["needs_reboot"] = self.needs_reboot
         return doc | self.live()
 
 
@@ -263,6 +266,25 @@ def stall_limit(record: JobRecord, rank: protocol.RankAnswer) -> float:
     return record.restart.stall_timeout
 
 
+def stall_rule(record: JobRecord, rank: protocol.RankAnswer) -> tuple[float | None, float]:
+    """The age the stall rule compares, and its limit: the rank is stalled when age > limit.
+
+    A rank that beats while it starts (``starting`` heartbeats, trainer/startbeat.py, before
+    its first step) is alive but may get nowhere (a first collective waiting forever keeps
+    the beat going). With ``silence`` = its heartbeat's age and ``since`` = the time since
+    it started (``silence + beat.time - started``), it is stalled when
+    ``silence > stall_timeout`` (the beat stopped: frozen, wedged) or
+    ``since > max(start_timeout, stall_timeout)`` (too long to start). Any other rank:
+    its heartbeat's age against :func:`stall_limit`."""
+    beat, silence = rank.progress, rank.heartbeat_age
+    if beat is None or beat.state != protocol.STARTING or silence is None:
+        return silence, stall_limit(record, rank)
+    if silence > record.restart.stall_timeout:
+        return silence, record.restart.stall_timeout
+    since = silence + max(0.0, (beat.time or 0.0) - (rank.started or beat.time or 0.0))
+    return since, record.restart.start_limit
+
+
 def _absent(rank: int) -> protocol.RankAnswer:
     """A rank its node has no files of (not written, or removed)."""
     return protocol.RankAnswer(rank=rank, pid=None, alive=False, exit=None, ended_ago=None,
@@ -283,11 +305,14 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
             continue
         node_rank = answer.rank(rank.rank) or _absent(rank.rank)
         progress = node_rank.progress or protocol.Progress()
+        stall_age, limit = stall_rule(record, node_rank)
         state = rank_state(exit_code=node_rank.exit, alive=node_rank.alive,
-                           heartbeat_age=node_rank.heartbeat_age if heartbeats else None,
+                           heartbeat_age=stall_age if heartbeats else None,
                            stopped=answer.stopped or record.state == STOPPED,
-                           stall_timeout=stall_limit(record, node_rank))
-        age = node_rank.heartbeat_age
+                           stall_timeout=limit)
+        # A beating rank's heartbeat age shows it alive; a stalled one's says for how long
+        # it got nowhere (a start past start_timeout: since it started).
+        age = stall_age if state == STALLED else node_rank.heartbeat_age
         if (launcher and launcher.state in (RUNNING, STALLED) and node_rank.pid is None
                 and node_rank.exit is None and state in (FAILED, STOPPED)):
             # Not started yet: mpirun is still bringing it up (ssh, orted) - or hangs at it.
@@ -301,7 +326,7 @@ def classify(record: JobRecord, answers: dict[str, protocol.StatusAnswer],
                      job_state(record, ranks, launcher.state if launcher else None),
                      ranks, record.attempt, record.restarts, unreachable, record.steps,
                      record.message, launcher, [h.name for h in record.stray],
-                     fast_synch=record.fast_synch)
+                     fast_synch=record.fast_synch, needs_reboot=list(record.needs_reboot))
 
 
 def _probed(record: JobRecord) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from mlxops import events
 from mlxops.errors import InternalError, MlxopsError
+from mlxops.jobs import wedged
 from mlxops.jobs.channel import ASK_TIMEOUT, Channels, Heard, Lost
 from mlxops.jobs.jacclinit import jaccl_init_failure
 from mlxops.jobs.launch import launch
@@ -64,27 +65,34 @@ def restart(record: JobRecord, connector: Connector, reason: str,
     """
     spec = record.job_spec()  # the job as launched: refused before anything is stopped
     on_event(f"restarting ({reason})")
-    stop_job(record, connector, mark_stopped=False)
+    stuck = wedged.survived_kill(stop_job(record, connector, mark_stopped=False))
     entry = Restart(time=time.time(), reason=reason, attempt=record.attempt)
 
     def begin(current: JobRecord) -> None:
         if current.state == STOPPED:
             raise JobStopped(current)
         current.restarts.append(entry)
+        wedged.mark(current, stuck)
 
     previous = update(record.name, begin)
+    for message in wedged.tell(record.name, record.attempt, stuck):
+        on_event(message)
     try:
         return _relaunch(spec, previous, connector, on_event)
     except JobStopped as exc:
         on_event("stopped (mlxops stop) while the ranks were starting: stopping them again")
         stop_job(exc.record, connector, mark_stopped=False)
         raise
+    except MlxopsError as exc:
+        if not stuck:
+            raise
+        raise MlxopsError(wedged.cannot_go_on(stuck, exc)) from None
 
 
 def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
               on_event: OnEvent) -> JobRecord:
     try:
-        return launch(spec, connector, resume=True, exclude=previous.excluded,
+        return launch(spec, connector, resume=True, exclude=wedged.excluded(previous),
                       previous=previous, on_warning=on_event)
     except GroupError as exc:
         gone = exc.results.unreachable
@@ -93,7 +101,7 @@ def _relaunch(spec: JobSpec, previous: JobRecord, connector: Connector,
     # A Mac that is down (powered off, asleep, off the network) need not end the run:
     # go on without it, same global batch, from the newest checkpoint the rest share.
     on_event(f"continuing without {', '.join(gone)} (unreachable)")
-    new = launch(spec, connector, resume=True, exclude=[*previous.excluded, *gone],
+    new = launch(spec, connector, resume=True, exclude=[*wedged.excluded(previous), *gone],
                  previous=previous, on_warning=on_event)
     left = [previous.host(h) for h in gone]
 

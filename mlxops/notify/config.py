@@ -19,6 +19,7 @@ from mlxops.events import (
     ALERT,
     FAILED,
     FINISHED,
+    NEEDS_REBOOT,
     NOTIFIABLE,
     PLATEAU,
     RESTARTED,
@@ -27,7 +28,7 @@ from mlxops.events import (
 
 KEYS = ("command", "webhook", "events", "timeout", "retries")
 #: By default, what needs a person: not the starts and stops they did themselves.
-DEFAULT_EVENTS = (RESTARTED, STALLED, FAILED, FINISHED, ALERT, PLATEAU)
+DEFAULT_EVENTS = (RESTARTED, STALLED, NEEDS_REBOOT, FAILED, FINISHED, ALERT, PLATEAU)
 MAX_RETRIES = 20
 
 

@@ -74,6 +74,7 @@ from .distributed import (
 )
 from .errors import TrainerError
 from .resume import agreed_checkpoint, load_compatible, restore_optimizer, truncate_metrics
+from .startbeat import StartBeat
 from .step import Steps
 from .validation import Validation, ValidationState, perplexity
 
@@ -200,6 +201,8 @@ class Loop:
         group = init_group(expected_world_size())
         self.rank, self.world = group.rank(), group.size()
         self.group = group
+        # Alive while it loads and compiles (startbeat.py), until its first step.
+        self._starting = StartBeat(self._starting_beat).start()
         w.check_world(self.world)  # mlxops launch checked it too, with the job's hosts
         self.writer = is_node_writer(group) if w.replicated else True
         self.ckpt_dir = self.out / protocol.CKPT_DIR
@@ -361,6 +364,7 @@ class Loop:
             self.step = step
             tokens = w.tokens(step)
             window.append((elapsed, compute, tokens))
+            self._starting.stop()  # its first step's heartbeat is the loop's own from here
             self._progress(loss, tokens / elapsed, protocol.RUNNING)
             hooks.fake_diverge(self.rank, step, w.model)
             if t.consistency_every and self.world > 1 and w.replicated and \
@@ -379,6 +383,7 @@ class Loop:
             hooks.hold(step, lambda: self._progress(self._last_loss, self._last_tps,
                                                     protocol.RUNNING))
         w.close()
+        self._starting.stop()  # a resume at or past its last step makes none
         self._progress(self._last_loss, self._last_tps, protocol.FINISHED)
         best = self.validation.state
         self.log(f"done: {self.step} steps" + (
@@ -446,6 +451,17 @@ class Loop:
 
     # -- what the run tells -----------------------------------------------------------------
 
+    def _starting_beat(self) -> None:
+        """The heartbeat before the first step: no step of this run yet (``step`` None)."""
+        self._write_progress(protocol.Progress(
+            rank=self.rank, step=None, time=time.time(), pid=os.getpid(),
+            world_size=self.world, state=protocol.STARTING))
+
+    def _write_progress(self, progress: protocol.Progress) -> None:
+        path = self.out / protocol.progress_file(self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(progress.to_dict()) + "\n", durable=False)
+
     def _progress(self, loss: float | None, tps: float, state: str) -> None:
         self._last_loss, self._last_tps = loss, tps
         now = self._clock()
@@ -453,14 +469,11 @@ class Loop:
                 now - self._beat_at < protocol.HEARTBEAT_EVERY:
             return  # written less than HEARTBEAT_EVERY ago: a later step will
         self._beat_at = now
-        path = self.out / protocol.progress_file(self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(protocol.Progress(
+        self._write_progress(protocol.Progress(
             rank=self.rank, step=self.step, loss=loss, time=time.time(), pid=os.getpid(),
             world_size=self.world, tokens_per_sec=tps, state=state, val_loss=self._last_val,
             best_val_loss=self.validation.state.best_loss,
-            best_step=self.validation.state.best_step).to_dict()) + "\n",
-            durable=False)
+            best_step=self.validation.state.best_step))
 
     def _metrics(self, loss: float, window: list[tuple[float, float | None, int]],
                  val_loss: float | None) -> None:

@@ -162,6 +162,45 @@ def test_the_report_opens_offline_with_its_plots_drawn(recorded, tmp_path):
     print(f"report screenshot: {shot}")
 
 
+def split_chart(dom: str) -> str:
+    match = re.search(r'<svg[^>]*data-chart="split".*?</svg>', dom, re.S)
+    return match.group(0) if match else ""
+
+
+@needs_chromium
+def test_the_first_step_is_kept_out_of_the_split_charts_scale_and_marked(tmp_path):
+    """The recorded run with a first line as a cold Mac logs it (log_every 1: step 1's
+    compute 6,000 ms while MLX compiles its kernels, as the issue's demo showed; the
+    recorded run itself logs every 5 steps, so its first line is already warm): the
+    compute/all-reduce chart scales to the steps after it, and marks it at its edge."""
+    home = Path(os.environ["MLXOPS_HOME"]) / "jobs"
+    shutil.copytree(RECORDED / "finished", home)
+    metrics = home / "tiny-lm" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    first = json.loads(lines[0])
+    first.update(step=1, time=first["time"] - 7, compute_time=6.0, comm_time=0.25,
+                 step_time=6.25)
+    metrics.write_text("\n".join([json.dumps(first), *lines]) + "\n")
+    target = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "mlxops", "report", "tiny-lm", "-o",
+                           str(target)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    dom = chromium(target.as_uri(), "--dump-dom", offline=os.geteuid() == 0)
+    chart = split_chart(dom)
+    assert charts(dom)["split"] == 2 * 61               # the first step drawn, not hidden
+    top = float(re.search(r'data-y-max="([\d.]+)"', chart).group(1))
+    warm = max(json.loads(line)["comm_time"] for line in lines) * 1e3
+    assert warm < top < 1.1 * warm, (top, warm)         # the scale of the steps after it
+    assert re.search(r'data-first="6000"', chart), chart[:500]
+    assert "first step: compiling, 6,000 ms" in chart
+    assert chart.count('class="first-step-point"') == 2  # compute and all-reduce, marked
+    shot = tmp_path / "first-step.png"
+    chromium(target.as_uri(), f"--screenshot={shot}", "--window-size=1400,2600",
+             offline=os.geteuid() == 0)
+    print(f"report screenshot: {shot}")
+
+
 @needs_chromium
 def test_validation_is_the_loss_charts_second_curve_in_report_and_dashboard(tmp_path):
     """A recorded run with train.eval_every: its 6 validation losses drawn beside the

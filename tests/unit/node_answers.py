@@ -13,7 +13,7 @@ controller classifies in those tests are the node's, not copies written by hand.
       started: S              ... written S seconds ago (default 100)
       exit: N                 ``rank-R.exit`` holds N ...
       ended: S                ... written S seconds ago (default 100)
-      progress: {age: S, step: .., loss: .., tokens_per_sec: ..}
+      progress: {age: S, step: .., loss: .., tokens_per_sec: .., state: ..}
                               ``progress/rank-R.json``, written S seconds ago
       log: TEXT               ``rank-R.log`` holds TEXT (a log recorded from a real rank)
 """
@@ -79,8 +79,8 @@ def _process(run_dir: Path, rank: int | str, about: dict[str, Any], procs: Proce
     if "progress" in about:
         beat = dict(about["progress"])
         age = beat.pop("age")
-        record = protocol.Progress(rank=int(rank), time=time.time() - age, state="running",
-                                   **beat)
+        beat.setdefault("state", "running")  # starting: a beat before the first step
+        record = protocol.Progress(rank=int(rank), time=time.time() - age, **beat)
         _write(run_dir / protocol.progress_file(int(rank)),
                protocol.answer_line(record) + "\n", age)
 

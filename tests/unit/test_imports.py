@@ -39,7 +39,8 @@ ROOMS: list[tuple[str, ...]] = [
     ("trainer",),
     ("finetune",),  # fine-tuning, synced beside the trainer: it builds on it (and mlx-lm)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
-     "devtools", "hostfacts", "readiness", "events", "notify", "dataprep"),
+     "devtools", "hostfacts", "macnet", "rdmaready", "datalink", "readiness", "events",
+     "notify", "dataprep"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
     ("render",),  # renders an inventory's hosts (and their ring order) into hostfiles

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mlxops import events
 from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs import watch
 from mlxops.jobs.placement import Rank
@@ -32,7 +33,8 @@ from mlxops.jobs.record import (
     update,
 )
 from mlxops.jobs.spec import JobSpec, RestartPolicy, load_job
-from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
+from mlxops.node.protocol import FAILED, FINISHED, RUNNING, STOPPED, StopAnswer
+from mlxops.transport import HostResult, Results
 
 DATA = Path(__file__).parent / "data" / "jobs"
 TRAINER = {"model": {"dims": 32, "layers": 1, "heads": 2, "seq_len": 16},
@@ -128,20 +130,26 @@ def test_the_record_rebuilds_a_command_job_with_its_workdir(tmp_path):
 class Recorder:
     """``stop_job`` and ``launch`` for watch.restart, recording their calls."""
 
-    def __init__(self, monkeypatch, on_launch=None):
+    def __init__(self, monkeypatch, on_launch=None, survivors=None):
         self.stopped: list[JobRecord] = []
         self.launched: list[JobSpec] = []
+        self.excluded: list[list[str]] = []
         self.on_launch = on_launch
+        self.survivors = survivors or {}  # host -> ranks still there after SIGKILL
         monkeypatch.setattr(watch, "stop_job", self.stop_job)
         monkeypatch.setattr(watch, "launch", self.launch)
 
     def stop_job(self, record, connector, **kwargs):
         assert kwargs == {"mark_stopped": False}  # the watchdog's stop is not the user's
         self.stopped.append(record)
+        return Results({h: HostResult(h, FAILED, f"ranks {alive} survived SIGKILL",
+                                      value=StopAnswer(alive, alive, alive, []))
+                        for h, alive in self.survivors.items()})
 
     def launch(self, spec, connector, *, resume, exclude, previous, on_warning):
         assert resume and callable(on_warning)  # a node's unused kernel cache is an event
         self.launched.append(spec)
+        self.excluded.append(list(exclude))
         if self.on_launch:
             self.on_launch()
         # As launch does: the new attempt's record, continuing the previous one.
@@ -179,6 +187,37 @@ def test_a_record_without_the_job_is_refused_before_anything_is_stopped(tmp_path
         watch.restart(record, None, "stalled", events.append)
     assert calls.stopped == [] and calls.launched == [] and events == []
     assert load_record("j").restarts == []
+
+
+def test_a_rank_that_survives_sigkill_marks_its_node_needs_reboot_and_is_left_out(
+        tmp_path, monkeypatch):
+    record = record_for(load_job(write_job(tmp_path)))
+    record.save()
+    calls, said = Recorder(monkeypatch, survivors={"a": [0]}), []
+
+    watch.restart(record, None, "rank 0 on a stalled", said.append)
+
+    assert calls.excluded == [["a"]]          # never relaunched onto it
+    now = load_record("j")
+    assert now.needs_reboot == ["a"] and [h.name for h in now.stray] == ["a"]
+    assert any("a needs reboot" in e for e in said), said
+    [event] = [e for e in events.read("j") if e.kind == events.NEEDS_REBOOT]
+    assert event.detail == {"host": "a", "ranks": [0]}
+
+
+def test_a_job_that_cannot_go_on_without_the_wedged_node_says_it_needs_reboot(
+        tmp_path, monkeypatch):
+    record = record_for(load_job(write_job(tmp_path)))
+    record.save()
+    Recorder(monkeypatch, survivors={"a": [0]})
+
+    def no_hosts_left(*args, **kwargs):
+        raise UserError("no hosts left")
+
+    monkeypatch.setattr(watch, "launch", no_hosts_left)
+    with pytest.raises(MlxopsError, match="a needs reboot .* cannot go on without it"):
+        watch.restart(record, None, "rank 0 on a stalled")
+    assert load_record("j").needs_reboot == ["a"]
 
 
 # --- two writers --------------------------------------------------------------------------------
@@ -295,3 +334,20 @@ def test_a_restart_is_a_record_that_round_trips_and_names_what_is_missing(tmp_pa
     with pytest.raises(MlxopsError, match=r"record.json: unreadable job record: "
                                           r"restarts\[0\]: missing field 'reason'$"):
         load_record("j")
+
+
+def test_status_shows_a_node_that_needs_reboot_in_text_and_json(tmp_path):
+    from mlxops import console
+    from mlxops.cli.watch import print_status
+    from mlxops.jobs.status import JobStatus, classify
+
+    record = record_for(load_job(write_job(tmp_path)), needs_reboot=["a"], stray=[],
+                        ranks=[])
+    status = classify(record, {}, {})
+    assert status.to_dict()["needs_reboot"] == ["a"]
+    assert "needs_reboot" not in JobStatus("j", RUNNING, []).to_dict()
+    with console.out.capture() as captured:
+        print_status(status)
+    text = captured.get()
+    assert "a needs reboot" in text and "survived SIGKILL" in text
+    assert "left behind while unreachable" not in text

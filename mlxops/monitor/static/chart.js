@@ -62,8 +62,27 @@ const MlxopsChart = (() => {
     return Math.abs(xs[lo] - x) <= Math.abs(xs[hi] - x) ? lo : hi;
   }
 
+  // The index of a series' first drawn point (-1: none).
+  function firstPoint(s) {
+    return s.y.findIndex((v) => v !== null && v !== undefined && isFinite(v));
+  }
+
+  // The y values the scale is made of. With firstApart, each series' first point (a run's
+  // first step: MLX compiles its kernels then, 6 s against 40 ms) is left out while the
+  // series has others, so one slow step does not flatten the rest; it is drawn at the
+  // chart's edge and labelled instead (marked, not hidden). Exported for the tests.
+  function scaleValues(series, firstApart) {
+    return series.flatMap((s) => {
+      const k = firstApart ? firstPoint(s) : -1;
+      const rest = s.y.filter((v, j) => j !== k && v !== null && v !== undefined && isFinite(v));
+      return k >= 0 && rest.length ? s.y.filter((_, j) => j !== k) : s.y;
+    });
+  }
+
   // line(container, {key, series: [{name, x: [], y: []}], markers: [{x, label, title}],
-  //   xLabel, yZero, xFormat, yFormat, height}) draws into container (replacing it).
+  //   xLabel, yZero, xFormat, yFormat, height, firstApart, firstLabel(x, y)}) draws into
+  //   container (replacing it). The <svg> says its scale's top in data-y-max, and the first
+  //   point it left out of it in data-first (see scaleValues).
   function line(container, spec) {
     container.textContent = "";
     const width = Math.max(320, Math.floor(container.clientWidth || 640));
@@ -75,7 +94,7 @@ const MlxopsChart = (() => {
                      container);
     let points = 0;
     const xs = extent(series.flatMap((s) => s.x).concat((spec.markers || []).map((m) => m.x)));
-    const ys = extent(series.flatMap((s) => s.y));
+    const ys = extent(scaleValues(series, spec.firstApart));
     if (!xs || !ys) {
       svg("text", { x: width / 2, y: height / 2, class: "empty", "text-anchor": "middle" },
           root).textContent = spec.empty || "no data yet";
@@ -91,7 +110,8 @@ const MlxopsChart = (() => {
     if (!(spec.yZero && y0 === 0)) y0 -= pad;
     const W = width - M.left - M.right, H = height - M.top - M.bottom;
     const sx = (x) => M.left + ((x - x0) / (x1 - x0)) * W;
-    const sy = (y) => M.top + H - ((y - y0) / (y1 - y0)) * H;
+    const sy = (y) => M.top + H - ((Math.min(y, y1) - y0) / (y1 - y0)) * H;  // above: the edge
+    root.setAttribute("data-y-max", String(y1));
 
     const grid = svg("g", { class: "grid" }, root);
     for (const t of ticks(y0, y1, 4)) {
@@ -134,6 +154,24 @@ const MlxopsChart = (() => {
         m.label || `restart ${i + 1}`;
       svg("title", {}, g).textContent = m.title || m.label || "";
     });
+
+    // The first points left out of the scale, above it: at the top edge, each marked and
+    // the slowest labelled with its value.
+    const over = spec.firstApart ? series.map((s) => [s, firstPoint(s)])
+      .filter(([s, k]) => k >= 0 && s.y[k] > y1).map(([s, k]) => ({ x: s.x[k], y: s.y[k] })) : [];
+    if (over.length) {
+      const top = over.reduce((a, b) => (b.y > a.y ? b : a));
+      const g = svg("g", { class: "first-step" }, root);
+      for (const p of over) {
+        svg("circle", { cx: sx(p.x), cy: M.top, r: 4, class: "first-step-point" }, g);
+      }
+      const label = spec.firstLabel ? spec.firstLabel(top.x, top.y)
+        : `first point: ${yFormat(top.y)}`;
+      svg("text", { x: sx(top.x) + 8, y: M.top + 12, class: "first-step-label" }, g)
+        .textContent = label;
+      svg("title", {}, g).textContent = label + " (kept out of the scale)";
+      root.setAttribute("data-first", String(top.y));
+    }
 
     if (series.length > 1) {
       const legend = svg("g", { class: "legend" }, root);
@@ -186,5 +224,5 @@ const MlxopsChart = (() => {
     return root;
   }
 
-  return { line, ticks, number };
+  return { line, ticks, number, scaleValues };
 })();

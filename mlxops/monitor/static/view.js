@@ -161,7 +161,11 @@ const MlxopsView = (() => {
       series: [
         { name: "compute", x: m.step, y: m.compute_time.map((v) => (v === null ? null : v * 1e3)), index: 2 },
         { name: "all-reduce + update", x: m.step, y: m.comm_time.map((v) => (v === null ? null : v * 1e3)), index: 3 }],
-      markers: stepMarkers(doc), xLabel: "step", xName: "step", yZero: true });
+      markers: stepMarkers(doc), xLabel: "step", xName: "step", yZero: true,
+      // The first step compiles MLX's kernels (6 s cold against 40 ms): kept out of the scale.
+      firstApart: true,
+      firstLabel: (x, y) => `first step: compiling, ${Math.round(y).toLocaleString("en")} ms`
+        + (x > 1 ? ` (in the line of step ${x})` : "") });
     const ranks = doc.ranks.filter((r) => r.history && r.history.time && r.history.time.length);
     add("tokens/s per rank (heartbeats)", "rank-tokens", {
       series: ranks.map((r) => ({ name: `r${r.rank} ${r.host}`, x: since(r.history.time),

@@ -21,5 +21,7 @@ RANK_STATES = (RUNNING, FINISHED, FAILED, STALLED, STOPPED, UNREACHABLE)
 JOB_STATES = (RUNNING, FINISHED, FAILED, STALLED, STOPPED)
 #: States after which nothing of the job runs any more.
 ENDED_STATES = (FINISHED, FAILED, STOPPED)
+#: A rank's heartbeat before its first step (loading, compiling): alive, not yet stepping.
+STARTING = "starting"
 #: What the trainer writes in ``progress/rank-<r>.json``.
-PROGRESS_STATES = (RUNNING, FINISHED)
+PROGRESS_STATES = (STARTING, RUNNING, FINISHED)
