@@ -17,8 +17,8 @@ def test_a_finetuning_rank_has_a_starting_heartbeat_before_its_first_step(
         tiny, tmp_path, monkeypatch):
     out = tmp_path / "out"
     config = write_config(tmp_path, out, tiny.llama, tiny.data["chat"],
-                          train={"steps": 2, "eval_every": 0, "save_every": 0})
-    tuner = train.FineTuner(load_config(str(config)), resume=False)
+                          train={"steps": 2, "eval_every": 0, "checkpoint_every": 0})
+    tuner = train.finetune_loop(load_config(str(config)), resume=False)
     path = out / protocol.progress_file(0)
     seen = []
     real = tuner._run_step

@@ -37,7 +37,7 @@ def test_a_rank_has_a_starting_heartbeat_before_its_first_step_and_a_step_after(
     cfg = json.loads(json.dumps(TINY))
     cfg["train"].update({"steps": 2, "log_every": 1, "checkpoint_every": 0})
     cfg["out"] = str(tmp_path / "out")
-    trainer = train.Trainer(load_config(cfg), resume=False)
+    trainer = train.trainer_loop(load_config(cfg), resume=False)
     path = tmp_path / "out" / protocol.progress_file(0)
     seen = []
     real = trainer._run_step
