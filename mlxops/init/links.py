@@ -2,12 +2,21 @@
 
 Policy (a pure rule, no I/O). Each node says what its interfaces are (``networksetup
 -listallhardwareports`` on a Mac: ``Hardware Port: Thunderbolt 1`` / ``Device: en2``, the
-map ``mlx.distributed_config`` reads) and which IPv4 addresses they carry, with their
-netmask (``ifconfig``; ``ip -o -4 addr`` on Linux). A kind per interface:
+map ``mlx.distributed_config`` reads; parsed by :func:`mlxops.macnet.parse_hardware_ports`)
+and which IPv4 addresses they carry, with their netmask (``ifconfig``; ``ip -o -4 addr`` on
+Linux). A kind per interface, by the data-link rule that ``check_data_link`` uses too
+(:func:`mlxops.datalink.interface_kind`):
 
-    thunderbolt  the port is "Thunderbolt N" or "Thunderbolt Bridge" (bridge0)
+    thunderbolt  the port is "Thunderbolt N"
+    ethernet     a port whose name says Ethernet or LAN; with no hardware port, any name
+                 but ``wl*`` (eth0, a Mac's unlisted device)
+    bridge       "Thunderbolt Bridge" (bridge0, listed or not on a Mac)
+    other        any other port (iPhone USB, Bluetooth PAN)
     wifi         "Wi-Fi" / "AirPort" (or, with no hardware ports, a ``wl*`` name)
-    ethernet     anything else that carries an address (Ethernet, USB LAN, eth0, ...)
+
+The Thunderbolt Bridge is its own kind, not Thunderbolt: MLX's ring and RDMA need it off
+(mlxops/datalink.py says why), so a data address on it is a fallback, never the
+Thunderbolt link init looks for.
 
 Nodes A and B share a link of kind K when an address of A on a K interface and an address
 of B on a K interface lie in one subnet (``addr & mask`` equal, by A's mask and by B's):
@@ -15,9 +24,10 @@ the address of B that A reaches without a router. Where ``reached`` is given (ea
 tried a TCP connection to its peers' addresses in its subnets, :func:`peer_targets`), a
 link also needs each side to have reached the other's address on it.
 
-The data address of a node is its address on the fastest kind it shares with any peer, ranked
+The data address of a node is its address on the fastest kind it shares with any peer,
+ranked by :data:`mlxops.datalink.RANK`
 
-    thunderbolt  <  ethernet  <  wifi        (smaller is faster)
+    thunderbolt  <  ethernet  <  bridge  <  other  <  wifi        (smaller is faster)
 
 ties going to the link shared with the most peers, then to the interface listed first.
 A node with no peer (a cluster of one, or on no common subnet) keeps the address SSH
@@ -31,9 +41,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-THUNDERBOLT, ETHERNET, WIFI = "thunderbolt", "ethernet", "wifi"
-RANK = {THUNDERBOLT: 0, ETHERNET: 1, WIFI: 2}
-LABEL = {THUNDERBOLT: "Thunderbolt", ETHERNET: "Ethernet", WIFI: "Wi-Fi"}
+from mlxops.datalink import NAMES, RANK, interface_kind
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class NodeLinks:
     addresses: list[Address] = field(default_factory=list)
 
     def kind(self, iface: str) -> str:
-        return iface_kind(iface, self.ports)
+        return interface_kind(iface, self.ports)
 
 
 @dataclass(frozen=True)
@@ -71,23 +79,9 @@ class DataAddress:
     def comment(self) -> str:
         if self.ip is None or self.kind is None:
             return "data link: none found to a peer; the ranks use the SSH address"
-        port = f", {self.port}" if self.port and self.port != LABEL[self.kind] else ""
-        return (f"data link: {LABEL[self.kind]} ({self.iface}{port}) to "
+        port = f", {self.port}" if self.port and self.port != NAMES[self.kind] else ""
+        return (f"data link: {NAMES[self.kind]} ({self.iface}{port}) to "
                 f"{', '.join(self.peers)}")
-
-
-def parse_hardware_ports(text: str) -> dict[str, str]:
-    """``networksetup -listallhardwareports`` -> ``{device: port name}`` (as mlx's
-    ``parse_hardware_ports``, keyed by device)."""
-    ports: dict[str, str] = {}
-    name = None
-    for line in text.splitlines():
-        if line.startswith("Hardware Port:"):
-            name = line.split(":", 1)[1].strip()
-        elif line.startswith("Device:") and name is not None:
-            ports[line.split(":", 1)[1].strip()] = name
-            name = None
-    return ports
 
 
 def parse_ifconfig_addresses(text: str) -> list[Address]:
@@ -115,19 +109,6 @@ def parse_ip_addr(text: str) -> list[Address]:
         if m and not m.group(2).startswith("127."):
             found.append(Address(m.group(1).split("@")[0], m.group(2), int(m.group(3))))
     return found
-
-
-def iface_kind(iface: str, ports: Mapping[str, str]) -> str:
-    port = ports.get(iface)
-    if port is not None:
-        if port.startswith("Thunderbolt"):
-            return THUNDERBOLT
-        if port in ("Wi-Fi", "AirPort"):
-            return WIFI
-        return ETHERNET
-    if iface == "bridge0" and ports:  # macOS's Thunderbolt Bridge, when not listed
-        return THUNDERBOLT
-    return WIFI if iface.startswith("wl") else ETHERNET
 
 
 def _same_subnet(a: Address, b: Address) -> bool:
