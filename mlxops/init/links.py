@@ -20,7 +20,9 @@ Thunderbolt link init looks for.
 
 Nodes A and B share a link of kind K when an address of A on a K interface and an address
 of B on a K interface lie in one subnet (``addr & mask`` equal, by A's mask and by B's):
-the address of B that A reaches without a router. Where ``reached`` is given (each node
+the address of B that A reaches without a router. One mix is a link too: a Thunderbolt
+port facing a Thunderbolt Bridge (one Mac has its bridge on) is a bridge link, at both
+ends (:func:`link_kind`). Where ``reached`` is given (each node
 tried a TCP connection to its peers' addresses in its subnets, :func:`peer_targets`), a
 link also needs each side to have reached the other's address on it.
 
@@ -41,7 +43,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from mlxops.datalink import NAMES, RANK, interface_kind
+from mlxops.datalink import BRIDGE, NAMES, RANK, THUNDERBOLT, interface_kind
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,21 @@ def peer_targets(nodes: Mapping[str, NodeLinks]) -> dict[str, list[str]]:
             for a, na in nodes.items()}
 
 
+def link_kind(a: str, b: str) -> str | None:
+    """The kind of a link whose two ends are interfaces of kinds ``a`` and ``b``: their one
+    kind; a Thunderbolt port facing a Thunderbolt Bridge is a bridge link (one cable,
+    bridged at one end, so not the Thunderbolt link the ring and RDMA need); None for
+    any other mix (a subnet spanning two media is no direct link)."""
+    if a == b:
+        return a
+    return BRIDGE if {a, b} == {THUNDERBOLT, BRIDGE} else None
+
+
 def shared_links(nodes: Mapping[str, NodeLinks], reached: set[Pair] | None = None
                  ) -> dict[Pair, list[tuple[str, Address]]]:
     """``{(a, b): [(kind, a's address), ...]}`` for every ordered pair sharing a subnet on
-    interfaces of one kind; ``reached``: ``(node, address)`` pairs that connected, both
-    ways required."""
+    interfaces whose :func:`link_kind` is one (the fastest such kind per address of a);
+    ``reached``: ``(node, address)`` pairs that connected, both ways required."""
     def ok(a: str, addr_a: Address, b: str, addr_b: Address) -> bool:
         return reached is None or ((a, addr_b.ip) in reached and (b, addr_a.ip) in reached)
 
@@ -140,30 +152,33 @@ def shared_links(nodes: Mapping[str, NodeLinks], reached: set[Pair] | None = Non
             if a == b:
                 continue
             for addr_a in na.addresses:
-                kind = na.kind(addr_a.iface)
-                if any(nb.kind(addr_b.iface) == kind and _same_subnet(addr_a, addr_b)
-                       and ok(a, addr_a, b, addr_b) for addr_b in nb.addresses):
-                    links.setdefault((a, b), []).append((kind, addr_a))
+                kinds = [kind for addr_b in nb.addresses
+                         if (kind := link_kind(na.kind(addr_a.iface), nb.kind(addr_b.iface)))
+                         and _same_subnet(addr_a, addr_b) and ok(a, addr_a, b, addr_b)]
+                if kinds:
+                    links.setdefault((a, b), []).append((min(kinds, key=RANK.get), addr_a))
     return links
 
 
 def data_addresses(nodes: Mapping[str, NodeLinks], order: Sequence[str] | None = None,
                    reached: set[Pair] | None = None) -> dict[str, DataAddress]:
-    """Every node's :class:`DataAddress` by the rule in the module's docstring."""
+    """Every node's :class:`DataAddress` by the rule in the module's docstring: each of its
+    addresses with the kind of link it has to a peer, one candidate per (address, kind)."""
     links = shared_links(nodes, reached)
     chosen: dict[str, DataAddress] = {}
     for name in order or list(nodes):
         node = nodes[name]
         best: tuple | None = None
         for index, addr in enumerate(node.addresses):
-            peers = tuple(b for b in nodes if (name, b) in links
-                          and any(x is addr or x == addr for _, x in links[(name, b)]))
-            if not peers:
-                continue
-            kind = node.kind(addr.iface)
-            key = (RANK[kind], -len(peers), index)
-            if best is None or key < best[0]:
-                best = (key, DataAddress(addr.ip, kind, addr.iface, node.ports.get(addr.iface),
-                                         peers))
+            by_kind: dict[str, list[str]] = {}
+            for b in nodes:
+                for kind, x in links.get((name, b), ()):
+                    if x == addr:
+                        by_kind.setdefault(kind, []).append(b)
+            for kind, peers in by_kind.items():
+                key = (RANK[kind], -len(peers), index)
+                if best is None or key < best[0]:
+                    best = (key, DataAddress(addr.ip, kind, addr.iface,
+                                             node.ports.get(addr.iface), tuple(peers)))
         chosen[name] = best[1] if best else DataAddress(None, None, None, None, ())
     return chosen

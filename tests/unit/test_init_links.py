@@ -113,3 +113,15 @@ def test_a_link_needs_both_sides_to_have_reached_the_other():
     assert (chosen["a"].ip, chosen["a"].kind) == ("192.168.1.10", WIFI)
     reached.add(("a", "10.0.0.2"))
     assert data_addresses(nodes, reached=reached)["a"].kind == THUNDERBOLT
+
+
+def test_a_thunderbolt_port_facing_a_bridge_is_a_bridge_link_at_both_ends():
+    # a has its Thunderbolt Bridge on, b addresses its Thunderbolt port: one cable
+    a = NodeLinks(dict(PORTS), [Address("en0", "192.168.1.10", 24),
+                                Address("bridge0", "10.0.0.1", 30)])
+    b = NodeLinks(dict(PORTS), [Address("en0", "192.168.1.11", 24),
+                                Address("en1", "10.0.0.2", 30)])
+    chosen = data_addresses({"a": a, "b": b})
+    assert (chosen["a"].ip, chosen["a"].kind) == ("10.0.0.1", BRIDGE)
+    assert (chosen["b"].ip, chosen["b"].kind) == ("10.0.0.2", BRIDGE)
+    assert chosen["b"].comment() == "data link: Thunderbolt Bridge (en1, Thunderbolt 1) to a"
