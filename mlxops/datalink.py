@@ -10,19 +10,32 @@ The rule (pure, over the facts: ``ifconfig``'s addresses, ``networksetup
 -listallhardwareports``' port names, see mlxops/macnet.py):
 
 - the data address's interface is the one whose IPv4 addresses include it; its kind is
-  its hardware port's: ``Thunderbolt N`` -> thunderbolt, ``Thunderbolt Bridge`` ->
-  bridge, ``Wi-Fi`` -> wifi, a port whose name says Ethernet or LAN -> ethernet;
+  its hardware port's (:func:`kind_of`): ``Thunderbolt N`` -> thunderbolt, ``Thunderbolt
+  Bridge`` -> bridge, ``Wi-Fi`` -> wifi, a port whose name says Ethernet or LAN ->
+  ethernet, any other port (iPhone USB, Bluetooth PAN) -> other;
 - a finding when that kind is wifi; and when the data address is the management address
   on a link slower than Thunderbolt while a Thunderbolt port of the host has an address
-  (the data could go there). Speeds rank thunderbolt > ethernet > bridge > wifi.
+  (the data could go there). Speeds rank thunderbolt > ethernet > bridge > other > wifi
+  (:data:`RANK`).
 - the fix names the faster link: an addressed interface of a better kind, else the
   Thunderbolt ports (to cable and address, provision's ``thunderbolt_ips`` task).
 
 Only Macs say what their ports are; elsewhere the kind is unknown and nothing is found.
+
+The Thunderbolt Bridge (``bridge0``) is not a Thunderbolt data link, though its members
+are Thunderbolt ports: MLX's ring wants each cable as its own interface on its own subnet,
+and RDMA (jaccl) fails to set up (``errno 22``) while the bridge holds the ports, so the
+bridge has to be off for either (mlxops/rdmaready.py, rule 6). Traffic over it
+still crosses the cable, faster than Wi-Fi, so it ranks after Ethernet and before the rest.
+
+``mlxops init`` ranks the links it finds between nodes by the same kinds and :data:`RANK`
+(mlxops/init/links.py); it also meets interfaces no hardware port names, which
+:func:`interface_kind` classes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mlxops.hostfacts import HostFacts
@@ -47,6 +60,19 @@ def kind_of(port: str | None) -> str | None:
     if "Ethernet" in port or "LAN" in port:
         return ETHERNET
     return OTHER
+
+
+def interface_kind(iface: str, ports: Mapping[str, str]) -> str:
+    """An interface's kind of link: its hardware port's (:func:`kind_of`) where ``ports``
+    (the host's ``{device: hardware port}``) lists it. Else by its name: ``bridge0`` on a
+    host that lists ports (a Mac: its Thunderbolt Bridge, not listed) -> bridge; ``wl*``
+    (Linux's Wi-Fi) -> wifi; anything else (``eth0``, a Mac's unlisted device) -> ethernet."""
+    kind = kind_of(ports.get(iface))
+    if kind is not None:
+        return kind
+    if iface == "bridge0" and ports:
+        return BRIDGE
+    return WIFI if iface.startswith("wl") else ETHERNET
 
 
 @dataclass(frozen=True)

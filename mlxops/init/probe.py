@@ -1,10 +1,11 @@
 """What init reads from one host after its key is trusted: one command.
 
 The facts command (:func:`mlxops.tasks.facts.gather`: chip, memory, macOS build, the
-interpreter) with three reads of init's own riding along, so a host costs one round trip:
+interpreter, and on a Mac its hardware ports: ``networksetup -listallhardwareports``, the
+map ``mlx.distributed_config`` reads to find the Thunderbolt ports, parsed once by
+:func:`mlxops.macnet.parse_hardware_ports` into ``facts.macos.hardware_ports``) with reads
+of init's own riding along, so a host costs one round trip:
 
-- ``ports``: ``networksetup -listallhardwareports`` (a Mac's interface names, the map
-  ``mlx.distributed_config`` reads to find the Thunderbolt ports);
 - ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
   elsewhere) -- the facts keep addresses without masks;
 - ``python``: the first of the candidate interpreters that imports ``mlx.core``;
@@ -22,12 +23,7 @@ from dataclasses import dataclass
 
 from mlxops import shell
 from mlxops.hostfacts import HostFacts
-from mlxops.init.links import (
-    NodeLinks,
-    parse_hardware_ports,
-    parse_ifconfig_addresses,
-    parse_ip_addr,
-)
+from mlxops.init.links import NodeLinks, parse_ifconfig_addresses, parse_ip_addr
 from mlxops.tasks.base import PythonRead
 from mlxops.tasks.facts import gather
 
@@ -65,13 +61,12 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
     """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
     raises RuntimeError when the facts command does not answer."""
     reads: dict[str, str | PythonRead] = {
-        "init.ports": "networksetup -listallhardwareports", "init.addrs": _ADDRS,
+        "init.addrs": _ADDRS,
         "init.python": _python_read([*pythons, *CANDIDATES]),
         "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
     if peers:
         reads["init.reach"] = PythonRead(_REACH, tuple(peers))
     facts, answers = gather(conn, host, reads)
-    ports = answers.get("init.ports")
     addrs = answers.get("init.addrs")
     text = addrs.stdout if addrs else ""
     parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
@@ -79,8 +74,8 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
     lines = found.stdout.split() if found else []
     reach = answers.get("init.reach")
     tried = frozenset(peers) if reach is not None and reach.exit_code == 0 else frozenset()
-    return Probed(facts, NodeLinks(parse_hardware_ports(ports.stdout) if ports and
-                                   ports.exit_code == 0 else {}, parsed),
+    ports = dict(facts.macos.hardware_ports) if facts.macos else {}
+    return Probed(facts, NodeLinks(ports, parsed),
                   lines[0] if lines else None, lines[1] if len(lines) > 1 else None,
                   getattr(answers.get("init.sudo"), "exit_code", 1) == 0,
                   tried, tried & frozenset(reach.stdout.split()) if tried else frozenset())

@@ -68,9 +68,9 @@ def _end_to_end(box, tmp_path: Path, family: str) -> None:
 def test_init_found_over_mdns_runs_its_job_mac_nodes(mac_sandbox, tmp_path):
     _end_to_end(mac_sandbox, tmp_path, "m1_pro")
     text = (tmp_path / "inventory.yml").read_text()
-    # the Mac-like node's networksetup (recorded, en0 its Ethernet adapter: recorded/
-    # README.md); its facts: chip, memory, build
-    assert "data link: Ethernet (en0)" in text
+    # the Mac-like node's networksetup (recorded, en0 its Ethernet adapter, the port named
+    # "Ethernet Adapter (en0)": recorded/README.md); its facts: chip, memory, build
+    assert "data link: Ethernet (en0, Ethernet Adapter (en0)) to " in text
     assert "# Apple M1 Pro, 32 GiB, macOS 14.4.1 (23E224), mlx " in text
 
 

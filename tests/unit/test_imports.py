@@ -39,8 +39,9 @@ ROOMS: list[tuple[str, ...]] = [
     ("trainer",),
     ("finetune",),  # fine-tuning, synced beside the trainer: it builds on it (and mlx-lm)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
-     "devtools", "hostfacts", "macnet", "rdmaready", "datalink", "readiness", "events",
-     "notify", "dataprep"),
+     "devtools", "hostfacts", "readiness", "events", "notify", "dataprep",
+     # pure rules over the facts record: a Mac's network facts, the data-link and RDMA rules
+     "macnet", "datalink", "rdmaready"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
     ("render",),  # renders an inventory's hosts (and their ring order) into hostfiles

@@ -1,37 +1,60 @@
 """The link rule of ``mlxops init`` (mlxops/init/links.py) on output recorded on real Macs:
 the hardware ports of mlxops/sandbox/darwin/recorded/networksetup-listallhardwareports.txt
-(https://github.com/nonocast/me/issues/129) and ifconfig lines in the format of
-recorded/ifconfig-*.txt (sources in recorded/README.md)."""
+(an M5 Max MacBook Pro: osaurus-ai/osaurus, DistributedFixtures.swift) and ifconfig lines
+in the format of recorded/ifconfig-*.txt (sources in recorded/README.md). The kinds are
+mlxops/datalink.py's, the parser mlxops/macnet.py's: the ones ``check_data_link`` uses."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from mlxops.datalink import BRIDGE, ETHERNET, OTHER, THUNDERBOLT, WIFI
 from mlxops.init.links import (
-    ETHERNET,
-    THUNDERBOLT,
-    WIFI,
     Address,
     NodeLinks,
     data_addresses,
-    parse_hardware_ports,
     parse_ifconfig_addresses,
     parse_ip_addr,
     peer_targets,
 )
+from mlxops.macnet import parse_hardware_ports
 from mlxops.sandbox import darwin
 
 RECORDED = Path(darwin.__file__).parent / "recorded"
 PORTS = parse_hardware_ports((RECORDED / "networksetup-listallhardwareports.txt").read_text())
 
 
-def test_recorded_hardware_ports_name_each_device():
-    assert PORTS == {"en0": "Wi-Fi", "en5": "iPhone USB", "en3": "Bluetooth PAN",
-                     "en1": "Thunderbolt 1", "en2": "Thunderbolt 2",
-                     "bridge0": "Thunderbolt Bridge"}
+def test_recorded_hardware_ports_have_the_data_link_kinds():
+    assert PORTS == {"en3": "Ethernet Adapter (en3)", "bridge0": "Thunderbolt Bridge",
+                     "en0": "Wi-Fi", "en1": "Thunderbolt 1", "en6": "Thunderbolt 2",
+                     "en2": "Thunderbolt 3"}
     node = NodeLinks(PORTS)
-    assert [node.kind(d) for d in ("en0", "en1", "bridge0", "en5")] == \
-        [WIFI, THUNDERBOLT, THUNDERBOLT, ETHERNET]
+    # the bridge is its own kind (not Thunderbolt), as check_data_link has it
+    assert [node.kind(d) for d in ("en0", "en1", "bridge0", "en3")] == \
+        [WIFI, THUNDERBOLT, BRIDGE, ETHERNET]
+    assert NodeLinks({"en5": "iPhone USB"}).kind("en5") == OTHER
+
+
+def test_interfaces_no_hardware_port_names():
+    mac = NodeLinks({"en0": "Wi-Fi"})   # a Mac that does not list its bridge
+    assert [mac.kind(d) for d in ("bridge0", "en9")] == [BRIDGE, ETHERNET]
+    linux = NodeLinks({})
+    assert [linux.kind(d) for d in ("wlan0", "eth0", "bridge0")] == [WIFI, ETHERNET, ETHERNET]
+
+
+def test_the_bridge_ranks_after_ethernet_and_before_wifi():
+    def node(bridge: str, lan: str, wifi: str) -> NodeLinks:
+        return NodeLinks(dict(PORTS), [Address("en0", wifi, 24), Address("bridge0", bridge, 24),
+                                       Address("en3", lan, 24)])
+    a, b = node("10.0.0.1", "10.1.0.1", "192.168.1.10"), node("10.0.0.2", "10.1.0.2",
+                                                              "192.168.1.11")
+    chosen = data_addresses({"a": a, "b": b})
+    assert (chosen["a"].ip, chosen["a"].kind) == ("10.1.0.1", ETHERNET)
+    a.addresses.pop()  # no Ethernet: the bridge, still before Wi-Fi
+    b.addresses.pop()
+    chosen = data_addresses({"a": a, "b": b})
+    assert (chosen["a"].ip, chosen["a"].kind) == ("10.0.0.1", BRIDGE)
+    assert chosen["a"].comment() == "data link: Thunderbolt Bridge (bridge0) to b"
 
 
 def test_ifconfig_addresses_with_masks_from_recorded_format():
@@ -90,3 +113,15 @@ def test_a_link_needs_both_sides_to_have_reached_the_other():
     assert (chosen["a"].ip, chosen["a"].kind) == ("192.168.1.10", WIFI)
     reached.add(("a", "10.0.0.2"))
     assert data_addresses(nodes, reached=reached)["a"].kind == THUNDERBOLT
+
+
+def test_a_thunderbolt_port_facing_a_bridge_is_a_bridge_link_at_both_ends():
+    # a has its Thunderbolt Bridge on, b addresses its Thunderbolt port: one cable
+    a = NodeLinks(dict(PORTS), [Address("en0", "192.168.1.10", 24),
+                                Address("bridge0", "10.0.0.1", 30)])
+    b = NodeLinks(dict(PORTS), [Address("en0", "192.168.1.11", 24),
+                                Address("en1", "10.0.0.2", 30)])
+    chosen = data_addresses({"a": a, "b": b})
+    assert (chosen["a"].ip, chosen["a"].kind) == ("10.0.0.1", BRIDGE)
+    assert (chosen["b"].ip, chosen["b"].kind) == ("10.0.0.2", BRIDGE)
+    assert chosen["b"].comment() == "data link: Thunderbolt Bridge (en1, Thunderbolt 1) to a"

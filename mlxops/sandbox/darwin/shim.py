@@ -19,8 +19,9 @@ as the tool it is called as (``argv[0]``):
   with a marker (``MLXOPS_SANDBOX_ROOT=1``) that ``sysctl -w`` and ``pmset`` take for
   root; without it they refuse, as macOS does for a user.
 
-Standard library only: it runs under the node's interpreter, outside any package. (Just
-over 400 lines: the one program every shimmed tool runs; RDMA's tools are in macrdma.py.)
+Standard library only: it runs under the node's interpreter, outside any package.
+Longer than 400 lines because it is the one program every shimmed tool runs (RDMA's
+tools are in macrdma.py).
 """
 
 from __future__ import annotations
