@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from test_bench_node import server  # noqa: F401 - the fixture: a bench server in a thread
+from bench_server import server  # noqa: F401 - the fixture: a bench server in a thread
 
 from mlxops.bench import budget
 from mlxops.bench.measure import Settings

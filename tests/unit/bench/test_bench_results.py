@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_tables import assert_readable, render
+from table_render import assert_readable, render
 
 from mlxops.bench.findings import findings
 from mlxops.bench.results import (
@@ -34,7 +34,7 @@ from mlxops.cli import cli
 from mlxops.cli.bench import allreduce_table, loopback_table, pairs_table, parse_streams
 from mlxops.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HOSTS = ["studio1", "studio2", "mini-rack-07", "macbook-pro"]
 LAT = {"min": 20.0, "median": 25.0, "p90": 30.0, "p99": 80.0, "max": 400.0}
 
@@ -133,7 +133,7 @@ def test_sizes_streams_and_backends_are_checked_before_any_connection():
     for bad in ("0", "x", "", "1,500"):
         with pytest.raises(UserError, match="--streams"):
             parse_streams(bad)
-    # The inventory's backend: tests/unit/test_inventory_backend.py (one rule for bench,
+    # The inventory's backend: tests/unit/inventory/test_inventory_backend.py (one rule for bench,
     # check and the selftest).
 
 

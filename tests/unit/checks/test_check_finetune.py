@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from model_files import write_model
 from test_checks import GB, cluster_of, finding
-from test_finetune_plan import write_model
 
 from mlxops.checks import check_resources
 from mlxops.checks.check_resources import MIN_FREE_BYTES, _planned_job

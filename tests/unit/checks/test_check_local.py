@@ -23,7 +23,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOCAL_CHECKS = {"check_interpreter", "check_mlx", "check_env_file", "check_hostfiles",
                 "check_synced_code", "check_ring_ports", "check_leftover_ranks",
                 "check_clock", "check_versions_agree", "check_ring_reach", "check_all_sum",

@@ -32,7 +32,7 @@ from mlxops.readiness import controller_mlx_version
 from mlxops.sync import SyncReport
 from mlxops.tasks.facts import build_facts, split_sections
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GB = 1024**3
 PIN = controller_mlx_version()
 

@@ -25,7 +25,7 @@ from mlxops.cli.startup import (
     write_sample_files,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_help_lists_every_command_and_imports_nothing_heavy(files):
 
 
 def test_help_imports_no_command_module(files):
-    # The listing comes from the table's summaries (tests/unit/test_cli_summaries.py).
+    # The listing comes from the table's summaries (tests/unit/cli/test_cli_summaries.py).
     code, modules, errors = start_imports(files, "--help")
     assert code == 0, errors
     assert "Commands:" not in errors

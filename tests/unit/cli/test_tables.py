@@ -8,7 +8,6 @@ wider than the terminal. Each table is rendered exactly as the CLI renders it, i
 from __future__ import annotations
 
 import base64
-import io
 import os
 import re
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from rich.console import Console
+from table_render import assert_readable, render
 
 from mlxops import console
 from mlxops.cli.plan import plan_notes, plan_table
@@ -32,33 +31,10 @@ from mlxops.transport import HostResult, Results
 from mlxops.transport.connection import CommandResult
 from mlxops.trust import HostKeyCheck
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GB = 1024**3
 HOSTS = ["studio1", "studio2", "mini-rack-07", "macbook-pro"]
 CHIPS = ["Apple M2 Ultra", "Apple M2 Ultra", "Apple M4 Pro", "Apple M3 Max"]
-
-
-def render(renderable, width: int = 80, terminal: bool = True) -> str:
-    buf = io.StringIO()
-    con = Console(file=buf, width=width, force_terminal=terminal, color_system=None,
-                  highlight=False, soft_wrap=True)
-    if isinstance(renderable, list):
-        for line in renderable:
-            con.print(line)
-    else:
-        console.print_table(renderable, con)
-    return buf.getvalue()
-
-
-def assert_readable(text: str, headers: list[str], width: int = 80) -> None:
-    assert "…" not in text, text
-    lines = text.splitlines()
-    assert all(len(line.rstrip()) <= width for line in lines), text
-    if headers:
-        # The header is one line holding every header whole (none split mid-word).
-        header = next(line for line in lines if line.strip().startswith(headers[0]))
-        for h in headers:
-            assert re.search(rf"(^|\s){re.escape(h)}(\s|$)", header), (h, text)
 
 
 def node_plans() -> list[NodePlan]:

@@ -17,7 +17,7 @@ import yaml
 from mlxops.errors import UserError
 from mlxops.inventory import VARIABLES, load_inventory
 
-DATA = Path(__file__).parent / "data" / "inventories"
+DATA = Path(__file__).parents[1] / "data" / "inventories"
 ERRORS = DATA / "errors"
 EXPECTED = sorted(p.parent.name for p in DATA.glob("*/expected.yml"))
 ERROR_CASES = sorted([*ERRORS.glob("*.yml"), *ERRORS.glob("*/inventory.yml")])
@@ -100,7 +100,7 @@ def test_host_paths_expand_home(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_example_inventories_load() -> None:
-    root = Path(__file__).parents[2] / "inventory"
+    root = Path(__file__).parents[3] / "inventory"
     local = load_inventory(root / "local.yml")
     assert [(h.name, h.connection, h.slots) for h in local.hosts.values()] == [
         ("localhost", "local", 3)]
@@ -126,7 +126,7 @@ def test_registry_documents_every_variable() -> None:
 
 
 def test_docs_have_a_row_for_every_variable() -> None:
-    reference = (Path(__file__).parents[2] / "docs" / "inventory.md").read_text()
+    reference = (Path(__file__).parents[3] / "docs" / "inventory.md").read_text()
     rows = set(re.findall(r"^\| `([a-z_]+)` \|", reference, re.M))
     assert set(VARIABLES) <= rows, sorted(set(VARIABLES) - rows)
 

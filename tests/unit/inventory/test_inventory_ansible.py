@@ -18,8 +18,8 @@ import pytest
 
 from mlxops.inventory import load_inventory
 
-ROOT = Path(__file__).parents[2]
-DATA = Path(__file__).parent / "data" / "inventories"
+ROOT = Path(__file__).parents[3]
+DATA = Path(__file__).parents[1] / "data" / "inventories"
 INVENTORIES = [
     ROOT / "inventory" / "local.yml",
     ROOT / "inventory" / "cluster.example.yml",

@@ -22,7 +22,7 @@ from mlxops.errors import UserError
 from mlxops.inventory import load_inventory
 from mlxops.inventory.patterns import split
 
-DATA = Path(__file__).parent / "data" / "inventories"
+DATA = Path(__file__).parents[1] / "data" / "inventories"
 FIXTURES = sorted(p.parent.name for p in DATA.glob("*/patterns.yml"))
 CASES = {f: yaml.safe_load((DATA / f / "patterns.yml").read_text()) for f in FIXTURES}
 SELECT = [(f, p, hosts) for f in FIXTURES for p, hosts in CASES[f]["select"].items()]

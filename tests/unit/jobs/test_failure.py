@@ -31,7 +31,7 @@ from mlxops.node.failure import (
     this_attempt,
 )
 
-LOGS = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "rank_failures.yml")
+LOGS = yaml.safe_load((Path(__file__).parents[1] / "data" / "jobs" / "rank_failures.yml")
                       .read_text())
 
 

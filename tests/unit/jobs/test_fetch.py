@@ -24,7 +24,7 @@ from mlxops.node import protocol
 from mlxops.node.protocol.send import SendAnswer, send_args, send_checkpoint_args
 from mlxops.transport import Connector, LocalConnection
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def checkpoint(run: Path, where: str, step: int, complete: bool = True) -> Path:

@@ -26,7 +26,7 @@ from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import RestartPolicy
 from mlxops.jobs.status import LauncherStatus, classify
 
-CASE = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_launch.yml").read_text())
+CASE = yaml.safe_load((Path(__file__).parents[1] / "data" / "jobs" / "mpi_launch.yml").read_text())
 
 
 def layout():
@@ -108,7 +108,7 @@ def test_an_mpi_rank_log_is_readable_by_its_owner_only_even_one_an_attempt_left(
     assert modes == [0o600, 0o600]
 
 
-STATUS = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "mpi_status_cases.yml")
+STATUS = yaml.safe_load((Path(__file__).parents[1] / "data" / "jobs" / "mpi_status_cases.yml")
                         .read_text())
 
 

@@ -34,7 +34,7 @@ from mlxops.jobs.record import (
 from mlxops.jobs.spec import JobSpec, RestartPolicy, load_job
 from mlxops.node.protocol import FINISHED, RUNNING, STOPPED
 
-DATA = Path(__file__).parent / "data" / "jobs"
+DATA = Path(__file__).parents[1] / "data" / "jobs"
 TRAINER = {"model": {"dims": 32, "layers": 1, "heads": 2, "seq_len": 16},
            "train": {"steps": 100}}
 

@@ -152,7 +152,7 @@ def test_an_unreadable_job_file(tmp_path):
         load_job(tmp_path / "nope.yml")
 
 
-DATA = Path(__file__).parent / "data" / "jobs"
+DATA = Path(__file__).parents[1] / "data" / "jobs"
 BAD_FILES = sorted((DATA / "bad").glob("*.yml"))
 
 

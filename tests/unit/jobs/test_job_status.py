@@ -14,7 +14,8 @@ from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import RestartPolicy
 from mlxops.jobs.status import classify
 
-CASES = yaml.safe_load((Path(__file__).parent / "data" / "jobs" / "status_cases.yml").read_text())
+CASES = yaml.safe_load(
+    (Path(__file__).parents[1] / "data" / "jobs" / "status_cases.yml").read_text())
 
 
 def record(state: str) -> JobRecord:

@@ -34,7 +34,7 @@ from mlxops.node.protocol.channel import (
 )
 from mlxops.transport import CommandResult, HostUnreachable
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def status_of(tmp_path: Path, host: dict) -> protocol.StatusAnswer:

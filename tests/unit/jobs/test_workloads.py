@@ -180,7 +180,7 @@ def test_no_code_outside_the_workloads_tests_which_kind_a_job_is():
     document, which names the kind's section, is not the record)."""
     import re
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     kind = "(trainer|finetune|serve|command)"
     tests = re.compile(rf"\b(spec|job|record|workload)\.{kind}\b"
                        rf"|\bjob\b[^\n]*\.get\(\"{kind}\"\)|\bjob\[\"{kind}\"\]")

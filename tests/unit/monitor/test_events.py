@@ -14,7 +14,7 @@ import pytest
 from mlxops import events
 from mlxops.monitor.data import MirrorReader, document
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 
 
 @pytest.fixture

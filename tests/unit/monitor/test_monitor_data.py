@@ -14,7 +14,7 @@ from mlxops.monitor import alerts, bench
 from mlxops.monitor.data import MirrorReader, decimate, document, summary
 from mlxops.node.protocol.metrics import MetricsLine
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 
 
 def recorded(tmp_path, monkeypatch, which: str) -> MirrorReader:
@@ -110,7 +110,7 @@ def test_the_summary_says_the_last_and_best_validation_loss():
 
 
 def load_record_of_recorded():
-    path = Path(__file__).parent / "data" / "monitor" / "finished" / "tiny-lm" / "record.json"
+    path = Path(__file__).parents[1] / "data" / "monitor" / "finished" / "tiny-lm" / "record.json"
     return JobRecord.from_dict(json.loads(path.read_text()))
 
 

@@ -15,7 +15,7 @@ from mlxops.cli import cli
 from mlxops.monitor.data import MirrorReader, document
 from mlxops.monitor.live import duration, render, sparkline
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 WIDTH = 100
 
 

@@ -21,7 +21,7 @@ from mlxops.monitor.mirror import Feeder, feed, merge_reset, thin
 from mlxops.node import protocol
 from mlxops.transport import Connector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def lines(steps, **extra) -> str:

@@ -18,7 +18,7 @@ from mlxops.monitor import alerts, prom, report
 from mlxops.monitor.data import MirrorReader, document, serving
 from mlxops.monitor.server import Jobs
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 JOB = (("job_name", "serve-demo"),)
 
 

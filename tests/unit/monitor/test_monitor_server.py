@@ -27,8 +27,8 @@ from mlxops.hostfacts import HostFacts
 from mlxops.monitor import files, report, server
 from mlxops.transport import Connector
 
-DATA = Path(__file__).parent / "data" / "monitor"
-ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).parents[1] / "data" / "monitor"
+ROOT = Path(__file__).resolve().parents[3]
 STATIC = Path(server.__file__).parent / "static"
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"   # a name in createElementNS, never fetched
 

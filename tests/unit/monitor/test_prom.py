@@ -18,7 +18,7 @@ from mlxops import events
 from mlxops.monitor import prom, server
 from mlxops.monitor.data import MirrorReader, document
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 BENCH = {"time": 1795353795.0, "hosts": ["n1", "n2"], "pairs": [
     {"src": "n1", "dst": "n2", "bandwidth_gbps": 9.41,
      "latency_us": {"min": 41.2, "median": 48.9}, "error": None},

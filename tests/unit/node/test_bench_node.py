@@ -6,53 +6,32 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from bench_server import free_port, server  # noqa: F401 - the fixture
 
 from mlxops.node import protocol
 from mlxops.node.netclient import bandwidth_run, iperf3_argv, iperf3_result, measure_latency
-from mlxops.node.netserver import Server, listen
 from mlxops.node.netwire import nearest_rank
 from mlxops.node.procs import group_alive
 from mlxops.node.protocol import bench as benchproto
 from mlxops.node.protocol.bench import BOTH, DOWN, UP
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def server():
-    """A server in a thread on 127.0.0.1 (the forked one is tested below)."""
-    port = free_port()
-    listeners = listen("127.0.0.1", port)
-    thread = threading.Thread(target=Server(listeners).run, args=(time.monotonic() + 60,),
-                              daemon=True)
-    thread.start()
-    yield port
-    for sock in listeners:
-        sock.close()
-
-
-def test_latency_is_2000_round_trips_with_ordered_percentiles(server):
+def test_latency_is_2000_round_trips_with_ordered_percentiles(server):  # noqa: F811
     lat = measure_latency("127.0.0.1", server)
     assert lat.count == benchproto.LATENCY_ROUNDS == 2000
     assert 0 < lat.min <= lat.p50 <= lat.p90 <= lat.p99 <= lat.max
 
 
 @pytest.mark.parametrize("mode", [UP, DOWN, BOTH])
-def test_bandwidth_is_counted_by_the_receiver_over_its_window(server, mode):
+def test_bandwidth_is_counted_by_the_receiver_over_its_window(server, mode):  # noqa: F811
     run = bandwidth_run("127.0.0.1", server, mode, 2, seconds=0.3, omit=0.1)
     assert run.mode == mode and run.streams == 2 and run.tool == "mlxops"
     assert (run.up_gbps is not None) == (mode in (UP, BOTH))
@@ -62,7 +41,7 @@ def test_bandwidth_is_counted_by_the_receiver_over_its_window(server, mode):
     assert 0.25 < run.seconds < 0.6  # the window, not the whole run
 
 
-def test_the_server_refuses_a_bad_test_and_a_stray_stream(server):
+def test_the_server_refuses_a_bad_test_and_a_stray_stream(server):  # noqa: F811
     from mlxops.node.netwire import WireError, connect, expect, send_line
 
     sock = connect("127.0.0.1", server)

@@ -14,7 +14,7 @@ import pytest
 
 from mlxops.node import protocol
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def node(args: list[str], **kw) -> subprocess.Popen:

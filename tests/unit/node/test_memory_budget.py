@@ -25,7 +25,7 @@ from mlxops.tasks import facts as F
 from mlxops.trainer.plan import CPU_FRACTION, plan_memory
 from mlxops.yamlfile import read_yaml
 
-DATA = Path(__file__).parent / "data" / "memory" / "device_info.yml"
+DATA = Path(__file__).parents[1] / "data" / "memory" / "device_info.yml"
 RECORDED = read_yaml(DATA)
 IDS = [r["answer"]["architecture"] for r in RECORDED]
 GB = 1024**3

@@ -11,7 +11,7 @@ import pytest
 from mlxops.node.protocol.decode import ProtocolError
 from mlxops.node.protocol.metrics import FIELDS, SERIES, MetricsLine, read_line, read_lines
 
-RECORDED = Path(__file__).parent / "data" / "monitor" / "finished" / "tiny-lm" / "metrics.jsonl"
+RECORDED = Path(__file__).parents[1] / "data" / "monitor" / "finished" / "tiny-lm" / "metrics.jsonl"
 
 LINE = MetricsLine(step=5, loss=4.92, tokens_per_sec=10622.7, time=1795356826.3,
                    step_time=0.1446, compute_time=0.0424, comm_time=0.1022, world_size=3,

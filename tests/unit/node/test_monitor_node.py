@@ -16,7 +16,7 @@ from mlxops.node import protocol
 from mlxops.node.__main__ import main
 from mlxops.node.sample import ioreg_gpu, linux_memory, metrics_chunk, vm_stat_used
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 
 
 def ask(argv: list[str]) -> protocol.SampleAnswer:

@@ -21,7 +21,7 @@ from mlxops.node.status import rank_status
 from mlxops.transport import LocalConnection
 from mlxops.transport.nodecmd import NodeCommandError, run_node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def ask(argv: list[str]):

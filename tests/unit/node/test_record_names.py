@@ -15,7 +15,7 @@ from mlxops.jobs.status import LauncherStatus
 from mlxops.node.protocol.calibration import Calibration, CalibrationAnswer
 from mlxops.node.protocol.metrics import FIELDS as METRICS_FIELDS
 
-PACKAGE = Path(__file__).resolve().parents[2] / "mlxops"
+PACKAGE = Path(__file__).resolve().parents[3] / "mlxops"
 PROTOCOL = PACKAGE / "node" / "protocol"
 
 

@@ -123,7 +123,7 @@ def test_a_subnet_pool_tries_every_24_once_from_its_seed_on():
     assert pool.describe() == "10.232-233.x.0/24"
 
 
-RECORDED = Path(__file__).parent / "data" / "sandbox"  # its README names the source
+RECORDED = Path(__file__).parents[1] / "data" / "sandbox"  # its README names the source
 
 
 def test_what_is_taken_is_read_from_ip_addresses_and_routes(monkeypatch):

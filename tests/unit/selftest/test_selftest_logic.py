@@ -32,8 +32,8 @@ from mlxops.selftest.run import SKIPPABLE, Options, parse_skip, run_selftest
 from mlxops.tasks import facts as F
 from mlxops.trainer import config as trainer_config
 
-DATA = Path(__file__).parent / "data"
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DATA = Path(__file__).parents[1] / "data"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def summary_with(**results: str) -> S.Summary:

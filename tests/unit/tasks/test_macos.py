@@ -18,7 +18,7 @@ from mlxops.inventory import Host
 from mlxops.tasks import macos
 from mlxops.tasks.facts import build_facts, split_sections
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 CASES = sorted((DATA / "macos").glob("*.yml"))
 
 
