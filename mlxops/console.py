@@ -10,7 +10,7 @@ never squeezed into a guessed width: :func:`print_table` gives them the width th
 
 rich is imported on first use (``out``, ``err``, a table), not with this module: every
 command imports it, and ``--help``, a bad input or ``status`` with no jobs print nothing
-of rich's (tests/unit/test_startup.py).
+of rich's (tests/unit/cli/test_startup.py).
 """
 
 from __future__ import annotations

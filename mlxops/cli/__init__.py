@@ -46,7 +46,7 @@ class Entry(NamedTuple):
 
 #: Every command: its module, imported only when the command runs, and its one-line
 #: summary, which ``mlxops --help`` lists without importing the module (as click would
-#: take it from the command: tests/unit/test_cli_summaries.py holds them equal). One line
+#: take it from the command: tests/unit/cli/test_cli_summaries.py holds them equal). One line
 #: per command.
 COMMANDS: dict[str, Entry] = {
     "run": Entry("run", ("Run COMMAND on every selected host, in parallel, and show each host's "

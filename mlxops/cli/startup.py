@@ -10,7 +10,7 @@ in the environment it writes every module loaded by then (``sys.modules``, which
 holds those ``importlib.import_module`` loaded, as the command table and the lazy
 packages do: importtime does not list those) to that file, one name a line.
 
-tests/unit/test_startup.py holds that no command imports a heavy module it does not use
+tests/unit/cli/test_startup.py holds that no command imports a heavy module it does not use
 (:data:`HEAVY`); benchmarks/startup.py times each command against a bare Python that
 imports click. Not a command: the measuring tool of the commands' start-up, in their room.
 """

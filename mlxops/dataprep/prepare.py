@@ -47,7 +47,7 @@ from mlxops.errors import UserError
 from mlxops.trainer import shardformat as sf
 
 #: Peak bytes per byte of text in a batch while it is tokenized, measured with each kind
-#: (tests/unit/test_dataprep.py holds the bound): a tokenizer.json's encodings keep token
+#: (tests/unit/dataprep/test_dataprep.py holds the bound): a tokenizer.json's encodings keep token
 #: strings and offsets per token; tiktoken and bytes keep the ids only.
 BYTES_PER_TEXT_BYTE = {encoders.BYTES: 20, encoders.TOKENIZER_JSON: 80, encoders.TIKTOKEN: 24}
 #: What reading takes besides the batches, whatever their size: a MiB read, decoded (up to

@@ -1,4 +1,4 @@
-"""A webhook receiver on loopback for the notification tests (tests/unit/test_notify.py,
+"""A webhook receiver on loopback for the notification tests (tests/unit/notify/test_notify.py,
 tests/integration/test_operate.py): a real HTTP server that records what it is POSTed and
 answers as told, or holds requests open, the way a slow or dead chat service would."""
 

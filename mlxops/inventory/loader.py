@@ -1,9 +1,10 @@
 """Load an Ansible YAML inventory, with group_vars/ and host_vars/ beside it.
 
-The result matches ``ansible-inventory -i FILE --list`` (tests/unit/test_inventory_ansible.py
-checks it): same hosts, same group membership, same resolved variables. Where Ansible
-only warns (an unknown group key, a host named like a group, a duplicate key) mlxops
-refuses, because a silently ignored line in an inventory is a misconfigured cluster.
+The result matches ``ansible-inventory -i FILE --list``
+(tests/unit/inventory/test_inventory_ansible.py checks it): same hosts, same group
+membership, same resolved variables. Where Ansible only warns (an unknown group key, a
+host named like a group, a duplicate key) mlxops refuses, because a silently ignored line
+in an inventory is a misconfigured cluster.
 
 Ansible's precedence, lowest first (``combine_vars`` with ``hash_behaviour=replace``, so
 each variable is replaced as a whole, never deep-merged):

@@ -4,7 +4,7 @@ the CLI (``sleep``: every process of a node frozen, as a Mac asleep).
 
 The names below are imported on first use (PEP 562), not with the package: the CLI reads
 its defaults from :mod:`.layout` and :mod:`.darwin` for ``--help``, which must not bring
-up the whole sandbox (tests/unit/test_startup.py).
+up the whole sandbox (tests/unit/cli/test_startup.py).
 """
 
 from __future__ import annotations

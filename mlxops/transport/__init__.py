@@ -4,7 +4,7 @@ The names below are this package's: each is imported from its own module the fir
 it is asked for (PEP 562's module ``__getattr__``), so that importing one part (the
 connector, the results) does not import the others; ``from mlxops.transport import
 Connector`` reads as ever. A command's start-up pays only for the parts it uses before
-its first connection (tests/unit/test_startup.py, benchmarks/startup.py).
+its first connection (tests/unit/cli/test_startup.py, benchmarks/startup.py).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     # Fabric and paramiko (and .jumps, built on them) are imported by the first SSH
     # connection, not here: they cost a third of a second, and every command imports this
     # module, most of them long before they connect (``--help``, bad input, ``status``
-    # with no jobs). tests/unit/test_startup.py holds that.
+    # with no jobs). tests/unit/cli/test_startup.py holds that.
     import fabric
     import paramiko
 
