@@ -23,26 +23,14 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
+from timing import timed
 
 from mlxops.sandbox import Sandbox
-
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL)
-    took = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}):\n"
-                 f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return took
 
 
 def main() -> None:
@@ -73,7 +61,7 @@ def main() -> None:
             doc = yaml.safe_load(box.inventory_path.read_text())
             doc["all"]["vars"]["mlxops_known_hosts"] = str(d / "known_hosts")
             (d / "inventory.yml").write_text(yaml.safe_dump(doc))
-            return timed([*mlxops, "trust", str(d / "inventory.yml"), "--yes"], env)
+            return timed([*mlxops, "trust", str(d / "inventory.yml"), "--yes"], env)[0]
 
         def init(i: int, named: bool) -> float:
             d, env = fresh("named" if named else "found", i)
@@ -81,7 +69,7 @@ def main() -> None:
                                        "--browse-seconds", str(opts.browse_seconds)]
             took = timed([*mlxops, "init", *where, "-o", str(d / "inventory.yml"),
                           "--accept-new-host-keys", "--known-hosts", str(d / "known_hosts"),
-                          *common], env)
+                          *common], env)[0]
             written = yaml.safe_load((d / "inventory.yml").read_text())
             hosts = [h for g in written["all"]["children"].values() for h in g["hosts"]]
             assert len(hosts) == opts.nodes, hosts

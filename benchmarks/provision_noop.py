@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import yaml
+from timing import timed
 
 from mlxops.sandbox import Sandbox
 
@@ -44,17 +45,6 @@ BASELINE = ("import runpy, sys; "
             "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
             "sys.path.insert(0, sys.argv.pop(1)); sys.argv[0] = 'mlxops'; "
             "runpy.run_module('mlxops', run_name='__main__')")
-
-
-def timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
-    start = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL)
-    took = time.perf_counter() - start
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}):\n"
-                 f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return took, proc.stdout
 
 
 def ssh_floor(box: Sandbox) -> float:

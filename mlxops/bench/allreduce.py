@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mlxops import shell
 from mlxops.bench.results import AllreduceRow, allreduce_rows
 from mlxops.errors import MlxopsError, UserError
+from mlxops.jobs.internal import read_rank_files, wait_until_ended
 from mlxops.jobs.jobdirs import job_dir
 from mlxops.jobs.launch import launch
-from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
+from mlxops.jobs.record import JobRecord, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
-from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import remove_run_dirs, stop_job
 from mlxops.jobs.workloads.command import CommandWorkload
-from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.node.protocol.bench import BENCH_JOB, allreduce_result
-from mlxops.transport import Connector, run_parallel
+from mlxops.transport import Connector
 
 OnEvent = Callable[[str], None]
 PROGRAM = "mlxops.node.allreduce"
@@ -84,7 +81,9 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
     on_event(f"all-reduce: starting {BENCH_JOB} ({spec.backend})")
     record = launch(spec, connector, exclude=exclude, fresh=True)
     try:
-        _wait_until_ended(record, connector, on_event)
+        wait_until_ended(record, connector, poll=POLL,
+                         failed=lambda why: MlxopsError(f"all-reduce {why}"),
+                         on_step=lambda n: on_event(f"all-reduce: {n} size(s) done"))
         per_rank = _read(record, connector)
     finally:
         stopped = stop_job(record, connector, grace=1.0, mark_stopped=False)
@@ -95,45 +94,17 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
     return allreduce_rows(per_rank, record.world_size), record.world_size
 
 
-def _wait_until_ended(record: JobRecord, connector: Connector, on_event: OnEvent) -> None:
-    last = -1
-    while True:
-        status = job_status(record, connector)
-        if status.state == FINISHED:
-            return
-        if status.state != RUNNING or status.unreachable:
-            why = status.problem or status.message or ", ".join(
-                f"{h}: {r}" for h, r in status.unreachable.items()) or status.state
-            # A failed rank's problem carries the line of its log that says why (read by
-            # its node): the logs go with the run directory, so it is said here.
-            raise MlxopsError(f"all-reduce {status.state}: {why}")
-        if status.step is not None and status.step != last:
-            last = status.step
-            on_event(f"all-reduce: {last} size(s) done")
-        time.sleep(POLL)
-
-
 def _read(record: JobRecord, connector: Connector) -> list[list[dict]]:
     """Every rank's ``allreduce-rank-<r>.json``, by rank."""
-    hosts = {h.name: h for h in record.hosts}
-    inv = inventory_hosts(record)
-
-    def work(host) -> dict[int, dict]:
-        h = hosts[host.name]
-        files = [h.paths(record.name).run_file(allreduce_result(r.rank))
-                 for r in record.ranks_on(host.name)]
-        result = connector.connect(host).run(shell.join(["cat", *files]), timeout=60)
-        if not result.ok:
-            raise MlxopsError(f"reading the all-reduce results: {result.error_line()}")
+    def parse(_host: str, stdout: str) -> dict[int, dict]:
         try:
-            docs = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+            docs = [json.loads(line) for line in stdout.splitlines() if line.strip()]
             return {int(d["rank"]): d for d in docs}
         except (ValueError, KeyError, TypeError) as exc:
             raise MlxopsError(f"unreadable all-reduce results: {exc}") from None
 
-    results = run_parallel([inv[name] for name in hosts], work)
-    results.raise_on_failure("reading the all-reduce results")
-    by_rank = {r: d for found in results.succeeded_values().values() for r, d in found.items()}
+    by_rank = read_rank_files(record, connector, allreduce_result, parse,
+                              what="the all-reduce results")
     missing = [r.rank for r in record.ranks if r.rank not in by_rank]
     if missing:
         raise MlxopsError(f"no all-reduce results from ranks {missing}")

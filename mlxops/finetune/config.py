@@ -31,18 +31,12 @@ from typing import Any
 from mlxops.trainer import sections
 from mlxops.trainer.config import ConfigError, coerce
 from mlxops.trainer.vocabulary import OPTIMIZERS, SCHEDULES, TrainKeys, default, upgrade
+from mlxops.trainer.vocabulary import key_field as _f
 
 __all__ = ["ConfigError", "FinetuneConfig", "load_config", "check_world", "describe_options",
            "diff_resume_keys", "METHODS", "OPTIMIZERS", "SCHEDULES"]
 
 METHODS = ("lora", "dora", "full")
-
-
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field whose help text ends up in ``--help`` and docs/finetune.md."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

@@ -24,19 +24,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from mlxops import shell
 from mlxops.errors import MlxopsError, UserError
+from mlxops.jobs.internal import read_rank_files, wait_until_ended
 from mlxops.jobs.jobdirs import job_dir
-from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
+from mlxops.jobs.record import JobRecord, load_record
 from mlxops.jobs.spec import JobSpec, RestartPolicy
-from mlxops.jobs.status import job_status
 from mlxops.jobs.stop import remove_run_dirs, stop_job
 from mlxops.jobs.workloads.command import CommandWorkload
-from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.node.protocol.collectives import (
     COLLECTIVES_JOB,
     FAULT_ENV,
@@ -45,7 +42,7 @@ from mlxops.node.protocol.collectives import (
     collectives_result,
 )
 from mlxops.node.protocol.decode import ProtocolError
-from mlxops.transport import Connector, run_parallel
+from mlxops.transport import Connector
 
 OnEvent = Callable[[str], None]
 #: ``launch(spec, connector, fresh=True)``: how the check's job starts (passed in by the
@@ -104,7 +101,8 @@ def run_check(spec: JobSpec, connector: Connector, start: Start, *,
              f"{spec.backend} backend")
     record = start(spec, connector, fresh=True)
     try:
-        _wait_until_ended(record, connector)
+        wait_until_ended(record, connector, poll=POLL, failed=lambda why: CollectivesError(
+            f"the collectives check {why}"))
         return _read(record, connector)
     finally:
         stopped = stop_job(record, connector, grace=1.0, mark_stopped=False)
@@ -127,39 +125,17 @@ def _clear_earlier(connector: Connector, on_event: OnEvent) -> None:
     _forget(record, connector)
 
 
-def _wait_until_ended(record: JobRecord, connector: Connector) -> None:
-    while True:
-        status = job_status(record, connector)
-        if status.state == FINISHED:
-            return
-        if status.state != RUNNING or status.unreachable:
-            why = status.problem or status.message or ", ".join(
-                f"{h}: {r}" for h, r in status.unreachable.items()) or status.state
-            raise CollectivesError(f"the collectives check {status.state}: {why}")
-        time.sleep(POLL)
-
-
 def _read(record: JobRecord, connector: Connector) -> list[tuple[str, CollectivesAnswer]]:
-    hosts = {h.name: h for h in record.hosts}
-    inv = inventory_hosts(record)
-
-    def work(host) -> dict[int, CollectivesAnswer]:
-        files = [hosts[host.name].paths(record.name).run_file(collectives_result(r.rank))
-                 for r in record.ranks_on(host.name)]
-        result = connector.connect(host).run(shell.join(["cat", *files]), timeout=60)
-        if not result.ok:
-            raise CollectivesError(f"reading the collectives answers: {result.error_line()}")
+    def parse(host: str, stdout: str) -> dict[int, CollectivesAnswer]:
         try:
             answers = [CollectivesAnswer.from_dict(json.loads(line))
-                       for line in result.stdout.splitlines() if line.strip()]
+                       for line in stdout.splitlines() if line.strip()]
         except (ValueError, ProtocolError) as exc:
-            raise CollectivesError(f"{host.name}: unreadable collectives answer: {exc}") \
-                from None
+            raise CollectivesError(f"{host}: unreadable collectives answer: {exc}") from None
         return {a.rank: a for a in answers}
 
-    results = run_parallel([inv[name] for name in hosts], work)
-    results.raise_on_failure("reading the collectives answers")
-    by_rank = {r: a for found in results.succeeded_values().values() for r, a in found.items()}
+    by_rank = read_rank_files(record, connector, collectives_result, parse,
+                              what="the collectives answers", error=CollectivesError)
     missing = [r.rank for r in record.ranks if r.rank not in by_rank]
     if missing:
         raise CollectivesError(f"no collectives answer from ranks {missing}")

@@ -17,28 +17,18 @@ sweep stops growing once the next size would take longer than its share (:func:`
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 
 from mlxops.node import protocol
 from mlxops.node.protocol.bench import allreduce_result
-from mlxops.node.protocol.rankenv import RankEnv
+from mlxops.node.rankrun import join, write_json
 
 SECOND_WARMUP_BELOW = 1.0   # seconds: a size whose first call took less gets a second one
 BEAT_EVERY = 5.0            # seconds between heartbeats during a size's timed calls
-
-
-def _write(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc) + "\n")
-    os.replace(tmp, path)
 
 
 def _agree_max(value: float, group: mx.distributed.Group) -> float:
@@ -110,20 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds for the whole sweep: stop growing once the next size would "
                         "take longer than its share (0: every size)")
     args = p.parse_args(argv)
-    env = RankEnv.from_env()
-    world = env.world_size or 1
-    backend = env.backend or "any"
-    run_dir = Path(env.run_dir or ".")
-    group = mx.distributed.init(strict=world > 1, backend=backend)
-    if group.size() != world:
-        sys.exit(f"expected {world} ranks, the {backend} group has {group.size()}")
-    rank = group.rank()
-
-    def beat(step: int) -> None:
-        _write(run_dir / protocol.progress_file(rank), protocol.Progress(
-            rank=rank, step=step, time=time.time(), pid=os.getpid(), world_size=world,
-            state=protocol.RUNNING).to_dict())
-
+    ranks = join()
+    group, rank, beat = ranks.group, ranks.rank, ranks.beat
     beat(0)
     sizes = sorted(args.sizes)
     target = args.target
@@ -131,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         target = min(target, args.budget / len(sizes) / 3)
     rows = sweep(sizes, group, target=target, min_iters=args.min_iters,
                  max_iters=args.max_iters, beat=beat, budget=args.budget)
-    _write(run_dir / allreduce_result(rank), {"rank": rank, "world_size": world,
-                                              "backend": backend, "results": rows})
-    _write(run_dir / protocol.progress_file(rank), protocol.Progress(
-        rank=rank, step=len(rows), time=time.time(), pid=os.getpid(), world_size=world,
-        state=protocol.FINISHED).to_dict())
+    write_json(ranks.run_dir / allreduce_result(rank), {
+        "rank": rank, "world_size": ranks.world, "backend": ranks.backend, "results": rows})
+    beat(len(rows), protocol.FINISHED)
     print(f"rank {rank}: {len(rows)} sizes, {sum(r['wrong'] for r in rows)} wrong", flush=True)
     return 0
 

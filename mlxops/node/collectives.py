@@ -32,12 +32,9 @@ answer on one rank (a broken backend, for the tests that show a wrong answer ref
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import mlx.core as mx
 
@@ -51,7 +48,7 @@ from mlxops.node.protocol.collectives import (
     CollectivesAnswer,
     collectives_result,
 )
-from mlxops.node.protocol.rankenv import RankEnv
+from mlxops.node.rankrun import join, write_json
 
 #: Elements per rank: an odd few, and enough for several messages (1 MiB of float32).
 SIZES = (1031, 262147)
@@ -175,35 +172,16 @@ def run(group: mx.distributed.Group, ops: list[str], backend: str,
                              mlx=mx.__version__, checked=checked, wrong=wrong)
 
 
-def _write(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mlxops.node.collectives")
     p.add_argument("--ops", nargs="+", choices=COLLECTIVES, required=True)
     args = p.parse_args(argv)
-    env = RankEnv.from_env()
-    world = env.world_size or 1
-    backend = env.backend or "any"
-    run_dir = Path(env.run_dir or ".")
-    group = mx.distributed.init(strict=world > 1, backend=backend)
-    if group.size() != world:
-        sys.exit(f"expected {world} ranks, the {backend} group has {group.size()}")
-    rank = group.rank()
-
-    def beat(state: str) -> None:
-        _write(run_dir / protocol.progress_file(rank), protocol.Progress(
-            rank=rank, step=0, time=time.time(), pid=os.getpid(), world_size=world,
-            state=state).to_dict())
-
-    beat(protocol.RUNNING)
-    answer = run(group, args.ops, backend, faults(), lambda: beat(protocol.RUNNING))
-    _write(run_dir / collectives_result(rank), answer.to_dict())
-    beat(protocol.FINISHED)
+    ranks = join()
+    rank = ranks.rank
+    ranks.beat(0)
+    answer = run(ranks.group, args.ops, ranks.backend, faults(), lambda: ranks.beat(0))
+    write_json(ranks.run_dir / collectives_result(rank), answer.to_dict())
+    ranks.beat(0, protocol.FINISHED)
     print(f"rank {rank}: {len(answer.checked)} checked, {len(answer.wrong)} wrong"
           + "".join(f"\n  {line}" for line in answer.wrong), flush=True)
     return 0

@@ -24,16 +24,26 @@ ROOT = Path("/sys/fs/cgroup")
 #: instead of its whole share of 100 ms (the kernel's default) in one burst and then
 #: nothing, which made a step take one, two or three periods at random.
 PERIOD_US = 20_000
+#: How many times :func:`clear` and :func:`clear_memory` move a group's processes out and
+#: try to remove it.
+CLEAR_TRIES = 50
+
+
+def _controller_hierarchy(controller: str, v1_file: str, v2_file: str,
+                          purpose: str) -> tuple[str, Path]:
+    """("v2", ROOT) where the unified hierarchy has ``controller``, else ("v1", its own
+    mount) where that has ``v1_file``; else an error saying ``purpose`` cannot be had."""
+    controllers = ROOT / "cgroup.controllers"
+    if controllers.exists() and controller in controllers.read_text().split():
+        return "v2", ROOT
+    if (ROOT / controller / v1_file).exists():
+        return "v1", ROOT / controller
+    raise MlxopsError(f"{ROOT}: no cgroup {controller} controller (v2 {v2_file} or v1 "
+                      f"{controller}) to set {purpose} with")
 
 
 def _hierarchy() -> tuple[str, Path]:
-    controllers = ROOT / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
-        return "v2", ROOT
-    if (ROOT / "cpu" / "cpu.cfs_quota_us").exists():
-        return "v1", ROOT / "cpu"
-    raise MlxopsError(f"{ROOT}: no cgroup cpu controller (v2 cpu.max or v1 cpu) to set a "
-                      "CPU quota with")
+    return _controller_hierarchy("cpu", "cpu.cfs_quota_us", "cpu.max", "a CPU quota")
 
 
 def usable() -> str | None:
@@ -59,13 +69,9 @@ def set_quota(name: str, pids: list[int], fraction: float) -> None:
     if not fraction > 0:
         raise MlxopsError(f"CPU quota: want a positive fraction of a CPU, got {fraction}")
     version, root = _hierarchy()
-    group = root / name
-    group.mkdir(exist_ok=True)
+    group = _make_group(version, root, name, "cpu")
     quota = max(1000, int(fraction * PERIOD_US))  # the kernel's minimum is 1 ms
     if version == "v2":
-        subtree = root / "cgroup.subtree_control"
-        if "cpu" not in subtree.read_text().split():
-            subtree.write_text("+cpu")
         (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
     else:
         (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
@@ -74,10 +80,28 @@ def set_quota(name: str, pids: list[int], fraction: float) -> None:
         move_process(group, pid)
 
 
+def _make_group(version: str, root: Path, name: str, controller: str) -> Path:
+    """Cgroup ``name`` under ``root`` (made if needed); on v2 ``controller`` is first
+    enabled for the root's children, where a v1 mount has it already."""
+    group = root / name
+    group.mkdir(exist_ok=True)
+    if version == "v2":
+        subtree = root / "cgroup.subtree_control"
+        if controller not in subtree.read_text().split():
+            subtree.write_text(f"+{controller}")
+    return group
+
+
 def clear(name: str) -> None:
     """Move every process of cgroup ``name`` back to the root cgroup and remove it."""
+    _clear(_hierarchy, name)
+
+
+def _clear(hierarchy: Callable[[], tuple[str, Path]], name: str) -> None:
+    """Cgroup ``name`` of ``hierarchy()`` emptied into its root and removed; none (or no
+    hierarchy) is no error."""
     try:
-        _, root = _hierarchy()
+        _, root = hierarchy()
     except MlxopsError:
         return
     group = root / name
@@ -110,13 +134,8 @@ def move_process(group: Path, pid: int) -> None:
 
 
 def _memory_hierarchy() -> tuple[str, Path]:
-    controllers = ROOT / "cgroup.controllers"
-    if controllers.exists() and "memory" in controllers.read_text().split():
-        return "v2", ROOT
-    if (ROOT / "memory" / "memory.limit_in_bytes").exists():
-        return "v1", ROOT / "memory"
-    raise MlxopsError(f"{ROOT}: no cgroup memory controller (v2 memory.max or v1 memory) "
-                      "to set a memory limit with")
+    return _controller_hierarchy("memory", "memory.limit_in_bytes", "memory.max",
+                                 "a memory limit")
 
 
 def memory_usable() -> str | None:
@@ -130,12 +149,8 @@ def set_memory_limit(name: str, pids: list[int], nbytes: int) -> None:
     if nbytes <= 0:
         raise MlxopsError(f"memory limit: want a positive number of bytes, got {nbytes}")
     version, root = _memory_hierarchy()
-    group = root / name
-    group.mkdir(exist_ok=True)
+    group = _make_group(version, root, name, "memory")
     if version == "v2":
-        subtree = root / "cgroup.subtree_control"
-        if "memory" not in subtree.read_text().split():
-            subtree.write_text("+memory")
         (group / "memory.max").write_text(str(nbytes))
     else:
         (group / "memory.limit_in_bytes").write_text(str(nbytes))
@@ -143,32 +158,9 @@ def set_memory_limit(name: str, pids: list[int], nbytes: int) -> None:
         move_process(group, pid)
 
 
-#: How many times :func:`clear_memory` moves a group's processes out and tries to remove it.
-CLEAR_TRIES = 50
-
-
 def clear_memory(name: str) -> None:
     """Move every process of memory cgroup ``name`` back to the root and remove it."""
-    try:
-        _, root = _memory_hierarchy()
-    except MlxopsError:
-        return
-    group = root / name
-    if not group.exists():
-        return
-    # A process may fork into the group while the others are moved out (a rank's helper
-    # ending, a login in flight), and the kernel refuses to remove a group that still
-    # has one (EBUSY, seen on a zsh node right after a job ended): move, then try again.
-    for attempt in range(CLEAR_TRIES):
-        for line in (group / "cgroup.procs").read_text().split():
-            move_process(root, int(line))
-        try:
-            group.rmdir()
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or attempt == CLEAR_TRIES - 1:
-                raise
-            time.sleep(0.1)
+    _clear(_memory_hierarchy, name)
 
 
 def node_mount_command() -> str:

@@ -11,6 +11,8 @@ test that breaks nodes leaves the sandbox as it found it.
 from __future__ import annotations
 
 import pwd
+from collections.abc import Callable
+from typing import Any
 
 from mlxops.sandbox import cgroups, clientfiles, darwin, freezer, netns, nodes
 from mlxops.sandbox.darwin import macrdma
@@ -107,29 +109,28 @@ class Faults(SandboxState):
         """Make the node slower: its processes (sshd, sessions, ranks; what it starts
         later too) share ``fraction`` of one CPU (a cgroup, :mod:`mlxops.sandbox.cgroups`);
         None lifts the cap."""
-        group = self._cgroup(name)
-        entry = self._entry(name)
-        if fraction is None:
-            cgroups.clear(group)
-            entry.pop("cpu_quota", None)
-        else:
-            cgroups.set_quota(group, netns.netns_pids(self.node_layout(name).netns), fraction)
-            entry["cpu_quota"] = fraction
-        self._save()
+        self._limit(name, "cpu_quota", fraction, cgroups.set_quota, cgroups.clear)
 
     def set_memory_limit(self, name: str, nbytes: int | None) -> None:
         """Make the node a smaller Mac: its processes share ``nbytes`` of memory (a memory
         cgroup, :mod:`mlxops.sandbox.cgroups`), which its facts read as its memory; None
         lifts the limit."""
+        self._limit(name, "memory_limit", nbytes, cgroups.set_memory_limit,
+                    cgroups.clear_memory)
+
+    def _limit(self, name: str, key: str, value: Any,
+               apply: Callable[[str, list[int], Any], None],
+               lift: Callable[[str], None]) -> None:
+        """The node's processes put under ``value`` in its cgroup by ``apply`` (None: the
+        group removed by ``lift``), kept as ``key`` in its state entry."""
         group = self._cgroup(name)
         entry = self._entry(name)
-        if nbytes is None:
-            cgroups.clear_memory(group)
-            entry.pop("memory_limit", None)
+        if value is None:
+            lift(group)
+            entry.pop(key, None)
         else:
-            cgroups.set_memory_limit(group, netns.netns_pids(self.node_layout(name).netns),
-                                     nbytes)
-            entry["memory_limit"] = nbytes
+            apply(group, netns.netns_pids(self.node_layout(name).netns), value)
+            entry[key] = value
         self._save()
 
     def _cgroup(self, name: str) -> str:

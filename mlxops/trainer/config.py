@@ -26,13 +26,7 @@ from typing import Any
 from . import balance, sections
 from .configfile import ConfigError
 from .vocabulary import OPTIMIZERS, SCHEDULES, TrainKeys, default, upgrade
-
-
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field whose help text ends up in ``--help``."""
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+from .vocabulary import key_field as _f
 
 
 @dataclass

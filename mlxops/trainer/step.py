@@ -207,10 +207,9 @@ class Steps:
         loss, g = self._grads(*batch)
         return loss, tree_map(lambda a: a.astype(mx.float32), g)
 
-    def _update(self, grads: dict, loss: mx.array) -> mx.array:
-        """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag, 0]``
-        (the last is :meth:`abstain`'s "cannot back off")."""
-        grads = tree_map(lambda a: a.astype(mx.float32), grads)  # a no-op unless copied
+    def _reduce(self, grads: dict, loss: mx.array) -> tuple[dict, mx.array]:
+        """The gradients every rank applies (scaled, mean over ranks, clipped) and the stats
+        ``[mean loss, mean flag, 0]``; the sharded step (:mod:`.zero`) applies them too."""
         if self.scale != 1.0:
             grads = tree_map(lambda a: a * self.scale, grads)
             loss = loss * self.scale
@@ -218,6 +217,13 @@ class Steps:
         g, stats = mean_over_ranks(grads, stats, self.group, self.wire)
         if self.grad_clip > 0:
             g, _ = optim.clip_grad_norm(g, self.grad_clip)
+        return g, stats
+
+    def _update(self, grads: dict, loss: mx.array) -> mx.array:
+        """Mean over ranks, clip, AdamW; returns the stats ``[mean loss, mean flag, 0]``
+        (the last is :meth:`abstain`'s "cannot back off")."""
+        grads = tree_map(lambda a: a.astype(mx.float32), grads)  # a no-op unless copied
+        g, stats = self._reduce(grads, loss)
         self.optimizer.update(self.model, g)
         if self.copy is not None:
             self._recast()

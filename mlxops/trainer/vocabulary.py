@@ -31,11 +31,15 @@ SCHEDULES = ("cosine", "constant")
 DTYPES = ("float32", "bfloat16")
 
 
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field whose help text ends up in ``--help`` and the docs."""
+def key_field(default: Any, help: str) -> Any:
+    """A dataclass field whose help text ends up in ``--help`` and the docs (every config
+    record's keys: these, the trainer's, fine-tuning's)."""
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
+
+
+_f = key_field  # the short name the key tables below are written with
 
 
 @dataclass

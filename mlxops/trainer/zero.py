@@ -53,7 +53,7 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from .model import loss_fn
-from .step import Steps, assign, mean_over_ranks
+from .step import Steps, assign
 
 #: The key under which the optimizer sees the rank's slice as one array.
 FLAT = "flat"
@@ -216,13 +216,7 @@ class ZeroSteps(Steps):
         return loss, tree_map(lambda a: a.astype(mx.float32), g)
 
     def _update(self, grads: dict, loss: mx.array) -> mx.array:
-        if self.scale != 1.0:
-            grads = tree_map(lambda a: a * self.scale, grads)
-            loss = loss * self.scale
-        stats = mx.stack([loss, mx.array(1.0), mx.array(0.0)])
-        g, stats = mean_over_ranks(grads, stats, self.group, self.wire)
-        if self.grad_clip > 0:
-            g, _ = optim.clip_grad_norm(g, self.grad_clip)
+        g, stats = self._reduce(grads, loss)
         mine = self._slice_of(self.model.trainable_parameters())
         new = self.optimizer.apply_gradients({FLAT: self.layout.take(g)}, {FLAT: mine})[FLAT]
         if self.sharded_master:

@@ -31,6 +31,7 @@ need of the rest of the job comes in as arguments.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,18 @@ class RankPlan:
     argv: dict[int, list[str]]
     files: dict[str, bytes] = field(default_factory=dict)
     prepare: list[str] = field(default_factory=list)
+
+
+def config_rank_plan(node: NodePlacement, module: str, config_file: str,
+                     config: dict[str, Any]) -> RankPlan:
+    """A bundled rank program's plan (the trainer's, fine-tuning's): every rank of the node
+    runs ``python -m <module> --config <run dir>/<config_file>`` (and ``--resume`` on a
+    resume) in the run directory, ``config`` written there as JSON."""
+    paths = node.paths
+    argv = [node.python, "-m", module, "--config", paths.run_file(config_file)] + (
+        ["--resume"] if node.resume else [])
+    return RankPlan(cwd=paths.run_dir, argv={r.rank: argv for r in node.here},
+                    files={config_file: json.dumps(config, indent=1).encode()})
 
 
 class Plan(Protocol):

@@ -27,7 +27,13 @@ from mlxops.finetune.config import FinetuneConfig
 from mlxops.jobs import finetune as section_rules
 from mlxops.jobs.content import Content
 from mlxops.jobs.data import DataSpec
-from mlxops.jobs.workloads.base import NodePlacement, Planner, RankPlan, Workload
+from mlxops.jobs.workloads.base import (
+    NodePlacement,
+    Planner,
+    RankPlan,
+    Workload,
+    config_rank_plan,
+)
 from mlxops.node import protocol
 
 KIND = section_rules.SECTION
@@ -128,14 +134,9 @@ class FinetuneWorkload(Workload):
             Content(self.data_dir, {}).node_dir(root), run_dir)
 
     def rank_plan(self, node: NodePlacement) -> RankPlan:
-        paths = node.paths
-        config = self.rank_config(paths.root, paths.run_dir, node.balance)
-        argv = [node.python, "-m", "mlxops.finetune", "--config",
-                paths.run_file(protocol.FINETUNE_CONFIG)] + (["--resume"] if node.resume
-                                                             else [])
-        return RankPlan(cwd=paths.run_dir, argv={r.rank: argv for r in node.here},
-                        files={protocol.FINETUNE_CONFIG:
-                               json.dumps(config.to_dict(), indent=1).encode()})
+        config = self.rank_config(node.paths.root, node.paths.run_dir, node.balance)
+        return config_rank_plan(node, "mlxops.finetune", protocol.FINETUNE_CONFIG,
+                                config.to_dict())
 
     def planner(self, path: Path) -> Planner:
         from mlxops.finetune.plan import ModelError, read_model

@@ -19,7 +19,6 @@ shards`` at an absolute path the controller can read too):
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from mlxops.jobs.workloads.base import (
     Planner,
     RankPlan,
     Workload,
+    config_rank_plan,
 )
 from mlxops.node import protocol
 from mlxops.node.protocol.collectives import ALL_GATHER, SEND_RECV
@@ -220,15 +220,10 @@ class TrainerWorkload(Workload):
                                         "ranks (their mlxops_slots)") from None
 
     def rank_plan(self, node: NodePlacement) -> RankPlan:
-        paths = node.paths
-        config = self.rank_config(node.balance).to_dict() | {"out": paths.run_dir}
+        config = self.rank_config(node.balance).to_dict() | {"out": node.paths.run_dir}
         if node.data_dir is not None:     # the job's data: this node's copy of the shards
             config = rank_data(config, node.data_dir)
-        argv = [node.python, "-m", "mlxops.trainer", "--config",
-                paths.run_file(protocol.TRAINER_CONFIG)] + (["--resume"] if node.resume
-                                                            else [])
-        return RankPlan(cwd=paths.run_dir, argv={r.rank: argv for r in node.here},
-                        files={protocol.TRAINER_CONFIG: json.dumps(config, indent=1).encode()})
+        return config_rank_plan(node, "mlxops.trainer", protocol.TRAINER_CONFIG, config)
 
     def planner(self, path: Path) -> Planner:
         return TrainerPlanner(self.config)
