@@ -38,8 +38,11 @@ ROOMS: list[tuple[str, ...]] = [
     ("node",),
     ("trainer",),
     ("finetune",),  # fine-tuning, synced beside the trainer: it builds on it (and mlx-lm)
+    # macnet, datalink and rdmaready are pure rules over a Mac's recorded facts, beside
+    # hostfacts and readiness (tasks gathers the facts, checks and bench ask the rules)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
-     "devtools", "hostfacts", "readiness", "events", "notify", "dataprep"),
+     "devtools", "hostfacts", "readiness", "macnet", "datalink", "rdmaready", "events",
+     "notify", "dataprep"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
     ("render",),  # renders an inventory's hosts (and their ring order) into hostfiles
