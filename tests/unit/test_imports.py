@@ -42,6 +42,7 @@ ROOMS: list[tuple[str, ...]] = [
     # hostfacts and readiness (tasks gathers the facts, checks and bench ask the rules)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
      "devtools", "hostfacts", "readiness", "macnet", "datalink", "rdmaready", "events",
+     "supervisorsite",
      "notify", "dataprep"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
