@@ -19,8 +19,11 @@ as the tool it is called as (``argv[0]``):
   with a marker (``MLXOPS_SANDBOX_ROOT=1``) that ``sysctl -w`` and ``pmset`` take for
   root; without it they refuse, as macOS does for a user.
 
-Standard library only: it runs under the node's interpreter, outside any package. (Just
-over 400 lines: the one program every shimmed tool runs; RDMA's tools are in macrdma.py.)
+Standard library only: it runs under the node's interpreter, outside any package.
+
+Longer than 400 lines because it is the one program every shimmed tool runs (``argv[0]``
+picks the tool), copied to the node outside any package; RDMA's tools are already apart,
+in macrdma.py beside it, and each further split is one more file for ``up`` to copy.
 """
 
 from __future__ import annotations
