@@ -7,8 +7,8 @@ values; :func:`build_facts` assembles them once into the record every reader use
 docs/formats.md). The venv and the Mac's kernel state are read here too, so that later
 tasks need no round trip of their own; the later tasks' own reads (a managed file, the
 synced code's manifest: :attr:`TaskSpec.read <mlxops.tasks.base.TaskSpec>`) are taken along
-in the same command (:mod:`mlxops.tasks.reads`), so a host with nothing to change costs one
-round trip for the whole play.
+in the same command (:func:`~mlxops.tasks.base.reads_script`), so a host with nothing to
+change costs one round trip for the whole play.
 
 Facts are cached on the controller in ``controller_home()/facts/<host>.json``, written and
 read through the record's JSON form (one decoder).
@@ -27,8 +27,17 @@ from mlxops import macnet, shell
 from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState, decode
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
-from mlxops.tasks.base import Outcome, Prefetched, PythonRead, TaskContext, task
-from mlxops.tasks.reads import MARK, python_reads_code, read_answers, reads_script
+from mlxops.tasks.base import (
+    MARK,
+    Outcome,
+    Prefetched,
+    PythonRead,
+    TaskContext,
+    python_reads_code,
+    read_answers,
+    reads_script,
+    task,
+)
 
 # Runs under the node's interpreter: its version and the mlx it imports (import, not
 # package metadata: the test is "does mlx.core load", and it is as fast here), and that
