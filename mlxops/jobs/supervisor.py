@@ -34,7 +34,6 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape
 
 from mlxops import shell
 from mlxops.errors import bad_input
@@ -136,6 +135,10 @@ def launchd_plist(site: Site) -> str:
     """The user agent (launchd.plist(5)): the watchdog, its environment, its log; started
     at load, and again when it exits unsuccessfully (``KeepAlive.SuccessfulExit`` false:
     a watchdog that ends with its job exits 0 and stays down)."""
+    # Here, not at the top: xml.sax.saxutils imports urllib.request, which a launch has no
+    # use for before its first connection (tests/unit/test_startup.py).
+    from xml.sax.saxutils import escape
+
     args = "".join(f"\n    <string>{escape(a)}</string>" for a in site.argv())
     env = "".join(f"\n    <key>{escape(k)}</key>\n    <string>{escape(v)}</string>"
                   for k, v in site.env().items())
