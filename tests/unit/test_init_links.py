@@ -1,7 +1,8 @@
 """The link rule of ``mlxops init`` (mlxops/init/links.py) on output recorded on real Macs:
 the hardware ports of mlxops/sandbox/darwin/recorded/networksetup-listallhardwareports.txt
-(https://github.com/nonocast/me/issues/129) and ifconfig lines in the format of
-recorded/ifconfig-*.txt (sources in recorded/README.md)."""
+(an M5 Max MacBook Pro, from osaurus-ai/osaurus's DistributedFixtures.swift,
+``hardwarePorts``) and ifconfig lines in the format of recorded/ifconfig-*.txt (sources in
+recorded/README.md)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ PORTS = parse_hardware_ports((RECORDED / "networksetup-listallhardwareports.txt"
 
 
 def test_recorded_hardware_ports_name_each_device():
-    assert PORTS == {"en0": "Wi-Fi", "en5": "iPhone USB", "en3": "Bluetooth PAN",
-                     "en1": "Thunderbolt 1", "en2": "Thunderbolt 2",
-                     "bridge0": "Thunderbolt Bridge"}
+    assert PORTS == {"en3": "Ethernet Adapter (en3)", "bridge0": "Thunderbolt Bridge",
+                     "en0": "Wi-Fi", "en1": "Thunderbolt 1", "en6": "Thunderbolt 2",
+                     "en2": "Thunderbolt 3"}
     node = NodeLinks(PORTS)
-    assert [node.kind(d) for d in ("en0", "en1", "bridge0", "en5")] == \
-        [WIFI, THUNDERBOLT, THUNDERBOLT, ETHERNET]
+    assert [node.kind(d) for d in ("en0", "en1", "en6", "bridge0", "en3")] == \
+        [WIFI, THUNDERBOLT, THUNDERBOLT, THUNDERBOLT, ETHERNET]
 
 
 def test_ifconfig_addresses_with_masks_from_recorded_format():
