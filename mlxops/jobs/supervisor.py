@@ -32,24 +32,23 @@ import os
 import posixpath
 import textwrap
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape
 
 from mlxops import shell
 from mlxops.errors import bad_input
 
-CONTROLLER = "controller"
-VARIABLE = "mlxops_supervisor"
-#: Set in the environment of a watchdog started on a node: the host it runs on. A watchdog
-#: whose job names another supervisor (or one on a node, when this is unset) only follows.
-ENV_HOST = "MLXOPS_SUPERVISOR_HOST"
-SITE_DIR = "supervisor"                 # under mlxops_root
-KEY_FILE = "~/.ssh/mlxops_supervisor"   # the supervisor host's own key (provision task)
-#: What the controller's code imports beyond the stdlib, mlx and numpy (pyproject.toml's
-#: dependencies, by import name): pre-flight checks the supervisor's venv has them.
-IMPORTS = ("fabric", "paramiko", "click", "jinja2", "yaml", "rich", "prometheus_client")
+# The site's layout and names, shared with the provision task below this room: re-exported
+from mlxops.supervisorsite import (  # noqa: F401
+    CONTROLLER,
+    ENV_HOST,
+    IMPORTS,
+    KEY_FILE,
+    SITE_DIR,
+    VARIABLE,
+    Site,
+)
+
 SETSID, SYSTEMD, LAUNCHD = "setsid", "systemd", "launchd"
 METHODS = (SETSID, SYSTEMD, LAUNCHD)
 
@@ -90,62 +89,6 @@ def supervisor_of(job_file: Path, chosen: str | None, hosts: Iterable[Any],
     if host.connection == "local":
         return None  # the controller itself: supervised here, as by default
     return host
-
-
-@dataclass(frozen=True)
-class Site:
-    """Where a job's supervisor lives on its host: ``dir`` is ``<mlxops_root>/supervisor``,
-    absolute (as the node resolved it)."""
-
-    host: str
-    dir: str
-    job: str
-
-    @property
-    def home(self) -> str:
-        return posixpath.join(self.dir, "home")
-
-    @property
-    def lib(self) -> str:
-        """The controller's code, one copy per job: a resume replacing one job's never
-        pulls the modules from under another job's watchdog on the same host."""
-        return posixpath.join(self.dir, "jobs", self.job, "lib")
-
-    @property
-    def python(self) -> str:
-        return posixpath.join(self.dir, "venv", "bin", "python")
-
-    @property
-    def inventory(self) -> str:
-        return posixpath.join(self.dir, "jobs", self.job, "inventory.yml")
-
-    @property
-    def known_hosts(self) -> str:
-        return posixpath.join(self.dir, "known_hosts")
-
-    @property
-    def job_dir(self) -> str:
-        return posixpath.join(self.home, "jobs", self.job)
-
-    @property
-    def lock(self) -> str:
-        return posixpath.join(self.job_dir, "watch.lock")
-
-    @property
-    def log(self) -> str:
-        return posixpath.join(self.job_dir, "supervisor.log")
-
-    @property
-    def label(self) -> str:
-        """The launchd label and systemd unit name (a job name is [A-Za-z0-9._-])."""
-        return f"org.mlxops.watch.{self.job}"
-
-    def env(self) -> dict[str, str]:
-        return {"MLXOPS_HOME": self.home, "PYTHONPATH": self.lib, ENV_HOST: self.host,
-                "PYTHONUNBUFFERED": "1"}
-
-    def argv(self) -> list[str]:
-        return [self.python, "-m", "mlxops", "watch", self.job]
 
 
 def start_command(site: Site, method: str) -> str:
@@ -192,6 +135,10 @@ def launchd_plist(site: Site) -> str:
     """The user agent (launchd.plist(5)): the watchdog, its environment, its log; started
     at load, and again when it exits unsuccessfully (``KeepAlive.SuccessfulExit`` false:
     a watchdog that ends with its job exits 0 and stays down)."""
+    # Here, not at the top: xml.sax.saxutils imports urllib.request, which a launch has no
+    # use for before its first connection (tests/unit/test_startup.py).
+    from xml.sax.saxutils import escape
+
     args = "".join(f"\n    <string>{escape(a)}</string>" for a in site.argv())
     env = "".join(f"\n    <key>{escape(k)}</key>\n    <string>{escape(v)}</string>"
                   for k, v in site.env().items())

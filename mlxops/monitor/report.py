@@ -75,8 +75,8 @@ def _inline(name: str) -> str:
 def html_report(doc: JobDocument) -> str:
     title = html.escape(f"mlxops report: {doc.name}")
     scripts = "\n".join(f"<script>\n{_inline(name)}\n</script>" for name in SCRIPTS)
-    warning = (f'<p class="warning">{html.escape(doc["fast_synch"])}</p>'
-               if doc.get("fast_synch") else "")
+    risk = doc.extras.get("fast_synch")   # put there by report_document
+    warning = f'<p class="warning">{html.escape(risk)}</p>' if risk else ""
     return f"""<!doctype html>
 <html lang="en">
 <head>

@@ -7,8 +7,8 @@ values; :func:`build_facts` assembles them once into the record every reader use
 docs/formats.md). The venv and the Mac's kernel state are read here too, so that later
 tasks need no round trip of their own; the later tasks' own reads (a managed file, the
 synced code's manifest: :attr:`TaskSpec.read <mlxops.tasks.base.TaskSpec>`) are taken along
-in the same command (:func:`reads_script`), so a host with nothing to change costs one
-round trip for the whole play.
+in the same command (:func:`~mlxops.tasks.base.reads_script`), so a host with nothing to
+change costs one round trip for the whole play.
 
 Facts are cached on the controller in ``controller_home()/facts/<host>.json``, written and
 read through the record's JSON form (one decoder).
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,17 @@ from mlxops import macnet, shell
 from mlxops.hostfacts import FactsError, HostFacts, Interpreter, MacState, decode
 from mlxops.node.protocol.layout import VENV_PYTHON
 from mlxops.paths import controller_home
-from mlxops.tasks.base import Outcome, Prefetched, PythonRead, TaskContext, task
-
-MARK = "@@mlxops:"
+from mlxops.tasks.base import (
+    MARK,
+    Outcome,
+    Prefetched,
+    PythonRead,
+    TaskContext,
+    python_reads_code,
+    read_answers,
+    reads_script,
+    task,
+)
 
 # Runs under the node's interpreter: its version and the mlx it imports (import, not
 # package metadata: the test is "does mlx.core load", and it is as fast here), and that
@@ -93,65 +101,6 @@ if [ "$(uname -s)" = Darwin ]; then
 fi
 """
 _BODY = _BODY.replace("@MACNET@", macnet.SCRIPT.lstrip("\n"))
-READ, EXIT = "read:", "exit:"  # a read's sections: what it printed, then its exit code
-
-# After the probe, in the same interpreter: each Python read (label, source, argv) prints
-# its sections as reads_script's commands do.
-_PYTHON_READS = r"""
-def _mlxops_reads(reads):
-    import sys
-    for label, source, argv in reads:
-        print("@@mlxops:read:" + label)
-        sys.stdout.flush()
-        sys.argv[:] = [label, *argv]
-        try:
-            exec(compile(source, label, "exec"), {"__name__": "__mlxops_read__"})
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            code = 1
-        sys.stdout.flush()
-        print("\n@@mlxops:exit:" + label)
-        print(code)
-        sys.stdout.flush()
-"""
-
-
-def python_reads_code(reads: Mapping[str, PythonRead]) -> str:
-    """Python source that runs every read of ``reads`` (``{label: PythonRead}``) in turn."""
-    if not reads:
-        return ""
-    table = [(label, r.source, list(r.argv)) for label, r in reads.items()]
-    return f"{_PYTHON_READS}\n_mlxops_reads({json.dumps(table)})\n"
-
-
-def reads_script(reads: Mapping[str, str]) -> str:
-    """Each read (``{label: command}``) in a subshell of its own, its output and exit code
-    in sections of their own; its stderr is dropped (a failed read is read again by its
-    task, which then reports the error)."""
-    parts = []
-    for label, command in reads.items():
-        parts.append(f"printf '%s\\n' {shell.quote(MARK + READ + label)}; "
-                     f"( {command}\n) </dev/null 2>/dev/null; s=$?; "
-                     # A newline first: the exit's mark starts a line even after output
-                     # without a last newline (and the sections' split takes it back).
-                     f"printf '\\n%s\\n' {shell.quote(MARK + EXIT + label)}; "
-                     f"printf '%s\\n' \"$s\"\n")
-    return "".join(parts)
-
-
-def read_answers(sections: Mapping[str, str], labels: Iterable[str]) -> dict[str, Prefetched]:
-    """What each read printed, by label; a read without its exit code is not there (the
-    script was cut short)."""
-    out = {}
-    for label in labels:
-        code = sections.get(EXIT + label, "").strip()
-        if code.isdigit():
-            out[label] = Prefetched(int(code), sections.get(READ + label, ""))
-    return out
-
-
 def facts_script(python: str, root: str,
                  reads: Mapping[str, str | PythonRead] | None = None) -> str:
     """The one command that gathers every fact (``python``: mlxops_python, ``root``: the

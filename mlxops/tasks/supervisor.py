@@ -28,7 +28,7 @@ from importlib import metadata
 from typing import Any
 
 from mlxops import shell
-from mlxops.jobs import supervisor as rules
+from mlxops import supervisorsite as rules
 from mlxops.tasks.base import Outcome, TaskContext, task
 from mlxops.tasks.python import PIP_TIMEOUT, push_wheelhouse
 

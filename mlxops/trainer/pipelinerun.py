@@ -37,12 +37,12 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 
 from . import pipeline, stages
+from .bundled import TrainerWorkload, make_optimizer
 from .checkpoint import CKPT_MODEL, CKPT_OPTIMIZER
 from .data import Batches, split_rank
 from .errors import TrainerError
 from .loop import GB, Log
 from .stagemodel import StageModel, TrainerStage
-from .train import TrainerWorkload, make_optimizer
 
 
 class PipelineSteps:

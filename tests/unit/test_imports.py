@@ -38,10 +38,14 @@ ROOMS: list[tuple[str, ...]] = [
     ("node",),
     ("trainer",),
     ("finetune",),  # fine-tuning, synced beside the trainer: it builds on it (and mlx-lm)
+    # macnet, datalink and rdmaready are pure rules over a Mac's recorded facts, beside
+    # hostfacts and readiness (tasks gathers the facts, checks and bench ask the rules)
     ("mlxops", "errors", "shell", "paths", "yamlfile", "filelock", "archive", "ignore",
      "devtools", "hostfacts", "readiness", "events", "notify", "dataprep",
      # pure rules over the facts record: a Mac's network facts, the data-link and RDMA rules
-     "macnet", "datalink", "rdmaready"),
+     "macnet", "datalink", "rdmaready",
+     # where a job's supervisor lives on its host (stdlib only: the provision task's too)
+     "supervisorsite"),
     ("transport",),
     ("console", "trust", "inventory", "sync"),
     ("render",),  # renders an inventory's hosts (and their ring order) into hostfiles

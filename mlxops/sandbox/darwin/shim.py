@@ -20,8 +20,10 @@ as the tool it is called as (``argv[0]``):
   root; without it they refuse, as macOS does for a user.
 
 Standard library only: it runs under the node's interpreter, outside any package.
-Longer than 400 lines because it is the one program every shimmed tool runs (RDMA's
-tools are in macrdma.py).
+
+Longer than 400 lines because it is the one program every shimmed tool runs (``argv[0]``
+picks the tool), copied to the node outside any package; RDMA's tools are already apart,
+in macrdma.py beside it, and each further split is one more file for ``up`` to copy.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ said with its risk by ``status`` and the report."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 from test_job_spec import GOOD, with_, write
 
@@ -14,7 +18,10 @@ from mlxops.jobs.placement import Rank
 from mlxops.jobs.record import HostRecord, JobRecord
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.status import JobStatus
-from mlxops.monitor.report import html_report
+from mlxops.monitor.data import MirrorReader
+from mlxops.monitor.report import html_report, report_document
+
+DATA = Path(__file__).parent / "data" / "monitor"
 
 
 def test_the_job_decides_for_its_ranks(tmp_path):
@@ -44,7 +51,7 @@ def test_on_only_where_the_job_or_every_host_says_so():
     assert fast_synch_on({"MLX_METAL_FAST_SYNCH": "1"}, default) is True
 
 
-def test_the_record_keeps_it_and_status_and_the_report_say_it():
+def test_the_record_keeps_it_and_status_and_the_report_say_it(tmp_path, monkeypatch):
     rec = JobRecord(name="j", job_file="j.yml", inventory="inv.yml", backend="ring",
                     hosts=[HostRecord("a", "/r", "/py")], ranks=[Rank(0, "a", "1.1.1.1", 1, 0)],
                     fast_synch=True)
@@ -54,9 +61,18 @@ def test_the_record_keeps_it_and_status_and_the_report_say_it():
     assert JobRecord.from_dict(data).fast_synch is False
     assert JobStatus("j", "running", [], fast_synch=True).to_dict()["fast_synch"] is True
     assert "fast_synch" not in JobStatus("j", "running", []).to_dict()
-    page = html_report({"name": "j", "fast_synch": RISK})
+    # the report of a recorded job (tests/unit/data/monitor), once with the field set
+    home = tmp_path / "home"
+    shutil.copytree(DATA / "running", home / "jobs")
+    monkeypatch.setenv("MLXOPS_HOME", str(home))
+    assert "MLX_METAL_FAST_SYNCH on" not in html_report(
+        report_document(MirrorReader("tiny-lm").read()))
+    recorded = home / "jobs" / "tiny-lm" / "record.json"
+    recorded.write_text(json.dumps({**json.loads(recorded.read_text()), "fast_synch": True}))
+    doc = report_document(MirrorReader("tiny-lm").read())
+    assert doc.extras["fast_synch"] == RISK
+    page = html_report(doc)
     assert "MLX_METAL_FAST_SYNCH on" in page and "wedge the GPU" in page
-    assert "MLX_METAL_FAST_SYNCH on" not in html_report({"name": "j"})
 
 
 def test_status_prints_the_risk(capsys):

@@ -183,18 +183,19 @@ def test_a_reader_says_which_line_it_skipped(home):
     assert skipped == [(2, '{"id": "y", "time": 2, "job": "jo')]
 
 
-def test_mlxops_events_names_the_skipped_line_on_stderr(home, monkeypatch):
+def test_mlxops_events_names_the_skipped_line_on_stderr(home):
     from click.testing import CliRunner
 
     from mlxops.cli.events import command
-    from mlxops.jobs import record as R
 
-    monkeypatch.setattr(R, "load_record", lambda name: None)
-    events.record("job", events.STARTED, "2 ranks")
-    with open(events.path("job"), "a") as handle:
+    # A real job record (no supervisor: the timeline is the controller's own), since the
+    # command reads the record to know where the timeline is written.
+    shutil.copytree(DATA / "running", home / "jobs")
+    events.record("tiny-lm", events.STARTED, "2 ranks")
+    with open(events.path("tiny-lm"), "a") as handle:
         handle.write('{"torn')
-    events.record("job", events.FAILED, "gave up")
-    result = CliRunner().invoke(command, ["job"])
+    events.record("tiny-lm", events.FAILED, "gave up")
+    result = CliRunner().invoke(command, ["tiny-lm"])
     assert result.exit_code == 0
     assert "line 2 is not an event (torn by a crash?)" in result.stderr
     assert "gave up" in result.stdout

@@ -168,13 +168,13 @@ def test_iperf3_is_read_as_the_receiver_counted():
 
 def test_the_synced_node_modules_import_only_the_standard_library():
     """Macs run them with whatever Python has mlx: nothing else may be assumed there. The
-    all-reduce rank program imports mlx (it runs only as a rank); pre-flight and memory.py
+    rank programs (the all-reduce bench and the collectives check) import mlx at the top:
+    they run only as ranks, where mlx is there by definition. Pre-flight and memory.py
     import it inside a function, for its version and its GPU working set."""
     import ast
 
+    rank_programs = ("allreduce.py", "collectives.py")
     for path in sorted((ROOT / "mlxops" / "node").glob("*.py")):
-        if path.name == "allreduce.py":
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) and
@@ -183,5 +183,6 @@ def test_the_synced_node_modules_import_only_the_standard_library():
                 top = name.split(".")[0]
                 ok = top in sys.stdlib_module_names or name.startswith("mlxops.node") \
                     or name == "__future__"
-                assert ok or (path.name in ("preflight.py", "memory.py") and top == "mlx"), (
+                assert ok or (path.name in ("preflight.py", "memory.py", *rank_programs)
+                          and top == "mlx"), (
                 path.name, name)
