@@ -21,7 +21,7 @@ from mlxops.jobs.status import JobStatus
 from mlxops.monitor.data import MirrorReader
 from mlxops.monitor.report import html_report, report_document
 
-DATA = Path(__file__).parent / "data" / "monitor"
+DATA = Path(__file__).parents[1] / "data" / "monitor"
 
 
 def test_the_job_decides_for_its_ranks(tmp_path):

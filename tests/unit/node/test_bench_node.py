@@ -168,12 +168,13 @@ def test_iperf3_is_read_as_the_receiver_counted():
 
 def test_the_synced_node_modules_import_only_the_standard_library():
     """Macs run them with whatever Python has mlx: nothing else may be assumed there. The
-    rank programs (the all-reduce bench and the collectives check) import mlx at the top:
-    they run only as ranks, where mlx is there by definition. Pre-flight and memory.py
+    rank programs (the all-reduce bench and the collectives check) and their shared start
+    (rankrun.py) import mlx at the top: they run only as ranks, where mlx is there by
+    definition. Pre-flight and memory.py
     import it inside a function, for its version and its GPU working set."""
     import ast
 
-    rank_programs = ("allreduce.py", "collectives.py")
+    rank_programs = ("allreduce.py", "collectives.py", "rankrun.py")
     for path in sorted((ROOT / "mlxops" / "node").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
