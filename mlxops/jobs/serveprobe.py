@@ -111,6 +111,8 @@ class ProbeWatch:
     # answered, and the probes timed out in a row since: what tells busy from hung.
     counted: int | None = None
     timeouts: int = 0
+    # At the last timeout: True the count moved (busy), False it did not, None not known.
+    moved: bool | None = None
 
     def look(self, conn: Connection, now: float | None = None,
              count: Callable[[], int | None] = lambda: None) -> str | None:
@@ -159,7 +161,11 @@ class ProbeWatch:
         """``requests``: the server's request count when ``result`` timed out (None: not
         known). A probe that timed out while the server started other requests since the
         last answered one (a long generation ahead of it: mlx-lm serves a request with a
-        ``seed`` alone) is busy, not hung, until ``serve.hung_probes`` time out in a row."""
+        ``seed`` alone) is busy, not hung, until ``serve.hung_probes`` time out in a row.
+        A count not known (its node too busy to say within the watchdog's wait, as a node
+        generating for a long request is) says nothing either way: such timeouts are
+        judged by ``serve.hung_probes`` in a row alone. Only a count read and unchanged
+        makes one timeout hung (a stopped server: its node answers at once)."""
         self.last = result
         if result.ok:
             self.answered += 1
@@ -168,11 +174,11 @@ class ProbeWatch:
         server = f"the server on {self.host}"
         if result.hung:
             self.timeouts += 1
-            moved = (requests is not None and self.counted is not None
-                     and requests > self.counted)
-            if moved and self.timeouts < self.serve.hung_probes:
-                return None   # busy: working on requests that arrived before the probe
-            why = (f"{self.timeouts} probes in a row" if moved else
+            known = requests is not None and self.counted is not None
+            self.moved = (requests > self.counted) if known else None
+            if self.moved is not False and self.timeouts < self.serve.hung_probes:
+                return None   # busy (or not known yet): requests ahead of the probe
+            why = (f"{self.timeouts} probes in a row" if self.moved is not False else
                    "and its request count has not moved since the last answer")
             return (f"{server} did not answer a one-token completion in "
                     f"{self.serve.probe_timeout:g}s, {why} (hung)")

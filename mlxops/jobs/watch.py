@@ -179,10 +179,11 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                     probed = _probe(probes, connector, hosts,
                                     functools.partial(counts.count, record))
                     if probed is None and probes.timeouts:
+                        behind = ("behind requests it started since" if probes.moved
+                                  else "(its request count not read in time)")
                         on_event(f"the server on {probes.host} is busy: the probe waited "
-                                 f"{probes.serve.probe_timeout:g}s behind requests it "
-                                 f"started since (not hung; {probes.timeouts} of "
-                                 f"{probes.serve.hung_probes} in a row)")
+                                 f"{probes.serve.probe_timeout:g}s {behind} (not hung; "
+                                 f"{probes.timeouts} of {probes.serve.hung_probes} in a row)")
                     if probed is None and probes.timeouts == 0:
                         served = counts.read(record)
                         if served is _Counts.LATE:  # its host may be asleep: probe at once

@@ -258,10 +258,6 @@ def test_a_hung_server_is_restarted(sandbox, tmp_path, served_model):
         watchdog.result(timeout=30)
 
 
-@pytest.mark.skip(reason="issue 30, open: after the merges the watchdog reads the server's "
-                  "request count as not moved while a long streamed request runs, and "
-                  "restarts the server (passed on its branch, fails on main since the "
-                  "workload/stream merges; see the issue's note)")
 def test_a_long_seeded_request_holding_up_the_probe_is_not_a_hang(sandbox, tmp_path,
                                                                   served_model):
     """mlx-lm serves a request with a ``seed`` alone: a long one holds the watchdog's probe

@@ -119,8 +119,9 @@ def test_the_probes_add_up_to_a_problem_or_not():
         "the server on node1 did not answer in 61s since its start "
         "(serve.start_timeout 60s): refused")
     assert watch.problem(ProbeResult(True, 0.01), now=62.0) is None
+    watch.answered_at(5)                           # the count after that answer
     assert watch.problem(refused, now=63.0) == "the server on node1 stopped answering (refused)"
-    assert watch.problem(ProbeResult(False, hung=True), now=64.0) == (
+    assert watch.problem(ProbeResult(False, hung=True), now=64.0, requests=5) == (
         "the server on node1 did not answer a one-token completion in 2s, and its request "
         "count has not moved since the last answer (hung)")
     assert watch.answered == 1
@@ -141,9 +142,12 @@ def test_a_probe_held_up_behind_other_requests_is_busy_not_hung():
     assert watch.problem(ProbeResult(True, 0.01), now=5.0) is None
     watch.answered_at(12)
     assert "has not moved" in watch.problem(hung, now=6.0, requests=12)
-    # A count not known (its host slow to say) is not a move.
+    # A count not known (its host too busy to say in time) is neither a move nor a stop:
+    # such timeouts are judged by hung_probes in a row alone.
     watch.timeouts = 0
-    assert "has not moved" in watch.problem(hung, now=7.0, requests=None)
+    assert watch.problem(hung, now=7.0, requests=None) is None and watch.moved is None
+    assert watch.problem(hung, now=8.0, requests=None) is None
+    assert watch.problem(hung, now=9.0, requests=None).endswith("3 probes in a row (hung)")
 
 
 def test_hung_probes_is_a_whole_number(tmp_path):
