@@ -247,10 +247,14 @@ def test_a_hung_server_is_restarted(sandbox, tmp_path, served_model):
             deadline = time.monotonic() + 60
             while not load_record("serve-hung").restarts and time.monotonic() < deadline:
                 time.sleep(0.5)
-            reasons = [r.reason for r in load_record("serve-hung").restarts]
-            assert reasons == ["the server on node1 did not answer a one-token completion "
-                               "in 3s, and its request count has not moved since the last "
-                               "answer (hung)"]
+            [reason] = [r.reason for r in load_record("serve-hung").restarts]
+            # Hung on the first timeout when its count was read unchanged; after
+            # serve.hung_probes in a row when the count could not be read in time (a loaded
+            # machine): either way restarted as hung (jobs/serveprobe.py).
+            assert reason.startswith("the server on node1 did not answer a one-token "
+                                     "completion in 3s, ") and reason.endswith(" (hung)")
+            assert ("its request count has not moved since the last answer" in reason
+                    or "probes in a row" in reason), reason
             wait_answering(client)
         finally:
             forward.close()
