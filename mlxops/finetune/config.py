@@ -82,6 +82,8 @@ class TrainSection(TrainKeys):
     epochs: int = _f(0, "when above 0: train this many passes over train.jsonl instead "
                      "of train.steps (epochs x its full global batches)")
     max_seq_len: int = _f(2048, "tokens per example at most (longer ones are cut)")
+    stages: list[int] | None = _f(None, "pipeline stages: blocks per rank in rank order "
+                                  "(docs/pipeline.md); null = data parallel")
 
 
 @dataclass
@@ -181,15 +183,37 @@ def validate(cfg: FinetuneConfig, where: str) -> None:
     if t.patience and not t.eval_every:
         raise ConfigError(f"{where}: train.patience: needs train.eval_every (patience counts "
                           "validations)")
+    if t.stages is not None:
+        _validate_stages(cfg, where)
     if m.type == "full" and m.keys is not None:
         raise ConfigError(f"{where}: method.keys: goes with lora or dora (full trains whole "
                           "blocks)")
 
 
+def _validate_stages(cfg: FinetuneConfig, where: str) -> None:
+    """``train.stages``: what the pipeline does not do is refused here rather than at its
+    first step (the blocks' sum against the model: the job's load and the stage's build,
+    which read its config.json)."""
+    t = cfg.train
+    if t.balance != "equal":
+        raise ConfigError(f"{where}: train.balance: {t.balance!r} splits the batch; pipeline "
+                          "stages each take the whole batch (use equal)")
+    if t.eval_every:
+        raise ConfigError(f"{where}: train.eval_every: validation across pipeline stages is "
+                          "not built yet (docs/pipeline.md); set 0")
+
+
 def check_world(cfg: FinetuneConfig, world: int, where: str = "finetune") -> None:
     """The rules that need the number of ranks: every rank takes at least one example of
     each global batch, ``equal`` needs a global batch that divides, and a list of weights
-    has one per rank (the trainer's rule, :func:`mlxops.trainer.config.check_world`)."""
+    has one per rank (the trainer's rule, :func:`mlxops.trainer.config.check_world`).
+    With ``train.stages`` each rank is a stage and takes the whole batch: one rank per
+    stage."""
+    if cfg.train.stages is not None:
+        if len(cfg.train.stages) != world:
+            raise ConfigError(f"{where}: train.stages: {len(cfg.train.stages)} stages need "
+                              f"as many ranks, not {world}")
+        return
     sections.check_world_size(cfg.train.global_batch, cfg.train.balance, world, where,
                               "example")
 

@@ -236,11 +236,15 @@ def init_adapters(model: nn.Module, seed: int, start: int = 0) -> None:
 
 class FinetuneStage:
     """A stage of an mlx-lm model as the pipeline step drives it: batches are
-    ``(tokens, lengths)``, mlx-lm's ``default_loss`` on the last stage."""
+    ``(tokens, lengths)``, mlx-lm's ``default_loss`` on the last stage; or, as the run
+    loop gives them (:mod:`.pipelinerun`), ``(tokens, lengths, weight, row seeds)``: the
+    loss is then the sum of the tokens' losses times ``weight`` (fine-tuning's objective,
+    :mod:`.objective`) and the seeds drive the adapters' dropout (:mod:`.dropout`)."""
 
     def __init__(self, model: nn.Module, config: dict[str, Any], start: int, first: bool,
-                 last: bool):
+                 last: bool, seeds: Any = None):
         self.model, self.start, self.first, self.last = model, start, first, last
+        self.seeds = seeds   # the model's dropout.RowSeeds, or None
         self.dims = int(config["hidden_size"])
         self.tied = bool(config.get("tie_word_embeddings", True))
         norm = next((v for k, v in tree_flatten(model.parameters())
@@ -260,12 +264,18 @@ class FinetuneStage:
         local = {to_local(k, self.start): v for k, v in params.items()}
         master = self.model.trainable_parameters()
         self.model.update(shaped(master, local))
-        tokens, lengths = batch
+        tokens, lengths = batch[0], batch[1]
         inner = self.model.model
         h = inner.embed_tokens(tokens[:, :-1]) if x is None else x
         mask = create_attention_mask(h, None)
-        for layer in inner.layers:
-            h = layer(h, mask, cache=None)
+        if self.seeds is not None and len(batch) > 3:
+            self.seeds.value = batch[3]
+        try:
+            for layer in inner.layers:
+                h = layer(h, mask, cache=None)
+        finally:
+            if self.seeds is not None:
+                self.seeds.value = None
         if self.last:
             h = inner.norm(h)
             logits = inner.embed_tokens.as_linear(h) if self.tied else self.model.lm_head(h)
@@ -273,7 +283,10 @@ class FinetuneStage:
             steps = mx.arange(1, targets.shape[1] + 1)
             keep = mx.logical_and(steps >= lengths[:, 0:1], steps <= lengths[:, 1:])
             ce = nn.losses.cross_entropy(logits, targets) * keep
-            h = ce.astype(mx.float32).sum() / keep.sum()   # mlx-lm's default_loss
+            if len(batch) > 2:   # the sum of the tokens' losses, weighted
+                h = ce.astype(mx.float32).sum() * batch[2]
+            else:
+                h = ce.astype(mx.float32).sum() / keep.sum()   # mlx-lm's default_loss
         self.model.update(master)
         return h
 

@@ -74,13 +74,30 @@ class FinetuneWorkload(ReplicatedOptimizer):
     def build(self, place: Place, counts: list[int], log: Log) -> None:
         cfg, t = self.cfg, self.cfg.train
         self.place, self.counts = place, counts
-        mx.random.seed(t.seed)  # the adapters' initialisation draws from it
+        tokenizer = self.build_model()
+        self.trainable = ftmodel.count_trainable(self.model)
+        self._data(tokenizer, log)
+        self.optimizer = make_optimizer(cfg, self.total)
+        self.model.train()
+        self.optimizer.init(self.model.trainable_parameters())
+        mx.eval(self.model.parameters(), self.optimizer.state)
+        self.micro_cap = t.micro_batch  # halved by an out-of-memory back-off
+
+    def build_model(self) -> Any:
+        """The model with the method's adapters (``self.model``, ``self.row_seeds``,
+        ``self.num_layers``); returns the tokenizer."""
+        cfg = self.cfg
+        mx.random.seed(cfg.train.seed)  # the adapters' initialisation draws from it
         self.model, tokenizer = ftmodel.load_base(cfg)
         ftmodel.apply_method(self.model, cfg)
         self.row_seeds = ftdropout.install(self.model, cfg.method.dropout)
         blocks = len(self.model.layers)
         self.num_layers = blocks if cfg.method.num_layers == -1 else cfg.method.num_layers
-        self.trainable = ftmodel.count_trainable(self.model)
+        return tokenizer
+
+    def _data(self, tokenizer: Any, log: Log) -> None:
+        """The examples, the cursor over them, the validation batches and the schedule."""
+        cfg, t = self.cfg, self.cfg.train
         train, valid, dropped = load_examples(cfg, tokenizer)
         if dropped:
             log(f"data: {dropped} examples left out: every target token is masked "
@@ -91,11 +108,6 @@ class FinetuneWorkload(ReplicatedOptimizer):
         self.val_batches = batches if t.eval_batches == -1 else batches[:t.eval_batches]
         self.total = t.epochs * self.cursor.per_epoch if t.epochs else t.steps
         self.stop = min(t.stop_at or self.total, self.total)
-        self.optimizer = make_optimizer(cfg, self.total)
-        self.model.train()
-        self.optimizer.init(self.model.trainable_parameters())
-        mx.eval(self.model.parameters(), self.optimizer.state)
-        self.micro_cap = t.micro_batch  # halved by an out-of-memory back-off
 
     @property
     def pieces(self) -> int:
@@ -216,7 +228,13 @@ class FinetuneWorkload(ReplicatedOptimizer):
 
 
 def finetune_loop(cfg: FinetuneConfig, resume: bool = False) -> Loop:
-    """The run loop over a fine-tuning, ready to :meth:`~mlxops.trainer.loop.Loop.run`."""
+    """The run loop over a fine-tuning, ready to :meth:`~mlxops.trainer.loop.Loop.run`:
+    data parallel, or over pipeline stages with ``train.stages``
+    (:class:`~.pipelinerun.PipelineFinetuneWorkload`)."""
+    if cfg.train.stages is not None:
+        from .pipelinerun import PipelineFinetuneWorkload
+
+        return Loop(PipelineFinetuneWorkload(cfg), resume)
     return Loop(FinetuneWorkload(cfg), resume)
 
 

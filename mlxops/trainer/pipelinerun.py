@@ -28,6 +28,7 @@ Node side: standard library, mlx and numpy only.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,37 @@ from .loop import GB, Log
 from .stagemodel import StageModel, TrainerStage
 
 
+def gathered(path: Path, filename: str) -> dict[str, mx.array]:
+    """``filename`` of the same step's checkpoint of every stage whose directory is
+    beside this one (``ckpt/stage-*/step-<n>/``), merged by name: the layers a stage
+    holds now may have been another stage's when the checkpoint was written."""
+    merged: dict[str, mx.array] = {}
+    for stage_dir in sorted(path.parent.parent.glob("stage-*")):
+        if (stage_dir / path.name / filename).is_file():
+            merged.update(mx.load(str(stage_dir / path.name / filename)))
+    return merged
+
+
+def missing(path: Path, name: str, stage: int, start: int, stop: int) -> TrainerError:
+    """A name stage ``stage`` (layers ``[start, stop)``) holds that no checkpoint has."""
+    return TrainerError(
+        f"{path.parent.parent}: no stage's checkpoint {path.name} holds {name}, which "
+        f"stage {stage} (layers {start}-{stop - 1}) holds now: a resume on another split "
+        "reads every stage's ckpt/stage-*/ on this node (docs/pipeline.md)")
+
+
 class PipelineSteps:
     """A stage's step with :class:`~.step.Steps`' interface (``run``, ``abstain``,
     ``snapshot``, ``restore``, ``state``), the loop's only way into a step."""
 
     def __init__(self, model: nn.Module, optimizer: optim.Optimizer, step: pipeline.PipelineStep,
-                 group: mx.distributed.Group, grad_clip: float):
+                 group: mx.distributed.Group, grad_clip: float,
+                 local: Callable[[str], str] | None = None):
         self.model, self.optimizer, self.step, self.group = model, optimizer, step, group
         self.grad_clip = grad_clip
+        #: A gradient's name in ``model`` from its name in the whole model, where they
+        #: differ (a fine-tuning stage numbers its blocks from 0); None: the same.
+        self.local = local
         self.state = [model.state, optimizer.state]
 
     def _stats(self, loss: mx.array, flag: float, stuck: float) -> mx.array:
@@ -73,6 +97,8 @@ class PipelineSteps:
         stats = self._stats(loss if loss is not None else mx.array(0.0), 1.0, 0.0)
         if self.grad_clip > 0:
             grads = self.step.clip(grads, self.grad_clip)
+        if self.local is not None:
+            grads = {self.local(k): g for k, g in grads.items()}
         pipeline.update(self.model, self.optimizer, grads)
         mx.eval(stats, self.model.parameters(), self.optimizer.state)
         return stats, compute
@@ -154,26 +180,11 @@ class PipelineTrainerWorkload(TrainerWorkload):
 
     # -- resume, on this split or another -------------------------------------------------
 
-    @staticmethod
-    def _gathered(path: Path, filename: str) -> dict[str, mx.array]:
-        """``filename`` of the same step's checkpoint of every stage whose directory is
-        beside this one (``ckpt/stage-*/step-<n>/``), merged by name: the layers a stage
-        holds now may have been another stage's when the checkpoint was written."""
-        merged: dict[str, mx.array] = {}
-        for stage_dir in sorted(path.parent.parent.glob("stage-*")):
-            if (stage_dir / path.name / filename).is_file():
-                merged.update(mx.load(str(stage_dir / path.name / filename)))
-        return merged
-
     def _missing(self, path: Path, name: str) -> TrainerError:
-        return TrainerError(
-            f"{path.parent.parent}: no stage's checkpoint {path.name} holds {name}, which "
-            f"stage {self.place.rank} (layers {self.first_layer}-{self.end_layer - 1}) "
-            "holds now: a resume on another split reads every stage's ckpt/stage-*/ on "
-            "this node (docs/pipeline.md)")
+        return missing(path, name, self.place.rank, self.first_layer, self.end_layer)
 
     def load_weights(self, weights: dict[str, mx.array], path: Path) -> None:
-        merged = self._gathered(path, CKPT_MODEL)
+        merged = gathered(path, CKPT_MODEL)
         held = dict(tree_flatten(self.model.parameters()))
         for name in held:
             if name not in merged:
@@ -185,7 +196,7 @@ class PipelineTrainerWorkload(TrainerWorkload):
         """The trainer's checks, then the optimizer's state of this stage's parameters
         from every stage's checkpoint (the loop restored only this stage's own file)."""
         super().restore_state(state, path, log)
-        saved = self._gathered(path, CKPT_OPTIMIZER)
+        saved = gathered(path, CKPT_OPTIMIZER)
         wanted = dict(tree_flatten(self.optimizer.state))
         for name in wanted:
             if name not in saved:
