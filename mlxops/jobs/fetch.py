@@ -17,6 +17,13 @@ The node's ``send`` command answers with the chosen directory and streams its fi
 (rank 0's first) until one has it; every node writes its checkpoints, so the first normally
 does. Over the job's verified connections, as every command.
 
+A job over pipeline stages (``finetune.stages``, docs/pipeline.md) has each stage's part
+of the adapters on the stage's own host, in ``<run>/ckpt/stage-<s>/``: the newest complete
+checkpoint of stage 0 is chosen there, the same step's is asked of every other stage, and
+their ``adapters.safetensors`` (each under the whole model's names) are assembled into
+one (:func:`mlxops.finetune.pipeline.assemble`) with stage 0's ``adapter_config.json``.
+Such a run validates nothing, so it has no ``best``.
+
 The output directory is written as **one set**: the files go into a temporary directory
 beside it, which is renamed into place once whole; a reader of ``DIR`` sees the previous
 set or the new one, never the adapters of one step with the config of another. ``DIR``
@@ -102,6 +109,11 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
     where, step = which_dir(best, step)
     check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if workload.stages is not None:
+        if best:
+            raise UserError(f"--best: job {record.name!r} runs over pipeline stages, which "
+                            "validate nothing: it has no best checkpoint")
+        return _fetch_stages(record, connector, out, step)
     hosts = inventory_hosts(record)
     order = list(dict.fromkeys(r.host for r in sorted(record.ranks, key=lambda r: r.rank)))
     misses = []
@@ -135,6 +147,49 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
     asked = (f"{where}/{protocol.checkpoint_name(step)}" if step is not None
              else f"a checkpoint in {where}/")
     raise FetchError(f"no host of job {record.name!r} has {asked}: " + "; ".join(misses))
+
+
+def _fetch_stages(record: JobRecord, connector: Connector, out: Path, step: int | None
+                  ) -> Fetched:
+    """Every stage's adapters of one step, from its own host, assembled (module doc)."""
+    import json
+
+    from mlxops.finetune.pipeline import assemble
+
+    workload = record.workload
+    hosts = inventory_hosts(record)
+    ranks = sorted(record.ranks, key=lambda r: r.rank)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        files, config = [], b""
+        for r in ranks:
+            h = record.host(r.host)
+            paths = h.paths(record.name)
+            where = f"{protocol.CKPT_DIR}/stage-{r.rank}"
+            command = send_command(h.python, paths.code, send_checkpoint_args(
+                paths.run_dir, where, FETCHED, step=step))
+            part = tmp / f"stage-{r.rank}"
+            part.mkdir()
+            try:
+                got, result = download(connector.connect(hosts[r.host]), command, part,
+                                       timeout=FETCH_TIMEOUT)
+            except DownloadError as exc:
+                raise FetchError(str(exc)) from None
+            if got.answer is None:
+                raise FetchError(f"{r.host}: fetching failed: {result.error_line()}")
+            if got.answer.missing:
+                raise FetchError(f"{r.host}: stage {r.rank}: {got.answer.missing}")
+            if r.rank == 0:   # every stage takes the step stage 0 has
+                step, first, config = got.answer.step, got, (part / ADAPTER_CONFIG).read_bytes()
+            files.append(part / ADAPTERS)
+        whole = assemble(files, tmp / "whole",
+                         json.loads(workload.adapters_config(config)))
+        whole.chmod(0o755 & ~_umask())
+        written = {p.name: p.stat().st_size for p in sorted(whole.iterdir())}
+        place(whole, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Fetched(ranks[0].host, first.answer.directory, step, written, out)
 
 
 def _umask() -> int:

@@ -127,3 +127,65 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     # Its neighbours fail too (their send/recv lost the peer): one restart of the job.
     assert len(restarts) == 1, restarts
     assert losses(box) == reference(tmp_path, **longer)
+
+
+FINETUNE = {
+    "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
+    "data": {"mask_prompt": True},
+    "train": {"lr": 1e-3, "steps": 4, "global_batch": 4, "micro_batch": 2,
+              "max_seq_len": 64, "eval_every": 0, "checkpoint_every": 2, "log_every": 1},
+}
+FT_LIMITS = {"node1": 2000 * MiB, "node2": 1000 * MiB, "node3": 2000 * MiB}
+
+
+def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_generate(
+        login_sandbox_mut, tmp_path, connector):
+    """A LoRA on a 6-block tiny llama (mlxops/devtools/tinymodels.py), ``finetune.stages:
+    auto`` over three nodes of unequal memory: split unequally from their facts, the
+    stages' losses those of one process holding every block bit for bit, and ``mlxops
+    fetch`` assembles the stages' adapters into one set ``mlx_lm.generate`` loads."""
+    from mlxops.devtools.tinymodels import build_model, write_dataset
+    from mlxops.jobs.fetch import fetch
+
+    box = login_sandbox_mut
+    for node, limit in FT_LIMITS.items():
+        box.set_memory_limit(node, limit)
+    model = build_model(tmp_path / "llama6", "llama", sizes={"num_hidden_layers": 6})
+    data = write_dataset(tmp_path / "chat", "chat")
+    section = json.loads(json.dumps(FINETUNE))
+    section["model"], section["data"]["path"] = {"path": str(model)}, str(data)
+    job = {"name": "ft-pipe", "inventory": str(box.inventory_path),
+           "hosts": "node1,node2,node3", "backend": "ring", "blas": "off",
+           "finetune": {**section, "stages": "auto"},
+           "restart": {"max_restarts": 0, "stall_timeout": 180}}
+    (tmp_path / "ft-pipe.yml").write_text(yaml.safe_dump(job))
+    record = launch(load_job(tmp_path / "ft-pipe.yml"), connector, fresh=True)
+    split = record.workload.config.train.stages
+    assert sum(split) == 6 and split[1] < split[0] and split[1] < split[2], split
+    assert supervise(record, connector).state == "finished"
+    lines = (run_dir(box, "node1", "ft-pipe") / "metrics.jsonl").read_text().splitlines()
+    got = {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+    one = {**section, "train": {**section["train"], "stages": [6]},
+           "out": str(tmp_path / "one")}
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    subprocess.run([sys.executable, "-m", "mlxops.finetune", "--config",
+                    str(tmp_path / "one.json")], check=True, cwd=ROOT, timeout=300,
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                   capture_output=True)
+    lines = (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()
+    assert got == {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+    out = tmp_path / "adapters"
+    fetched = fetch(load_record("ft-pipe"), connector, out)
+    assert fetched.step == 4
+    assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json",
+                                                     "adapters.safetensors"]
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["model"] == str(model) and config["num_layers"] == 6
+    generate = Path(sys.executable).with_name("mlx_lm.generate")
+    proc = subprocess.run([str(generate), "--model", str(model), "--adapter-path", str(out),
+                           "--prompt", "What does json do?", "--max-tokens", "8"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "tokens-per-sec" in proc.stdout, proc.stdout

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from mlxops.errors import bad_input
 from mlxops.jobs.placement import NodePaths, Rank
 
 if TYPE_CHECKING:
@@ -99,6 +100,27 @@ class Plan(Protocol):
     budget_from: str
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+#: ``stages: auto``: split the layers over the hosts by memory at launch.
+STAGES_AUTO = "auto"
+
+
+def stages_value(path: Path, key: str, value: Any, layers: int | None, counted: str
+                 ) -> list[int] | str | None:
+    """A job's ``stages:`` (``key``): ``auto``, or the layers of each host in ring order,
+    which must be the model's ``layers`` (``counted`` says where they are written; None:
+    not known here)."""
+    if value is None or value == STAGES_AUTO:
+        return value
+    if not isinstance(value, list) or not value or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value):
+        raise bad_input(path, key, f"must be auto or a list of layers per host "
+                                   f"(positive numbers), got {value!r}")
+    if layers is not None and sum(value) != layers:
+        raise bad_input(path, key, f"{value} sums to {sum(value)} layers; the "
+                                   f"model has {layers} ({counted})")
+    return list(value)
 
 
 @dataclass(frozen=True)
@@ -248,6 +270,11 @@ class Workload(ABC):
     def pipeline(self) -> PipelineCosts | None:
         """Its model as pipeline stages see it where the job asks for stages
         (``stages:``, docs/pipeline.md); None: every rank holds the whole model."""
+        return None
+
+    @property
+    def stages(self) -> list[int] | None:
+        """Its layers per host in ring order once split (``stages:``); None: none."""
         return None
 
     def with_split(self, layers: list[int]) -> Workload:

@@ -7,6 +7,12 @@ the record keeps them, ``plan`` and ``check`` read the model there, and a fetche
 copies are values placement computes (:meth:`FinetuneWorkload.rank_config`:
 :meth:`mlxops.jobs.content.Content.node_dir` of the node's root), never written back.
 
+``stages:`` (``auto``, or blocks per host in ring order; docs/pipeline.md) makes it a
+pipeline: one rank per host, each holding its blocks; ``auto`` is split by memory at
+launch from the nodes' facts with fine-tuning's plan (:mod:`mlxops.finetune.stageplan`),
+an explicit list is checked against the model's blocks here and against the nodes'
+budgets at launch (:mod:`mlxops.jobs.stagesplit`). The ranks get it as ``train.stages``.
+
 Checked at load against the model's ``config.json`` (its ``num_hidden_layers``), as
 mlx-lm's ``lora`` checks it when it starts (it refuses ``num_layers`` above the model's
 blocks; -1 is all of them): a ``method.num_layers`` the user wrote that is larger is
@@ -16,6 +22,7 @@ refused with both numbers; left out, it is ``min(16, blocks)`` - the default of 
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +35,18 @@ from mlxops.jobs import finetune as section_rules
 from mlxops.jobs.content import Content
 from mlxops.jobs.data import DataSpec
 from mlxops.jobs.workloads.base import (
+    STAGES_AUTO,
     NodePlacement,
+    PipelineCosts,
     Planner,
     RankPlan,
     Workload,
     config_rank_plan,
+    stages_value,
 )
 from mlxops.node import protocol
+from mlxops.node.protocol.collectives import SEND_RECV
+from mlxops.trainer.config import BALANCE_EQUAL
 
 KIND = section_rules.SECTION
 #: The model's blocks, in its config.json (Hugging Face's name, which mlx-lm reads).
@@ -68,9 +80,42 @@ def _num_layers(path: Path, cfg: FinetuneConfig, section: dict[str, Any]) -> Non
                         "all")
 
 
+def _stages(path: Path, section: Any) -> tuple[Any, Any]:
+    """``(section without stages, the stages value)``: ``stages`` is the job's key, and
+    ``train.stages`` is mlxops's (set from it)."""
+    if not isinstance(section, dict):
+        return section, None
+    if isinstance(section.get("train"), dict) and "stages" in section["train"]:
+        raise bad_input(path, f"{KIND}.train.stages", f"is set by mlxops from '{KIND}.stages:' "
+                                                      "(auto or blocks per host)")
+    return {k: v for k, v in section.items() if k != "stages"}, section.get("stages")
+
+
+def _with_stages(path: Path, cfg: FinetuneConfig, stages: list[int] | str | None
+                 ) -> FinetuneConfig:
+    """``cfg`` with an explicit split in ``train.stages``, checked by the config's own
+    rules (a validation it cannot make across stages, say); ``auto`` is checked the same
+    way with one stage standing for the split launch makes."""
+    if stages is None:
+        return cfg
+    data = cfg.to_dict()
+    data["train"]["stages"] = stages if isinstance(stages, list) else [1]
+    try:
+        checked = finetune_config.from_dict(data, KIND)
+    except finetune_config.ConfigError as exc:
+        raise bad_input(path, None, section_rules.problem(exc).replace(
+            f"{KIND}.train.stages", f"{KIND}.stages")) from None
+    if not isinstance(stages, list):
+        checked.train.stages = None
+    return checked
+
+
 @dataclass(frozen=True)
 class FinetuneWorkload(Workload):
     config: FinetuneConfig
+    #: ``stages: auto`` not split yet (launch splits it: :mod:`mlxops.jobs.stagesplit`);
+    #: an explicit or split one is ``config.train.stages``.
+    auto_stages: bool = False
 
     kind = KIND
     what = "fine-tuning"
@@ -83,16 +128,26 @@ class FinetuneWorkload(Workload):
     @classmethod
     def parse(cls, path: Path, section: Any, *, data: DataSpec | None = None
               ) -> FinetuneWorkload:
+        section, value = _stages(path, section)
         cfg = section_rules.parse_finetune(path, section)
         _num_layers(path, cfg, section)
-        return cls(cfg)
+        stages = stages_value(path, f"{KIND}.stages", value, model_blocks(cfg.model.path or ""),
+                              f"{LAYERS_KEY} in {cfg.model.path}/config.json")
+        return cls(_with_stages(path, cfg, stages), auto_stages=stages == STAGES_AUTO)
+
+    @property
+    def one_rank_per_host(self) -> bool:  # type: ignore[override]
+        """Pipeline stages: one rank per host, the hosts in ring order."""
+        return self.auto_stages or self.config.train.stages is not None
 
     def to_record(self) -> dict[str, Any]:
-        return self.config.to_dict()
+        return self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
 
     @classmethod
     def from_record(cls, data: Any) -> FinetuneWorkload:
-        return cls(finetune_config.from_dict(data, f"job.{KIND}"))
+        data = dict(data)
+        auto = data.pop("stages", None) == STAGES_AUTO
+        return cls(finetune_config.from_dict(data, f"job.{KIND}"), auto_stages=auto)
 
     @property
     def total_steps(self) -> int | None:
@@ -117,7 +172,48 @@ class FinetuneWorkload(Workload):
 
     def check_world(self, path: Path, hosts: str, balance: str | list[float],
                     world: int) -> None:
+        stages = self.config.train.stages
+        if self.one_rank_per_host and balance != BALANCE_EQUAL:
+            raise bad_input(path, "balance", f"splits the batch; the stages of {KIND}.stages "
+                                             "each take the whole batch (leave balance: out)")
+        if stages is not None and len(stages) != world:
+            raise bad_input(path, f"{KIND}.stages", f"{stages} gives {len(stages)} hosts "
+                                                    f"blocks; the hosts {hosts!r} are {world} "
+                                                    "(one stage per host)")
+        if self.one_rank_per_host:
+            return   # each stage takes the whole batch: nothing to divide
         section_rules.check_world(path, self.config, balance, world, hosts)
+
+    def collectives(self, world: int) -> tuple[str, ...]:
+        """Pipeline stages pass activations and their gradients with ``send``/``recv``."""
+        return (SEND_RECV,) if self.one_rank_per_host and world > 1 else ()
+
+    def pipeline(self) -> PipelineCosts | None:
+        """The model's blocks as fine-tuning's plan costs them
+        (:func:`mlxops.finetune.stageplan.finetune_costs`), the whole global batch in
+        micro-batches of at most ``train.micro_batch`` examples."""
+        if not self.one_rank_per_host:
+            return None
+        from mlxops.finetune.plan import read_model
+        from mlxops.finetune.stageplan import finetune_costs, read_ends
+        from mlxops.trainer.plansearch import cut
+
+        t = self.config.train
+        micro = cut(t.global_batch, t.micro_batch)
+        accum = -(-t.global_batch // t.micro_batch)
+        costs = finetune_costs(read_model(self.model_dir), read_ends(self.model_dir),
+                               self.config, micro)
+        return PipelineCosts(costs, accum, micro, None if self.auto_stages else t.stages,
+                             f"{KIND}.stages")
+
+    @property
+    def stages(self) -> list[int] | None:  # type: ignore[override]
+        return self.config.train.stages
+
+    def with_split(self, layers: list[int]) -> FinetuneWorkload:
+        config = copy.deepcopy(self.config)
+        config.train.stages = list(layers)
+        return FinetuneWorkload(config, auto_stages=self.auto_stages)
 
     def contents(self) -> list[Content]:
         return section_rules.contents(self.config)

@@ -26,12 +26,14 @@ from typing import Any
 from mlxops.errors import bad_input
 from mlxops.jobs.data import DataSpec, apply_manifest, rank_data
 from mlxops.jobs.workloads.base import (
+    STAGES_AUTO,
     NodePlacement,
     PipelineCosts,
     Planner,
     RankPlan,
     Workload,
     config_rank_plan,
+    stages_value,
 )
 from mlxops.node import protocol
 from mlxops.node.protocol.collectives import ALL_GATHER, SEND_RECV
@@ -49,23 +51,10 @@ def problem(exc: Exception) -> str:
     return KIND + "." + message[len(KIND) + 2:] if message.startswith(f"{KIND}: ") else message
 
 
-#: ``trainer.stages: auto``: split the layers over the hosts by memory at launch.
-STAGES_AUTO = "auto"
-
-
 def parse_stages(path: Path, value: Any, layers: int) -> list[int] | str | None:
     """``trainer.stages``: ``auto``, or the layers of each host in ring order, which must
     be the model's ``model.layers`` (docs/pipeline.md)."""
-    if value is None or value == STAGES_AUTO:
-        return value
-    if not isinstance(value, list) or not value or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value):
-        raise bad_input(path, f"{KIND}.stages", f"must be auto or a list of layers per host "
-                                                f"(positive numbers), got {value!r}")
-    if sum(value) != layers:
-        raise bad_input(path, f"{KIND}.stages", f"{value} sums to {sum(value)} layers; the "
-                                                f"model has {layers} ({KIND}.model.layers)")
-    return list(value)
+    return stages_value(path, f"{KIND}.stages", value, layers, f"{KIND}.model.layers")
 
 
 def parse_trainer(path: Path, section: Any) -> TrainerConfig:
