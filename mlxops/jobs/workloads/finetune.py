@@ -91,23 +91,16 @@ def _stages(path: Path, section: Any) -> tuple[Any, Any]:
     return {k: v for k, v in section.items() if k != "stages"}, section.get("stages")
 
 
-def _with_stages(path: Path, cfg: FinetuneConfig, stages: list[int] | str | None
-                 ) -> FinetuneConfig:
-    """``cfg`` with an explicit split in ``train.stages``, checked by the config's own
-    rules (a validation it cannot make across stages, say); ``auto`` is checked the same
-    way with one stage standing for the split launch makes."""
-    if stages is None:
-        return cfg
-    data = cfg.to_dict()
-    data["train"]["stages"] = stages if isinstance(stages, list) else [1]
+def _stage_rules(path: Path, section: dict[str, Any]) -> None:
+    """What the config's own rules refuse with stages (a validation across them, a
+    balance), checked before the directories are: one stage stands for the split."""
+    data = copy.deepcopy(section)
+    train = data.get("train") if isinstance(data.get("train"), dict) else {}
+    data["train"] = {**train, "stages": [1]}
     try:
-        checked = finetune_config.from_dict(data, KIND)
+        finetune_config.from_dict(data, KIND)
     except finetune_config.ConfigError as exc:
-        raise bad_input(path, None, section_rules.problem(exc).replace(
-            f"{KIND}.train.stages", f"{KIND}.stages")) from None
-    if not isinstance(stages, list):
-        checked.train.stages = None
-    return checked
+        raise bad_input(path, None, section_rules.problem(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -129,11 +122,15 @@ class FinetuneWorkload(Workload):
     def parse(cls, path: Path, section: Any, *, data: DataSpec | None = None
               ) -> FinetuneWorkload:
         section, value = _stages(path, section)
+        if value is not None:
+            _stage_rules(path, section)
         cfg = section_rules.parse_finetune(path, section)
         _num_layers(path, cfg, section)
         stages = stages_value(path, f"{KIND}.stages", value, model_blocks(cfg.model.path or ""),
                               f"{LAYERS_KEY} in {cfg.model.path}/config.json")
-        return cls(_with_stages(path, cfg, stages), auto_stages=stages == STAGES_AUTO)
+        if isinstance(stages, list):
+            cfg.train.stages = stages
+        return cls(cfg, auto_stages=stages == STAGES_AUTO)
 
     @property
     def one_rank_per_host(self) -> bool:  # type: ignore[override]

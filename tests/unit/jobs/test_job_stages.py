@@ -147,3 +147,54 @@ def test_mlxops_plan_shows_each_stage_against_its_budget(tmp_path, monkeypatch):
     text = CliRunner().invoke(main, ["plan", str(path)])
     assert text.exit_code == 0, text.output
     assert "pipeline bubble" in text.output and "stages: layers" in text.output
+
+
+# --- finetune.stages: the same over an mlx-lm model's blocks (its config.json) ---------------
+
+
+def ft_job(tmp_path, stages, *, eval_every=0, in_train=False) -> object:
+    from model_files import write_model
+
+    if not (tmp_path / "model").exists():
+        write_model(tmp_path / "model", layers=6)
+        (tmp_path / "data").mkdir()
+        (tmp_path / "data" / "train.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "inv.yml").write_text(yaml.safe_dump({"all": {"hosts": {
+        h: {"ansible_host": f"10.0.0.{i + 1}"} for i, h in enumerate("abc")}}}))
+    train = {"global_batch": 4, "micro_batch": 2, "max_seq_len": 64, "eval_every": eval_every}
+    if in_train:
+        train["stages"] = [2, 2, 2]
+    section = {"model": {"path": "model"}, "data": {"path": "data"}, "train": train,
+               "method": {"num_layers": -1}, "stages": stages}
+    (tmp_path / "job.yml").write_text(yaml.safe_dump({
+        "name": "ftpipe", "inventory": "inv.yml", "finetune": section}))
+    return tmp_path / "job.yml"
+
+
+def test_finetune_stages_are_checked_at_load_naming_file_and_key(tmp_path):
+    message = refused(ft_job(tmp_path, [2, 2]))
+    assert f"job.yml: finetune.stages: [2, 2] sums to 4 layers; the model has 6 " \
+           f"(num_hidden_layers in {tmp_path / 'model'}/config.json)" in message
+    assert "finetune.stages: must be auto or a list" in refused(ft_job(tmp_path, [2, 0, 4]))
+    assert "finetune.train.stages: is set by mlxops" in refused(ft_job(tmp_path, "auto",
+                                                                        in_train=True))
+    assert "job.yml: finetune.train.eval_every: validation across pipeline stages" in \
+        refused(ft_job(tmp_path, "auto", eval_every=100))
+    with pytest.raises(UserError) as e:
+        hosts_of(load_job(ft_job(tmp_path, [3, 3])))
+    assert "finetune.stages: [3, 3] gives 2 hosts blocks; the hosts 'all' are 3" in str(e.value)
+
+
+def test_finetune_stages_auto_splits_unequal_nodes_by_fine_tunings_plan(tmp_path,
+                                                                         monkeypatch):
+    node = facts(tmp_path, monkeypatch, {"a": 0.4, "b": 0.2, "c": 0.4})
+    spec = load_job(ft_job(tmp_path, "auto"))
+    assert spec.workload.one_rank_per_host and spec.workload.stages is None
+    assert spec.workload.collectives(3) == ("send_recv",)
+    found = stage_split(spec, hosts_of(spec), node)
+    assert sum(found.layers) == 6 and found.layers[1] < found.layers[0]
+    split = split_spec(spec, hosts_of(spec), node)
+    assert split.workload.stages == found.layers
+    record = split.workload.to_record()
+    assert record["stages"] == "auto" and record["train"]["stages"] == found.layers
+    assert type(split.workload).from_record(json.loads(json.dumps(record))) == split.workload
