@@ -32,6 +32,7 @@ therefore holds the fetched files only (anything else there: bad input, exit 2).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -152,9 +153,7 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
 def _fetch_stages(record: JobRecord, connector: Connector, out: Path, step: int | None
                   ) -> Fetched:
     """Every stage's adapters of one step, from its own host, assembled (module doc)."""
-    import json
-
-    from mlxops.finetune.pipeline import assemble
+    from mlxops.finetune.pipeline import assemble   # mlx: only a stages job needs it
 
     workload = record.workload
     hosts = inventory_hosts(record)
