@@ -153,7 +153,7 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
 def _fetch_stages(record: JobRecord, connector: Connector, out: Path, step: int | None
                   ) -> Fetched:
     """Every stage's adapters of one step, from its own host, assembled (module doc)."""
-    from mlxops.finetune.pipeline import assemble   # mlx: only a stages job needs it
+    from mlxops.finetune.pipeline import assemble  # mlx: only a stages job needs it
 
     workload = record.workload
     hosts = inventory_hosts(record)
