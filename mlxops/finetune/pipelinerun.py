@@ -58,7 +58,7 @@ from . import pipeline as fp
 from .config import ConfigError
 from .data import micro_batches
 from .objective import seed_of
-from .train import FinetuneWorkload
+from .workload import FinetuneWorkload
 
 
 class PipelineFinetuneWorkload(FinetuneWorkload):

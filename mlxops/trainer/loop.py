@@ -1,6 +1,6 @@
 """The run loop: one for every program that trains over MLX distributed.
 
-The bundled trainer (:mod:`.bundled`) and fine-tuning (:mod:`mlxops.finetune.train`) are
+The bundled trainer (:mod:`.bundled`) and fine-tuning (:mod:`mlxops.finetune.workload`) are
 :class:`Workload`\\ s; :class:`Loop` drives either, the way mlx-lm's ``train()`` takes a
 loss and a batch iterator. A workload says *what* is trained; the loop owns *how a run
 goes*, identically for every workload:

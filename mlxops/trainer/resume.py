@@ -1,5 +1,5 @@
 """Where a run starts: the checkpoint every rank agrees on, read back. One rule for the
-bundled trainer and fine-tuning (:mod:`mlxops.finetune.train`).
+bundled trainer and fine-tuning (:mod:`mlxops.finetune.workload`).
 
 Every rank reads its own node's ``out/ckpt`` (the ``latest`` pointer, else the newest
 complete checkpoint) and the ranks gather their steps, so that they decide together:
