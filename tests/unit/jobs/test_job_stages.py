@@ -198,3 +198,12 @@ def test_finetune_stages_auto_splits_unequal_nodes_by_fine_tunings_plan(tmp_path
     record = split.workload.to_record()
     assert record["stages"] == "auto" and record["train"]["stages"] == found.layers
     assert type(split.workload).from_record(json.loads(json.dumps(record))) == split.workload
+    from click.testing import CliRunner
+
+    from mlxops.cli import cli as main
+
+    result = CliRunner().invoke(main, ["plan", str(tmp_path / "job.yml"), "--json"])
+    assert result.exit_code == 0, result.output
+    planned = json.loads(result.output)["stages"]
+    assert planned["layers"] == found.layers
+    assert all(s["peak_bytes"] <= s["budget_bytes"] for s in planned["stages"])
