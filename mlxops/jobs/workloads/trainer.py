@@ -238,6 +238,11 @@ class TrainerWorkload(Workload):
             named += (ALL_GATHER,)
         return named if world > 1 else ()
 
+    def spreads_checkpoints(self) -> bool:
+        """Pipeline stages, and a sharded optimizer (true or auto: the ranks decide)."""
+        mode = self.config.train.shard_optimizer
+        return self.one_rank_per_host or mode is True or mode == SHARD_AUTO
+
     def pipeline(self) -> PipelineCosts | None:
         if not self.one_rank_per_host:
             return None
