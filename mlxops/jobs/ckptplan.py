@@ -12,11 +12,12 @@ a pipeline stage's ``ckpt/stage-<s>/step-<n>/``, a ZeRO-1 rank's slice
   one the resume left out, ``--exclude``, when it still answers). Steps without parts (a
   data-parallel run) need nothing: the newest candidate.
 * **Who needs what** is the kind's (:class:`PartsLayout`), one type per layout:
-  a pipeline stage reads every stage's checkpoint of the step beside its own (it takes the
-  layers it holds now by name), so **every node of the run needs every stage's part**;
-  ZeRO-1 re-slices through ``all_gather`` from any rank that holds an old slice, so
-  **each slice must be on one node of the run**: one that lacks everywhere goes to the
-  run's first node (rank 0's).
+  a pipeline stage takes the layers it holds now by name from every stage's checkpoint of
+  the step beside its own, so **a node needs each old stage whose layers meet its new
+  ones** (and its own index's, the first's or the last's where it is first or last: see
+  :class:`StageParts`); resumed on the same split, nothing. ZeRO-1 re-slices through
+  ``all_gather`` from any rank that holds an old slice, so **each slice must be on one
+  node of the run**: one no node of the run holds goes to its first node (rank 0's).
 * **From where.** Each part from the first node that holds it, the run's nodes before the
   others (a node being left out may be slow or about to go); each is read once, however
   many nodes receive it.
@@ -44,18 +45,36 @@ class PartsLayout(Protocol):
     kind: str
     what: str  # a part in words: "stage 1's checkpoint"
 
-    def destinations(self, holders: Sequence[str], run: Sequence[str]) -> list[str]:
-        """The run's nodes that must receive a part now held by ``holders``."""
+    def destinations(self, part: CkptPart, holders: Sequence[str], run: Sequence[str]
+                     ) -> list[str]:
+        """The run's nodes that must receive ``part``, now held by ``holders``."""
         ...
 
 
+@dataclass(frozen=True)
 class StageParts:
-    """Pipeline stages: every node of the run reads every stage's checkpoint."""
+    """Pipeline stages: the node of new stage ``i`` (layers ``[a, b)`` of ``split``) reads
+    its own index's directory (the trainer finds its step there) and takes its layers by
+    name from every stage's, so it needs old stage ``t`` when ``t == i``, when ``t``'s
+    layers meet ``[a, b)``, when both are first (the embedding) or both last (the norm,
+    the head). ``split`` None, or a part whose layers are not known: every node needs it."""
 
+    split: tuple[int, ...] | None = None
     kind, what = STAGE, "stage {index}'s checkpoint"
 
-    def destinations(self, holders: Sequence[str], run: Sequence[str]) -> list[str]:
-        return [h for h in run if h not in holders]
+    def needs(self, i: int, part: CkptPart) -> bool:
+        if self.split is None or len(part.layers) != 2:
+            return True
+        a = sum(self.split[:i])
+        b = a + self.split[i]
+        first, end = part.layers
+        last = len(self.split) - 1
+        return (part.index == i or (first < b and a < end) or (i == 0 and part.index == 0)
+                or (i == last and part.index == part.world - 1))
+
+    def destinations(self, part: CkptPart, holders: Sequence[str], run: Sequence[str]
+                     ) -> list[str]:
+        return [h for i, h in enumerate(run) if h not in holders and self.needs(i, part)]
 
 
 class ZeroSlices:
@@ -63,11 +82,15 @@ class ZeroSlices:
 
     kind, what = ZERO, "the optimizer slice of rank {index}"
 
-    def destinations(self, holders: Sequence[str], run: Sequence[str]) -> list[str]:
+    def destinations(self, part: CkptPart, holders: Sequence[str], run: Sequence[str]
+                     ) -> list[str]:
         return [] if any(h in holders for h in run) else list(run[:1])
 
 
-LAYOUTS: dict[str, PartsLayout] = {STAGE: StageParts(), ZERO: ZeroSlices()}
+def layouts(split: Sequence[int] | None = None) -> dict[str, PartsLayout]:
+    """The layout of each kind of part; ``split``: the resumed run's layers per stage."""
+    return {STAGE: StageParts(tuple(split) if split is not None else None),
+            ZERO: ZeroSlices()}
 
 
 @dataclass(frozen=True)
@@ -99,17 +122,19 @@ class MovePlan:
 
 
 def plan(held: Mapping[str, Sequence[CkptPart]], run: Sequence[str],
-         candidates: Collection[int], silent: Mapping[str, str] | None = None) -> MovePlan:
+         candidates: Collection[int], silent: Mapping[str, str] | None = None,
+         split: Sequence[int] | None = None) -> MovePlan:
     """The step to resume from and the copies that give every node of ``run`` (in rank
     order) what it needs; ``held``: the parts each node that answered holds (the run's and
-    any other); ``silent``: the nodes that did not answer, and why (named in a refusal)."""
+    any other); ``silent``: the nodes that did not answer, and why (named in a refusal);
+    ``split``: a pipeline run's layers per stage, as it resumes."""
     order = [*run, *(h for h in held if h not in run)]
     first_missing = ""
     for step in sorted(set(candidates), reverse=True):
         at = [(h, p) for h in order for p in held.get(h, ()) if p.step == step]
         if not at:
             return MovePlan(step)
-        copies, missing = _copies(at, run)
+        copies, missing = _copies(at, run, layouts(split))
         if not missing:
             return MovePlan(step, tuple(copies))
         first_missing = first_missing or f"{checkpoint_name(step)}: {missing}"
@@ -120,7 +145,8 @@ def plan(held: Mapping[str, Sequence[CkptPart]], run: Sequence[str],
                     "no node that answered" + (f" ({why})" if why else ""))
 
 
-def _copies(at: list[tuple[str, CkptPart]], run: Sequence[str]) -> tuple[list[Copy], str]:
+def _copies(at: list[tuple[str, CkptPart]], run: Sequence[str],
+            kinds: Mapping[str, PartsLayout]) -> tuple[list[Copy], str]:
     """The copies for one step's parts, or the first part no node holds (in words)."""
     holders: dict[tuple[str, int, int], list[str]] = {}
     parts: dict[tuple[str, int, int], CkptPart] = {}
@@ -129,14 +155,14 @@ def _copies(at: list[tuple[str, CkptPart]], run: Sequence[str]) -> tuple[list[Co
         parts.setdefault(part.key, part)
     copies = []
     for kind in sorted({p.kind for p in parts.values()}):
-        layout = LAYOUTS[kind]
+        layout = kinds[kind]
         world = max(p.world for p in parts.values() if p.kind == kind)
         step = next(p.step for p in parts.values())
         for index in range(world):
             key = (kind, step, index)
             if key not in parts:
                 return [], layout.what.format(index=index) + f" (of {world})"
-            dests = layout.destinations(holders[key], run)
+            dests = layout.destinations(parts[key], holders[key], run)
             if dests:
                 copies.append(Copy(parts[key], holders[key][0], tuple(dests)))
     return copies, ""

@@ -156,7 +156,8 @@ def _bring_parts(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
             known = {}  # a host gone from the inventory: its parts cannot be asked for
         nodes += [Node(known[h.name], h.root, h.python) for h in others if h.name in known]
     run = list(dict.fromkeys(r.host for r in ranks))
-    moved = bring_together(nodes, run, spec.name, resumable_steps(preps), connector, forks)
+    moved = bring_together(nodes, run, spec.name, resumable_steps(preps), connector, forks,
+                           split=spec.workload.stage_layers())
     for copy in moved.copies:
         on_warning(f"checkpoint part {copy.line()} (copied before the ranks start)")
     return moved.step

@@ -1,7 +1,8 @@
 """A run's checkpoint parts on this node: listed, and received from the controller
 (:mod:`mlxops.node.protocol.parts` says what a part is).
 
-Listing reads only what is cheap: a stage's ``state.json`` for its number of stages, a
+Listing reads only what is cheap: a stage's ``state.json`` for its number of stages and
+its layers, a
 slice file's safetensors header (8 bytes of length, then JSON) for ``zero_world``. A part
 of an incomplete checkpoint (the node protocol's one rule, ``checkpoint_complete``) is not
 listed: it cannot be resumed from.
@@ -43,12 +44,24 @@ class ReceiveError(RuntimeError):
     """What came is not exactly the files named (nothing was placed)."""
 
 
-def _world_size(checkpoint: Path) -> int | None:
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _stage_state(checkpoint: Path, index: int) -> tuple[int | None, list[int]]:
+    """A stage checkpoint's number of stages and its layers ``[first, end)`` ([] unknown)."""
     try:
-        world = json.loads((checkpoint / protocol.CKPT_STATE).read_text()).get("world_size")
+        state = json.loads((checkpoint / protocol.CKPT_STATE).read_text())
+        world = state.get("world_size")
+        stages = state.get("config", {}).get("train", {}).get("stages")
     except (OSError, ValueError, AttributeError):
-        return None
-    return world if isinstance(world, int) and not isinstance(world, bool) else None
+        return None, []
+    if not _int(world):
+        return None, []
+    if not (isinstance(stages, list) and len(stages) == world and all(map(_int, stages))):
+        return world, []
+    first = sum(stages[:index])
+    return world, [first, first + stages[index]] if index < world else []
 
 
 def safetensors_metadata(path: Path) -> dict[str, str]:
@@ -77,13 +90,13 @@ def _stage_parts(ckpt: Path) -> list[CkptPart]:
         if not index.isdigit():
             continue
         for checkpoint in protocol.complete_checkpoints(stage_dir):
-            world = _world_size(checkpoint)
+            world, layers = _stage_state(checkpoint, int(index))
             step = protocol.checkpoint_step(checkpoint.name)
             if world is None or step is None:
                 continue
             out.append(CkptPart(STAGE, int(index), world, step,
                                 checkpoint.relative_to(ckpt).as_posix(),
-                                _files(ckpt, checkpoint)))
+                                _files(ckpt, checkpoint), layers))
     return out
 
 

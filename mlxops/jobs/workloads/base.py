@@ -238,6 +238,10 @@ class Workload(ABC):
         (:mod:`mlxops.jobs.ckptmove`); no by default."""
         return False
 
+    def stage_layers(self) -> list[int] | None:
+        """Its stages' layers per rank once split (``train.stages``); None: no stages."""
+        return None
+
     # --- the ranks --------------------------------------------------------------------------
 
     @abstractmethod

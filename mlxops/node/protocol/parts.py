@@ -7,7 +7,7 @@ wrote that no other node has:
 
 * ``stage``: a pipeline stage's checkpoint directory, ``ckpt/stage-<s>/step-<n>/``
   (``index`` the stage, ``world`` the run's number of stages, its ``state.json``'s
-  ``world_size``);
+  ``world_size``; ``layers`` the blocks it held, from the ``train.stages`` it ran with);
 * ``zero``: a ZeRO-1 rank's slice of the optimizer state, the file
   ``ckpt/step-<n>/zero-rank-<r>.safetensors`` (``index`` the rank, ``world`` the ranks
   that wrote the slices, the file's ``zero_world``).
@@ -76,6 +76,9 @@ class CkptPart(Record):
     step: int
     path: str                # relative to ckpt/: a directory (stage) or a file (zero)
     files: dict[str, int] = field(default_factory=dict)  # relative to ckpt/ -> bytes
+    # A stage's layers ``[first, end)`` (its state.json's ``config.train.stages``); empty:
+    # not known (then every node of a run needs it) or a slice.
+    layers: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, int, int]:

@@ -18,7 +18,8 @@ def checkpoint(d: Path, world: int, extra: dict[str, bytes] | None = None) -> No
     d.mkdir(parents=True)
     for name in ("model.safetensors", "optimizer.safetensors"):
         (d / name).write_bytes(b"x" * 8)
-    (d / "state.json").write_text(json.dumps({"step": 3, "world_size": world}))
+    (d / "state.json").write_text(json.dumps({"step": 3, "world_size": world, "config": {
+        "train": {"stages": [2, 1, 3] if world == 3 else None}}}))
     for name, data in (extra or {}).items():
         (d / name).write_bytes(data)
 
@@ -45,13 +46,13 @@ def test_stage_directories_and_zero_slices_are_listed_incomplete_ones_not(tmp_pa
     (ckpt / "stage-1" / "step-00000004").mkdir()  # being written: not complete
     slice_ = safetensors({"zero_rank": "2", "zero_world": "3"})
     checkpoint(ckpt / "step-00000005", world=3, extra={"zero-rank-2.safetensors": slice_})
-    parts = {(p.kind, p.index, p.world, p.step, p.path): p.files
+    parts = {(p.kind, p.index, p.world, p.step, p.path, *p.layers): p.files
              for p in list_parts(tmp_path).parts}
-    assert parts == {
-        ("stage", 1, 3, 3, "stage-1/step-00000003"): {
+    assert parts == {   # stage 1 of train.stages [2, 1, 3]: layers [2, 3)
+        ("stage", 1, 3, 3, "stage-1/step-00000003", 2, 3): {
             "stage-1/step-00000003/model.safetensors": 8,
             "stage-1/step-00000003/optimizer.safetensors": 8,
-            "stage-1/step-00000003/state.json": 28},
+            "stage-1/step-00000003/state.json": 72},
         ("zero", 2, 3, 5, "step-00000005/zero-rank-2.safetensors"): {
             "step-00000005/zero-rank-2.safetensors": len(slice_)},
     }
