@@ -80,17 +80,20 @@ def held_parts(nodes: Sequence[Node], job: str, connector: Connector, forks: int
 
 
 def bring_together(nodes: Sequence[Node], run: Sequence[str], job: str,
-                   candidates: set[int], connector: Connector, forks: int | None, *,
+                   candidates: set[int] | None, connector: Connector, forks: int | None, *,
                    split: Sequence[int] | None = None,
                    on_copy: Callable[[Copy], None] = lambda _: None) -> MovePlan:
     """Plan and carry out the copies that give every node of ``run`` (names, rank order)
     the parts of the step it resumes from; returns the plan (its ``step``: that step).
-    ``nodes``: the run's and the others to ask; ``split``: a pipeline run's layers per
+    ``nodes``: the run's and the others to ask; ``candidates``: the steps it may resume
+    from (None: any step some node holds parts of); ``split``: a pipeline run's layers per
     stage as it resumes; ``on_copy`` hears each copy before it."""
     held, silent = held_parts(nodes, job, connector, forks)
     lost = [n for n in run if n in silent]
     if lost:
         raise MoveError(f"{lost[0]}: cannot list its checkpoint parts: {silent[lost[0]]}")
+    if candidates is None:
+        candidates = {p.step for parts in held.values() for p in parts}
     chosen = plan(held, run, candidates, silent, split)
     if chosen.copies:
         carry_out(chosen, {n.name: n for n in nodes}, job, connector, on_copy)

@@ -20,10 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 import yaml
 from job_helpers import BackgroundWatchdog, run_dir, wait_for_step
 
+from mlxops.jobs.export import export_run
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
@@ -126,6 +129,16 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
         ckpt = run_dir(box, node, "t-pipe") / "ckpt"
         assert (ckpt / "stage-1" / "step-00000006" / "state.json").is_file()
         assert not [p for p in ckpt.iterdir() if p.name.startswith(".")]  # no temporary
+
+    # export: node3's stage of step 9 copied to node1 (rank 0's), merged by name there.
+    done = export_run("t-pipe", tmp_path / "exported", connector)
+    assert done.step == 9
+    exported = mx.load(str(tmp_path / "exported" / "model.safetensors"))
+    last = mx.load(str(run_dir(box, "node3", "t-pipe") / "ckpt" / "stage-1" /
+                       "step-00000009" / "model.safetensors"))
+    assert np.array_equal(exported["model.layers.5.mlp.down_proj.weight"],
+                          last["blocks.5.mlp.down.weight"])
+    assert np.array_equal(exported["lm_head.weight"], last["head.weight"])
 
 
 def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, tmp_path,
