@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,13 +81,12 @@ def held_parts(nodes: Sequence[Node], job: str, connector: Connector, forks: int
 
 def bring_together(nodes: Sequence[Node], run: Sequence[str], job: str,
                    candidates: set[int] | None, connector: Connector, forks: int | None, *,
-                   split: Sequence[int] | None = None,
-                   on_copy: Callable[[Copy], None] = lambda _: None) -> MovePlan:
+                   split: Sequence[int] | None = None) -> MovePlan:
     """Plan and carry out the copies that give every node of ``run`` (names, rank order)
     the parts of the step it resumes from; returns the plan (its ``step``: that step).
     ``nodes``: the run's and the others to ask; ``candidates``: the steps it may resume
     from (None: any step some node holds parts of); ``split``: a pipeline run's layers per
-    stage as it resumes; ``on_copy`` hears each copy before it."""
+    stage as it resumes."""
     held, silent = held_parts(nodes, job, connector, forks)
     lost = [n for n in run if n in silent]
     if lost:
@@ -96,18 +95,16 @@ def bring_together(nodes: Sequence[Node], run: Sequence[str], job: str,
         candidates = {p.step for parts in held.values() for p in parts}
     chosen = plan(held, run, candidates, silent, split)
     if chosen.copies:
-        carry_out(chosen, {n.name: n for n in nodes}, job, connector, on_copy)
+        carry_out(chosen, {n.name: n for n in nodes}, job, connector)
     return chosen
 
 
-def carry_out(chosen: MovePlan, nodes: dict[str, Node], job: str, connector: Connector,
-              on_copy: Callable[[Copy], None] = lambda _: None) -> None:
+def carry_out(chosen: MovePlan, nodes: dict[str, Node], job: str, connector: Connector
+              ) -> None:
     """Each source's parts read once into a temporary directory here, then sent on."""
     tmp = Path(tempfile.mkdtemp(prefix=f"mlxops-{job}-parts-"))
     try:
         for source, copies in chosen.by_source().items():
-            for c in copies:
-                on_copy(c)
             _read(nodes[source], copies, job, connector, tmp)
             for dest in sorted({d for c in copies for d in c.dests}):
                 _place(nodes[dest], [c for c in copies if dest in c.dests], job,
