@@ -1,7 +1,9 @@
 """``mlxops export``: a job's checkpoint, converted where it lies, copied to the controller.
 
 The conversion (:mod:`mlxops.trainer.export`, synced with the trainer) runs on the node
-that holds the checkpoint, the job's first host (rank 0 writes them), into a temporary
+that holds the checkpoint, the job's first host (rank 0 writes them; a pipeline run's
+other stages' checkpoints of the step are copied there first, :mod:`.ckptmove`, and
+merged by name), into a temporary
 directory there, and chooses the checkpoint by the one rule of
 :func:`mlxops.node.protocol.layout.newest_checkpoint`. It prints its answer line; the node's
 ``send`` command then streams the directory (:mod:`mlxops.jobs.download`: never whole in the
@@ -22,7 +24,7 @@ from mlxops import shell
 from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs.code import sync_code
 from mlxops.jobs.download import DownloadError, download, send_command
-from mlxops.jobs.record import inventory_hosts, load_record
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.node.protocol.send import SEND
 from mlxops.node.protocol.serve import EXPORT_ARCHES, ExportAnswer, export_args
 from mlxops.transport import Connector
@@ -62,6 +64,8 @@ def export_run(name: str, out: Path, connector: Connector, *, step: int | None =
     conn = connector.connect(host)
     paths = first.paths(name)
     sync_code(conn, paths, spec, first.python)
+    if spec.workload.one_rank_per_host and spec.workload.spreads_checkpoints() and not best:
+        step = _stages_here(record, first.name, step, connector)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
@@ -87,3 +91,25 @@ def export_run(name: str, out: Path, connector: Connector, *, step: int | None =
         shutil.rmtree(tmp, ignore_errors=True)
     done.out = str(out)
     return done
+
+
+def _stages_here(record: JobRecord, first: str, step: int | None, connector: Connector) -> int:
+    """A pipeline run's stage checkpoints of ``step`` (the newest one whose stages all
+    answer, when None) copied onto ``first``, where the exporter merges them by name
+    (:mod:`mlxops.jobs.ckptmove`); the step chosen. Refused in one line when no node that
+    answers holds some stage's."""
+    from mlxops.jobs.ckptmove import MoveError, Node, bring_together
+    from mlxops.jobs.ckptplan import PlanError
+
+    hosts = inventory_hosts(record)
+    nodes = [Node(hosts[h.name], h.root, h.python) for h in record.hosts]
+    try:
+        moved = bring_together(nodes, [first], record.name,
+                               None if step is None else {step}, connector, None)
+    except PlanError as exc:
+        raise UserError(f"export of {record.name!r}: {exc}") from None
+    except MoveError as exc:
+        raise MlxopsError(f"export failed: {exc}") from None
+    if moved.step is None:
+        raise UserError(f"job {record.name!r}: no stage checkpoint to export")
+    return moved.step

@@ -19,7 +19,13 @@ from collections.abc import Callable, Sequence
 from mlxops.errors import UserError
 from mlxops.jobs.fastsynch import fast_synch_on
 from mlxops.jobs.placement import NodePaths, Rank, place_ranks
-from mlxops.jobs.preflight import HostPrep, check_preflight, preflight, verify_collectives
+from mlxops.jobs.preflight import (
+    HostPrep,
+    check_preflight,
+    preflight,
+    resumable_steps,
+    verify_collectives,
+)
 from mlxops.jobs.record import HostRecord, JobRecord, launched_job
 from mlxops.jobs.runfiles import run_files, start_command_prefix, tar
 from mlxops.jobs.selection import rdma_devices, select_hosts
@@ -81,6 +87,9 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     results.raise_on_failure("pre-flight")
     step = check_preflight(spec, preps, ranks, resume, fresh)
     verify_collectives(spec, ranks, connector, launch)  # those the job trusts with data
+    if resume and step is not None and spec.workload.spreads_checkpoints():
+        # Every node gets the parts of that step it needs (other stages', slices): ckptmove.
+        step = _bring_parts(spec, preps, ranks, previous, connector, forks, on_warning)
     if resume and step is not None:
         # Every node resumes from the same step: drop newer checkpoints only some nodes have.
         _align_checkpoints(spec, preps, step, connector, forks)
@@ -128,6 +137,30 @@ def _split_stages(spec: JobSpec, hosts: list, connector: Connector) -> JobSpec:
     found.raise_on_failure("reading the nodes' memory for the stages")
     facts = {name: f for name, (f, _) in found.succeeded_values().items()}
     return split_spec(spec, hosts, facts)
+
+
+def _bring_parts(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
+                 previous: JobRecord | None, connector: Connector, forks: int | None,
+                 on_warning: Callable[[str], None]) -> int | None:
+    """The step to resume from, once its checkpoint parts are on every node that needs
+    them (asked of the run's nodes and of the previous run's that this one leaves out)."""
+    from mlxops.jobs.ckptmove import Node, bring_together
+    from mlxops.jobs.record import inventory_hosts
+
+    nodes = [Node(p.host, p.root, p.python) for p in preps.values()]
+    if previous is not None:
+        others = [h for h in previous.hosts if h.name not in preps]
+        try:
+            known = inventory_hosts(previous) if others else {}
+        except UserError:
+            known = {}  # a host gone from the inventory: its parts cannot be asked for
+        nodes += [Node(known[h.name], h.root, h.python) for h in others if h.name in known]
+    run = list(dict.fromkeys(r.host for r in ranks))
+    moved = bring_together(nodes, run, spec.name, resumable_steps(preps), connector, forks,
+                           split=spec.workload.stage_layers())
+    for copy in moved.copies:
+        on_warning(f"checkpoint part {copy.line()} (copied before the ranks start)")
+    return moved.step
 
 
 def _align_checkpoints(spec: JobSpec, preps: dict[str, HostPrep], step: int,

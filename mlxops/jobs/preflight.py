@@ -127,8 +127,15 @@ def check_preflight(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank]
                 f"'mlxops resume {spec.name}' continues it, 'mlxops launch --fresh' starts "
                 "over, or give the job another name")
         return None
-    common = set.intersection(*steps) if steps else set()
+    common = resumable_steps(preps)
     return max(common) if common else None
+
+
+def resumable_steps(preps: dict[str, HostPrep]) -> set[int]:
+    """The checkpoint steps every node has (in ``ckpt/`` or a stage's ``ckpt/stage-<s>/``,
+    the node's count): those a resume may start from."""
+    steps = [set(p.answer.checkpoints) for p in preps.values()]
+    return set.intersection(*steps) if steps else set()
 
 
 

@@ -18,6 +18,7 @@ from mlxops.node.ports import busy_ports
 from mlxops.node.preflight import preflight
 from mlxops.node.protocol import bench as benchproto
 from mlxops.node.protocol import content as contentproto
+from mlxops.node.protocol import parts as partsproto
 from mlxops.node.protocol import send as sendproto
 from mlxops.node.protocol.calibration import READ_CALIBRATION
 from mlxops.node.reach import reach
@@ -41,6 +42,8 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
         return bench_answer(args)
     if args.cmd == contentproto.CONTENT:
         return listing(Path(args.dir), Path(args.cache), args.hash)
+    if args.cmd in partsproto.COMMANDS:
+        return parts_answer(args)
     if args.cmd == protocol.SAMPLE:
         return sample(Path(args.run_dir) if args.run_dir else None, with_status=args.status,
                       metrics_from=args.metrics_from, metrics_inode=args.metrics_inode,
@@ -62,6 +65,20 @@ def answer(argv: list[str] | None = None) -> protocol.Answer:
         return read_logs(run_dir, rank=args.rank, offsets=protocol.parse_offsets(args.offsets),
                          tail=args.tail, max_bytes=args.max_bytes)
     return protocol.KeepCheckpointsAnswer(keep_checkpoints_up_to(run_dir, args.step))
+
+
+def parts_answer(args: argparse.Namespace) -> protocol.Answer:
+    """A run's checkpoint parts (``mlxops.node.protocol.parts``): listed, or received from
+    stdin; a receive that fails places nothing and exits 1 with one line on stderr."""
+    from mlxops.node import ckptparts
+
+    if args.cmd == partsproto.PARTS:
+        return ckptparts.list_parts(Path(args.run_dir))
+    try:
+        return ckptparts.receive(Path(args.run_dir), args.parts,
+                                 partsproto.parse_files(args.files), sys.stdin.buffer)
+    except (OSError, ValueError, ckptparts.ReceiveError) as exc:
+        raise SystemExit(f"mlxops.node receive: {exc}") from None
 
 
 def bench_answer(args: argparse.Namespace) -> protocol.Answer:

@@ -60,27 +60,39 @@ def is_stopped(run_dir: Path) -> bool:
     return (run_dir / protocol.STOPPED_MARKER).exists()
 
 
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """Steps of the complete checkpoints under ``ckpt/``, oldest first."""
-    found = protocol.complete_checkpoints(run_dir / protocol.CKPT_DIR)
+def _checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """``ckpt/`` and a pipeline run's ``ckpt/stage-<s>/`` (each stage's own checkpoints)."""
+    ckpt = run_dir / protocol.CKPT_DIR
+    return [ckpt, *sorted(p for p in ckpt.glob("stage-*") if p.is_dir())]
+
+
+def _steps(directory: Path) -> list[int]:
+    found = protocol.complete_checkpoints(directory)
     return [step for step in (protocol.checkpoint_step(d.name) for d in found)
             if step is not None]
 
 
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints under ``ckpt/`` and its pipeline stages'
+    ``ckpt/stage-<s>/`` (a step any of them has), oldest first."""
+    return sorted({s for d in _checkpoint_dirs(run_dir) for s in _steps(d)})
+
+
 def keep_checkpoints_up_to(run_dir: Path, step: int) -> list[int]:
-    """Remove complete checkpoints newer than ``step`` so a resume starts where every node can.
+    """Remove complete checkpoints newer than ``step`` (in ``ckpt/`` and every stage's
+    ``ckpt/stage-<s>/``) so a resume starts where every node can.
 
     Other nodes lack them (a node died mid-write); the resumed run writes them again.
     """
-    ckpt = run_dir / protocol.CKPT_DIR
-    removed = []
-    for s in checkpoint_steps(run_dir):
-        if s > step:
+    removed: set[int] = set()
+    for ckpt in _checkpoint_dirs(run_dir):
+        newer = [s for s in _steps(ckpt) if s > step]
+        for s in newer:
             shutil.rmtree(ckpt / protocol.checkpoint_name(s), ignore_errors=True)
-            removed.append(s)
-    if removed:
-        latest = ckpt / protocol.LATEST
-        tmp = latest.with_name(f".{protocol.LATEST}.tmp")
-        tmp.write_text(protocol.checkpoint_name(step) + "\n")
-        os.replace(tmp, latest)
-    return removed
+        removed.update(newer)
+        if newer:
+            latest = ckpt / protocol.LATEST
+            tmp = latest.with_name(f".{protocol.LATEST}.tmp")
+            tmp.write_text(protocol.checkpoint_name(step) + "\n")
+            os.replace(tmp, latest)
+    return sorted(removed)

@@ -44,6 +44,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxops.node.protocol import BEST_DIR, CKPT_DIR, CKPT_MODEL, CKPT_STATE, checkpoint_name
+from mlxops.node.protocol.parts import STAGE_DIR
 from mlxops.node.protocol.serve import EXPORT_ARCHES, ExportAnswer, export_parser
 
 from .checkpoint import find_latest
@@ -182,6 +183,8 @@ def find_checkpoint(run_dir: Path, step: int | None = None, best: bool = False) 
                               "validation)")
         return path
     ckpt_dir = run_dir / CKPT_DIR
+    if (ckpt_dir / STAGE_DIR.format(index=0)).is_dir():
+        return stage_checkpoint(ckpt_dir, step)
     if step is not None:
         path = ckpt_dir / checkpoint_name(step)
         if not (path / CKPT_MODEL).is_file():
@@ -191,6 +194,46 @@ def find_checkpoint(run_dir: Path, step: int | None = None, best: bool = False) 
     if path is None:
         raise ExportError(f"{run_dir}: no complete checkpoint to export")
     return path
+
+
+def stage_checkpoint(ckpt_dir: Path, step: int | None = None) -> Path:
+    """A pipeline run's checkpoint of ``step`` (its newest when None) for which every
+    stage's ``stage-<s>/step-<n>/`` is on this node (``mlxops export`` copies them here
+    first); stage 0's directory is returned, :func:`stage_weights` merges them all."""
+    steps = sorted({p.name for p in ckpt_dir.glob(STAGE_DIR.format(index="*") + "/step-*")
+                    if p.is_dir()}, reverse=True)
+    if step is not None:
+        steps = [checkpoint_name(step)] if checkpoint_name(step) in steps else []
+    first_missing = ""
+    for name in steps:
+        path = ckpt_dir / STAGE_DIR.format(index=0) / name
+        if not (path / CKPT_STATE).is_file():
+            first_missing = first_missing or f"{name}: stage 0's checkpoint"
+            continue
+        world = int(json.loads((path / CKPT_STATE).read_text()).get("world_size", 0))
+        lacking = [s for s in range(world) if not (
+            ckpt_dir / STAGE_DIR.format(index=s) / name / CKPT_MODEL).is_file()]
+        if not lacking:
+            return path
+        first_missing = first_missing or f"{name}: stage {lacking[0]}'s checkpoint (of {world})"
+    if first_missing:
+        raise ExportError(f"{ckpt_dir}: no pipeline checkpoint with every stage's on this "
+                          f"node ({first_missing} is not here)")
+    raise ExportError(f"{ckpt_dir}: no checkpoint of step {step}" if step is not None
+                      else f"{ckpt_dir}: no complete checkpoint to export")
+
+
+def stage_weights(checkpoint: Path) -> dict[str, mx.array]:
+    """The whole model's weights: ``checkpoint``'s (a stage's) merged by name with the same
+    step's of every other stage beside it (each holds its layers under the whole model's
+    names; a tied embedding is in the first and the last, the same bits)."""
+    if checkpoint.parent.name != STAGE_DIR.format(index=0):
+        return dict(mx.load(str(checkpoint / CKPT_MODEL)))
+    merged: dict[str, mx.array] = {}
+    for stage_dir in sorted(checkpoint.parent.parent.glob(STAGE_DIR.format(index="*"))):
+        if (stage_dir / checkpoint.name / CKPT_MODEL).is_file():
+            merged.update(mx.load(str(stage_dir / checkpoint.name / CKPT_MODEL)))
+    return merged
 
 
 def fuse_checkpoint(checkpoint: Path, out: Path) -> ExportAnswer:
@@ -226,7 +269,12 @@ def export_checkpoint(checkpoint: Path, out: Path, arch: str = DEFAULT_ARCH) -> 
         raise ExportError(f"{checkpoint / CKPT_STATE}: unreadable config: {exc}") from None
     model = config.model
     files = tokenizer_files(model.vocab_size)  # refuses a vocabulary that is not bytes
-    weights = convert_weights(mx.load(str(checkpoint / CKPT_MODEL)), model, arch)
+    weights = stage_weights(checkpoint)
+    absent = sorted(_consumed(model) - set(weights))
+    if absent:
+        raise ExportError(f"{checkpoint}: no stage's checkpoint here holds {absent[0]} "
+                          f"({len(absent)} weights of the model missing)")
+    weights = convert_weights(weights, model, arch)
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / WEIGHTS), weights, metadata={"format": "mlx"})
     index = {"metadata": {"total_size": sum(v.nbytes for v in weights.values())},

@@ -20,10 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 import yaml
 from job_helpers import BackgroundWatchdog, Hold, run_dir, wait_for_step
 
+from mlxops.jobs.export import export_run
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
 from mlxops.jobs.spec import load_job
@@ -84,12 +87,17 @@ def losses(box) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_stages_auto_split_by_memory_train_stop_and_resume_as_one_process(
+def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
         login_sandbox_mut, tmp_path, connector):
+    """Stopped at 3 and resumed on the same split to 6 (nothing copied), then resumed
+    without node2 on 2 stages: node2's stage checkpoint is copied to node1 and node3
+    before the ranks start (jobs/ckptmove.py) and the 9 steps are one process's losses bit
+    for bit."""
     box = login_sandbox_mut
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
-    spec = load_job(write_job(tmp_path, box, stop_at=3))
+    steps = {"steps": 9}
+    spec = load_job(write_job(tmp_path, box, stop_at=3, **steps))
     record = launch(spec, connector, fresh=True)
     split = record.workload.config.train.stages   # what the ranks were given
     assert sum(split) == 6 and split[1] < split[0] and split[1] < split[2], split
@@ -97,13 +105,40 @@ def test_stages_auto_split_by_memory_train_stop_and_resume_as_one_process(
     assert supervise(record, connector).state == "finished"
     assert sorted(losses(box)) == [1, 2, 3]
 
-    resumed = launch(load_job(write_job(tmp_path, box)), connector, resume=True,
-                     previous=load_record("t-pipe"))
+    resumed = launch(load_job(write_job(tmp_path, box, stop_at=6, **steps)), connector,
+                     resume=True, previous=load_record("t-pipe"))
     assert resumed.workload.config.train.stages == split
+    assert resumed.message == "resumed from step 3"   # the node counts ckpt/stage-<s>/
     assert supervise(resumed, connector).state == "finished"
-    assert losses(box) == reference(tmp_path)
     for s, node in enumerate(LIMITS):   # each node holds its own stage's checkpoints
-        assert (run_dir(box, node, "t-pipe") / "ckpt" / f"stage-{s}").is_dir()
+        assert [p.name for p in (run_dir(box, node, "t-pipe") / "ckpt").iterdir()
+                if p.name.startswith("stage-")] == [f"stage-{s}"]
+
+    copied: list[str] = []
+    two = launch(load_job(write_job(tmp_path, box, **steps)), connector, resume=True,
+                 exclude=["node2"], previous=load_record("t-pipe"), on_warning=copied.append)
+    assert two.workload.config.train.stages == [3, 3] and two.world_size == 2
+    assert two.message == "resumed from step 6"
+    # node2 held stage 1 (layer 2): node1 takes layer 2 from it, node3 finds its step in
+    # stage-1/ (it is stage 1 now); stages 0 and 2 stay where they are.
+    assert copied == ["checkpoint part stage-1/step-00000006: node2 -> node1, node3 "
+                      "(copied before the ranks start)"]
+    assert supervise(two, connector).state == "finished"
+    assert losses(box) == reference(tmp_path, **steps)
+    for node in ("node1", "node3"):
+        ckpt = run_dir(box, node, "t-pipe") / "ckpt"
+        assert (ckpt / "stage-1" / "step-00000006" / "state.json").is_file()
+        assert not [p for p in ckpt.iterdir() if p.name.startswith(".")]  # no temporary
+
+    # export: node3's stage of step 9 copied to node1 (rank 0's), merged by name there.
+    done = export_run("t-pipe", tmp_path / "exported", connector)
+    assert done.step == 9
+    exported = mx.load(str(tmp_path / "exported" / "model.safetensors"))
+    last = mx.load(str(run_dir(box, "node3", "t-pipe") / "ckpt" / "stage-1" /
+                       "step-00000009" / "model.safetensors"))
+    assert np.array_equal(exported["model.layers.5.mlp.down_proj.weight"],
+                          last["blocks.5.mlp.down.weight"])
+    assert np.array_equal(exported["lm_head.weight"], last["head.weight"])
 
 
 def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, tmp_path,

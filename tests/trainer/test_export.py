@@ -190,3 +190,37 @@ def test_a_fine_tuning_checkpoint_is_fused_into_its_base_model(tmp_path, capsys)
     assert np.abs(got - want).max() <= 1e-4
     plain, _ = mlx_lm.load(str(base))
     assert np.abs(np.array(plain(tokens)) - want).max() > 1e-3  # the adapters did something
+
+
+def test_a_pipeline_runs_stages_are_merged_by_name_or_refused_naming_the_missing_one(
+        tmp_path):
+    """A real checkpoint cut into two stages' directories as a 2-stage run writes them
+    (each stage's names in the whole model): exported, the same files as the checkpoint
+    whole; with stage 1's directory not on the node, one line naming it."""
+    run = train_tiny(tmp_path, tie=False)
+    whole = find_latest(run / "ckpt")
+    weights = mx.load(str(whole / "model.safetensors"))
+    state = json.loads((whole / "state.json").read_text())
+    state["world_size"], state["config"]["train"]["stages"] = 2, [1, 1]
+    stages = tmp_path / "stages"
+    for s, names in enumerate([("embed.", "blocks.0."), ("blocks.1.", "norm.", "head.")]):
+        d = stages / "ckpt" / f"stage-{s}" / whole.name
+        d.mkdir(parents=True)
+        mx.save_safetensors(str(d / "model.safetensors"),
+                            {k: v for k, v in weights.items() if k.startswith(names)})
+        (d / "optimizer.safetensors").write_bytes((whole / "optimizer.safetensors")
+                                                  .read_bytes())
+        (d / "state.json").write_text(json.dumps(state))
+    export.export_checkpoint(whole, tmp_path / "one")
+    done = export.export_checkpoint(export.find_checkpoint(stages), tmp_path / "two")
+    assert done.step == 3
+    a = mx.load(str(tmp_path / "one" / "model.safetensors"))
+    b = mx.load(str(tmp_path / "two" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+    (stages / "ckpt" / "stage-1" / whole.name / "model.safetensors").unlink()
+    with pytest.raises(export.ExportError) as err:
+        export.find_checkpoint(stages)
+    assert str(err.value) == (f"{stages / 'ckpt'}: no pipeline checkpoint with every stage's "
+                              f"on this node ({whole.name}: stage 1's checkpoint (of 2) is "
+                              "not here)")

@@ -254,6 +254,16 @@ class Workload(ABC):
         default."""
         return ()
 
+    def spreads_checkpoints(self) -> bool:
+        """Whether its ranks write checkpoint parts no other node has (pipeline stages'
+        ``ckpt/stage-<s>/``, ZeRO-1's slices), which a resume brings together first
+        (:mod:`mlxops.jobs.ckptmove`); no by default."""
+        return False
+
+    def stage_layers(self) -> list[int] | None:
+        """Its stages' layers per rank once split (``train.stages``); None: no stages."""
+        return None
+
     # --- the ranks --------------------------------------------------------------------------
 
     @abstractmethod

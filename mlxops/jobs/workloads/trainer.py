@@ -227,6 +227,15 @@ class TrainerWorkload(Workload):
             named += (ALL_GATHER,)
         return named if world > 1 else ()
 
+    def spreads_checkpoints(self) -> bool:
+        """Pipeline stages, and a sharded optimizer (true or auto: the ranks decide)."""
+        mode = self.config.train.shard_optimizer
+        return self.one_rank_per_host or mode is True or mode == SHARD_AUTO
+
+    def stage_layers(self) -> list[int] | None:
+        stages = self.config.train.stages
+        return list(stages) if self.one_rank_per_host and stages is not None else None
+
     def pipeline(self) -> PipelineCosts | None:
         if not self.one_rank_per_host:
             return None

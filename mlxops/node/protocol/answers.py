@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlxops.node.protocol import bench, calibration, content, send
+from mlxops.node.protocol import bench, calibration, content, parts, send
 from mlxops.node.protocol.commands import (
     KEEP_CHECKPOINTS,
     LOGS,
@@ -241,7 +241,7 @@ def parse_answer(command: str, line: str) -> Any:
         raise ProtocolError(f"{command}: not JSON: {line[-200:]!r}") from exc
     kind = (ANSWERS.get(command) or bench.ANSWERS.get(command)
             or calibration.ANSWERS.get(command) or content.ANSWERS.get(command)
-            or send.ANSWERS.get(command))
+            or parts.ANSWERS.get(command) or send.ANSWERS.get(command))
     if kind is None:
         raise ProtocolError(f"{command}: not a node command")
     try:

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxops.node.protocol import bench, calibration, content, send
+from mlxops.node.protocol import bench, calibration, content, parts, send
 from mlxops.node.protocol.layout import LAUNCHER
 
 PREFLIGHT, SPAWN, STATUS = "preflight", "spawn", "status"
@@ -203,6 +203,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub)
     calibration.add_parsers(sub)
     content.add_parsers(sub)
+    parts.add_parsers(sub)
     send.add_parsers(sub)
     _add_monitor_parsers(sub)
     _add_channel_parser(sub)

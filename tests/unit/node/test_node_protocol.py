@@ -145,6 +145,18 @@ def test_keep_checkpoints_drops_the_newer_ones_and_points_latest_back(tmp_path):
     assert keep_checkpoints_up_to(tmp_path, 20) == []
 
 
+def test_a_pipeline_nodes_stage_checkpoints_are_counted_and_trimmed(tmp_path):
+    ckpt = tmp_path / protocol.CKPT_DIR
+    for stage, steps in ((0, (3, 6)), (2, (3, 6, 9))):
+        for step in steps:
+            _checkpoint(ckpt / f"stage-{stage}", step)
+    assert checkpoint_steps(tmp_path) == [3, 6, 9]
+    assert keep_checkpoints_up_to(tmp_path, 6) == [9]
+    assert checkpoint_steps(tmp_path) == [3, 6]
+    assert (ckpt / "stage-2" / protocol.LATEST).read_text() == "step-00000006\n"
+    assert not (ckpt / "stage-0" / protocol.LATEST).exists()  # nothing removed there
+
+
 def test_a_new_attempt_clears_the_last_ones_process_files_and_keeps_the_rest(tmp_path):
     run_dir = tmp_path / "root $(touch pwned) 'q'" / "runs" / "j"
     kept = ["rank-0.log", "launcher.log", protocol.METRICS, "ckpt/step-00000010/state.json",
