@@ -153,6 +153,9 @@ class TrainerWorkload(Workload):
     #: ``stages: auto`` not split yet (launch splits it: :mod:`mlxops.jobs.stagesplit`);
     #: an explicit or split one is ``config.train.stages``.
     auto_stages: bool = False
+    #: ``train.shard_optimizer: auto`` decided for the ranks (launch decides it:
+    #: :mod:`mlxops.jobs.sharding`): the config holds true or false, the record auto.
+    auto_shard: bool = False
 
     kind = KIND
     what = "the bundled trainer"
@@ -175,7 +178,10 @@ class TrainerWorkload(Workload):
         return self.auto_stages or self.config.train.stages is not None
 
     def to_record(self) -> dict[str, Any]:
-        return self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
+        out = self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
+        if self.auto_shard:   # decided again on a resume, over the hosts it runs on then
+            out["train"] = out["train"] | {"shard_optimizer": SHARD_AUTO}
+        return out
 
     @classmethod
     def from_record(cls, data: Any) -> TrainerWorkload:
@@ -253,7 +259,18 @@ class TrainerWorkload(Workload):
     def with_split(self, layers: list[int]) -> TrainerWorkload:
         config = copy.deepcopy(self.config)
         config.train.stages = list(layers)
-        return TrainerWorkload(config, auto_stages=self.auto_stages)
+        return TrainerWorkload(config, auto_stages=self.auto_stages, auto_shard=self.auto_shard)
+
+    def shard_auto(self) -> str | None:
+        """``train.shard_optimizer: auto`` not decided yet (pipeline stages shard nothing)."""
+        if self.config.train.shard_optimizer != SHARD_AUTO or self.one_rank_per_host:
+            return None
+        return f"{KIND}.train.shard_optimizer"
+
+    def with_shard(self, shard: bool) -> TrainerWorkload:
+        config = copy.deepcopy(self.config)
+        config.train.shard_optimizer = shard
+        return TrainerWorkload(config, auto_stages=self.auto_stages, auto_shard=True)
 
 
 #: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
@@ -268,9 +285,10 @@ class TrainerPlanner(Planner):
 
     def memory(self, memory: int, world: int, *, ranks_per_node: int,
                per_rank: int | None = None, working_set: int | None = None) -> Any:
-        """As the run will be: sharded with ``train.shard_optimizer: true``; with auto,
-        sharded where the unsharded plan does not fit (as the ranks decide,
-        trainer/train.py; they decide for every rank at once, on any rank's budget)."""
+        """As the run will be: sharded with ``train.shard_optimizer: true``; with auto not
+        decided yet (``mlxops check``, one node at a time), sharded where the unsharded
+        plan does not fit this node (the job decides over all its nodes at launch:
+        :mod:`mlxops.jobs.sharding`)."""
         from mlxops.trainer.plan import plan_memory
 
         mode = self.config.train.shard_optimizer
@@ -287,6 +305,11 @@ class TrainerPlanner(Planner):
 
         return plan_memory(self.config, memory, world, ranks_per_node=ranks_per_node,
                            per_rank=per_rank, working_set=working_set, shard=True)
+
+    def gathered_bytes(self, world: int) -> int:
+        from mlxops.trainer.plan import sharded_terms
+
+        return sharded_terms(self.config, world).gathered if world > 1 else 0
 
     def checkpoints(self) -> tuple[int, int]:
         from mlxops.trainer.plan import count_params
