@@ -105,7 +105,9 @@ class TrainerWorkload(ReplicatedOptimizer):
     def _sharded(self, log: Log) -> bool:
         """Whether this run shards the optimizer state: ``train.shard_optimizer``, and with
         auto, whether the unsharded plan exceeds some rank's budget (every rank asks its
-        own node; they agree, all_gather)."""
+        own node; they agree, all_gather). A job's ranks get true or false: the controller
+        decides auto at launch from each node's facts (mlxops/jobs/sharding.py); this is
+        a run started by hand."""
         mode, p = self.cfg.train.shard_optimizer, self.place
         if p.world < 2 or mode is False:
             return False

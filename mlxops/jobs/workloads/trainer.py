@@ -51,6 +51,9 @@ def problem(exc: Exception) -> str:
 
 #: ``trainer.stages: auto``: split the layers over the hosts by memory at launch.
 STAGES_AUTO = "auto"
+#: The record's mark of a section whose ``train.shard_optimizer`` was auto (the config
+#: holds what launch decided).
+SHARD_AUTO_RECORD = "shard_optimizer_auto"
 
 
 def parse_stages(path: Path, value: Any, layers: int) -> list[int] | str | None:
@@ -154,7 +157,8 @@ class TrainerWorkload(Workload):
     #: an explicit or split one is ``config.train.stages``.
     auto_stages: bool = False
     #: ``train.shard_optimizer: auto`` decided for the ranks (launch decides it:
-    #: :mod:`mlxops.jobs.sharding`): the config holds true or false, the record auto.
+    #: :mod:`mlxops.jobs.sharding`): the config holds true or false; a resume or restart
+    #: decides again, over the hosts it runs on.
     auto_shard: bool = False
 
     kind = KIND
@@ -178,16 +182,16 @@ class TrainerWorkload(Workload):
         return self.auto_stages or self.config.train.stages is not None
 
     def to_record(self) -> dict[str, Any]:
-        out = self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
-        if self.auto_shard:   # decided again on a resume, over the hosts it runs on then
-            out["train"] = out["train"] | {"shard_optimizer": SHARD_AUTO}
-        return out
+        return (self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
+                | ({SHARD_AUTO_RECORD: True} if self.auto_shard else {}))
 
     @classmethod
     def from_record(cls, data: Any) -> TrainerWorkload:
         data = dict(data)
         auto = data.pop("stages", None) == STAGES_AUTO
-        return cls(trainer_config.from_dict(data, f"job.{KIND}"), auto_stages=auto)
+        auto_shard = data.pop(SHARD_AUTO_RECORD, False) is True
+        return cls(trainer_config.from_dict(data, f"job.{KIND}"), auto_stages=auto,
+                   auto_shard=auto_shard)
 
     @property
     def total_steps(self) -> int | None:
@@ -262,8 +266,10 @@ class TrainerWorkload(Workload):
         return TrainerWorkload(config, auto_stages=self.auto_stages, auto_shard=self.auto_shard)
 
     def shard_auto(self) -> str | None:
-        """``train.shard_optimizer: auto`` not decided yet (pipeline stages shard nothing)."""
-        if self.config.train.shard_optimizer != SHARD_AUTO or self.one_rank_per_host:
+        """``train.shard_optimizer: auto``, decided or not (decided again at every launch;
+        pipeline stages shard nothing)."""
+        auto = self.auto_shard or self.config.train.shard_optimizer == SHARD_AUTO
+        if not auto or self.one_rank_per_host:
             return None
         return f"{KIND}.train.shard_optimizer"
 

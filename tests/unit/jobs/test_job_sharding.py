@@ -57,11 +57,11 @@ def test_auto_shards_every_rank_when_one_node_needs_it_and_the_ranks_get_the_cho
                                                                   "c": BIG}))
     assert small.workload.config.train.shard_optimizer is True
     assert small.workload.collectives(3) == (ALL_GATHER,)
-    assert small.workload.shard_auto() is None             # decided
-    record = small.workload.to_record()   # a resume decides again over its hosts
-    assert record["train"]["shard_optimizer"] == "auto"
+    # The record keeps the choice and that it was auto: a resume decides again.
+    record = small.workload.to_record()
+    assert record["train"]["shard_optimizer"] is True and record["shard_optimizer_auto"]
     back = type(small.workload).from_record(json.loads(json.dumps(record)))
-    assert back.shard_auto() == "trainer.train.shard_optimizer"
+    assert back == small.workload and back.shard_auto() == "trainer.train.shard_optimizer"
 
     big = shard_spec(spec, hosts, facts(tmp_path, monkeypatch, dict.fromkeys("abc", BIG)))
     assert big.workload.config.train.shard_optimizer is False
