@@ -5,7 +5,7 @@ ranks are given and the record keeps, the refusal of a job that fits neither way
 ``mlxops plan``'s lines and JSON.
 
 The model's rank plans on 3 ranks (float32, trainer/plan.py): 764 MB with the optimizer
-state whole, 677 MB sharded; a node of 0.88 GB has a budget of 721 MB (80%).
+state whole, 648 MB sharded; a node of 0.88 GB has a budget of 721 MB (80%).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_a_job_that_fits_neither_way_is_refused_with_the_numbers(tmp_path, monke
     assert e.value.exit_code == 2
     assert str(e.value) == (
         f"{tmp_path / 'job.yml'}: trainer.train.shard_optimizer: auto: a rank fits neither "
-        "unsharded nor sharded: b 0.75 GB unsharded, 0.66 GB sharded, budget 0.40 GB")
+        "unsharded nor sharded: b 0.75 GB unsharded, 0.63 GB sharded, budget 0.40 GB")
 
 
 def test_mlxops_plan_says_which_with_both_peaks_and_the_all_gather(tmp_path, monkeypatch):
@@ -96,8 +96,8 @@ def test_mlxops_plan_says_which_with_both_peaks_and_the_all_gather(tmp_path, mon
     assert doc["step"]["all_gather"]["bytes"] == 4 * b["params"]
     text = CliRunner().invoke(main, ["plan", str(path)]).output
     assert ("train.shard_optimizer auto: sharded over the ranks (ZeRO-1), the state whole "
-            "does not fit: rank peak 764 MB whole, 677 MB sharded, budget 6.4 GB (a, c); "
-            "764 MB whole, 677 MB sharded, budget 721 MB (b)") in text, text
+            "does not fit: rank peak 764 MB whole, 648 MB sharded, budget 6.4 GB (a, c); "
+            "764 MB whole, 648 MB sharded, budget 721 MB (b)") in text, text
     assert "per rank: weights 86.5 MB and its slice of the moments 57.7 MB" in text, text
     assert "+ weights all_gather 90.7 MB: no 'mlxops bench' of these hosts yet" in text
 
