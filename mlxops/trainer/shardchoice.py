@@ -20,9 +20,9 @@ backward pass's peak falls by ``8 P (n - 1) / n``; but the update also holds
 ``SLICE_ARRAYS`` float32 arrays of the slice (``4 P / n`` each) and makes moments for the
 slice only, so the update's peak moves by ``-16 P + (16 + 4 SLICE_ARRAYS) P / n`` in
 float32 (``SLICE_ARRAYS`` = 4: nothing on 2 ranks, ``-5.3 P`` on 3, ``-8 P`` on 4) and
-by ``-20 P + (16 + 4 SLICE_ARRAYS) P / n`` in bfloat16 (``-4 P`` on 2). A float32 run on 2 ranks
-whose update is its peak is not helped by sharding; the rule compares the plans, so it
-says so instead of sharding for nothing.
+by ``-20 P + (16 + 4 SLICE_ARRAYS) P / n`` in bfloat16 (``-4 P`` on 2). A float32 run
+on 2 ranks whose update is its peak is not helped by sharding; the rule compares the
+plans, so it says so instead of sharding for nothing.
 
 Standard library only: the controller decides a job's ranks' mode with it at launch
 (:mod:`mlxops.jobs.sharding`).
