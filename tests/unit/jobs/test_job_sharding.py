@@ -69,14 +69,22 @@ def test_auto_shards_every_rank_when_one_node_needs_it_and_the_ranks_get_the_cho
 
 
 def test_a_job_that_fits_neither_way_is_refused_with_the_numbers(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from mlxops.cli import cli as main
+
     spec = load_job(job(tmp_path))
     node = facts(tmp_path, monkeypatch, {"a": BIG, "b": 0.5, "c": BIG})
     with pytest.raises(UserError) as e:
         shard_spec(spec, select_hosts(spec), node)
-    assert e.value.exit_code == 2
-    assert str(e.value) == (
-        f"{tmp_path / 'job.yml'}: trainer.train.shard_optimizer: auto: a rank fits neither "
-        "unsharded nor sharded: b 0.75 GB unsharded, 0.63 GB sharded, budget 0.40 GB")
+    want = (f"{tmp_path / 'job.yml'}: trainer.train.shard_optimizer: auto: a rank fits "
+            "neither unsharded nor sharded: b 0.75 GB unsharded, 0.63 GB sharded, budget "
+            "0.40 GB")
+    assert str(e.value) == want
+    # mlxops launch: refused before pre-flight touches a host (their facts are cached;
+    # the hosts' addresses lead nowhere)
+    result = CliRunner().invoke(main, ["launch", str(tmp_path / "job.yml"), "--detach"])
+    assert result.exit_code == 2 and want in " ".join(result.output.split()), result.output
 
 
 def test_mlxops_plan_says_which_with_both_peaks_and_the_all_gather(tmp_path, monkeypatch):
