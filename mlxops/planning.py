@@ -12,6 +12,10 @@ Per step, beside the compute (6 x parameters x tokens, per rank; attention's sco
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
 t(S) = a + b*S, docs/formats.md, "mlxops bench --json").
 
+A trainer job with ``train.shard_optimizer: auto`` is planned as launch decides it over all
+its nodes (:mod:`mlxops.jobs.sharding`): sharded or not, with the other plan beside it
+where that explains the choice.
+
 A ``finetune:`` job is planned by fine-tuning's own plan
 (:func:`mlxops.finetune.plan.plan_finetune`: base weights, quantized or not, adapters,
 optimizer state, activations at the sequence length), read from the base model's files on

@@ -48,23 +48,20 @@ class ShardPlan:
         """Each host's plan as its ranks will run."""
         return self.sharded if self.choice.shard else self.unsharded
 
-    def why(self) -> str:
-        """The choice and its numbers, one line: each host whose unsharded peak is over
-        its budget, both peaks against it."""
+    def refusal(self) -> str:
+        """Why a job that fits neither way is refused, one line: each host whose peak is
+        over its budget, both peaks against it."""
         c = self.choice
-        if not c.over:
-            return (f"{self.key}: auto: not sharded: every rank fits with the optimizer "
-                    "state whole (nothing to gather)")
+        if self.unsharded[0].world_size < 2:
+            peaks = "; ".join(f"{self.hosts[i]} {self.unsharded[i].total_bytes / GB:.2f} GB, "
+                              f"budget {self.unsharded[i].budget_bytes / GB:.2f} GB"
+                              for i in c.over)
+            return f"{self.key}: auto: one rank has nothing to shard over and does not fit: {peaks}"
         nodes = "; ".join(
             f"{self.hosts[i]} {self.unsharded[i].total_bytes / GB:.2f} GB unsharded, "
             f"{self.sharded[i].total_bytes / GB:.2f} GB sharded, budget "
             f"{self.unsharded[i].budget_bytes / GB:.2f} GB" for i in sorted(
                 set(c.over) | set(c.short)))
-        if c.shard:
-            return (f"{self.key}: auto: sharded over {self.unsharded[0].world_size} ranks "
-                    f"(ZeRO-1), a rank's peak: {nodes}")
-        if self.unsharded[0].world_size < 2:
-            return f"{self.key}: auto: one rank has nothing to shard over and does not fit: {nodes}"
         return f"{self.key}: auto: a rank fits neither unsharded nor sharded: {nodes}"
 
 
@@ -103,5 +100,5 @@ def shard_spec(spec: JobSpec, hosts: Sequence[Any], facts: dict[str, HostFacts])
     if found is None:
         return spec
     if not found.choice.fits:
-        raise bad_input(spec.path, None, found.why())
+        raise bad_input(spec.path, None, found.refusal())
     return replace(spec, workload=spec.workload.with_shard(found.choice.shard))

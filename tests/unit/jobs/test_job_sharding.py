@@ -29,11 +29,11 @@ GB = 2**30
 SMALL, BIG = 0.88, 8.0
 
 
-def job(tmp_path) -> object:
+def job(tmp_path, hosts: str = "all") -> object:
     (tmp_path / "inv.yml").write_text(yaml.safe_dump({"all": {"hosts": {
         h: {"ansible_host": f"10.0.0.{i + 1}"} for i, h in enumerate("abc")}}}))
     (tmp_path / "job.yml").write_text(yaml.safe_dump({
-        "name": "zauto", "inventory": "inv.yml", "trainer": {
+        "name": "zauto", "inventory": "inv.yml", "hosts": hosts, "trainer": {
             "model": MODEL, "train": {"global_batch": 3, "micro_batch": 1, "steps": 4,
                                       "shard_optimizer": "auto"}}}))
     return tmp_path / "job.yml"
@@ -85,6 +85,11 @@ def test_a_job_that_fits_neither_way_is_refused_with_the_numbers(tmp_path, monke
     # the hosts' addresses lead nowhere)
     result = CliRunner().invoke(main, ["launch", str(tmp_path / "job.yml"), "--detach"])
     assert result.exit_code == 2 and want in " ".join(result.output.split()), result.output
+    one = load_job(job(tmp_path, hosts="b"))   # one rank: nothing to shard over
+    with pytest.raises(UserError) as e:
+        shard_spec(one, select_hosts(one), node)
+    assert str(e.value).endswith("auto: one rank has nothing to shard over and does not "
+                                 "fit: b 0.59 GB, budget 0.40 GB")
 
 
 def test_mlxops_plan_says_which_with_both_peaks_and_the_all_gather(tmp_path, monkeypatch):
