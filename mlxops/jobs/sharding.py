@@ -33,15 +33,14 @@ GB = 1024**3
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Per host (job order), one rank's plan with the state whole and sharded, the rule's
-    choice over them, and the bytes the sharded step gathers (the weights, every step)."""
+    """Per host (job order), one rank's plan with the state whole and sharded, and the
+    rule's choice over them."""
 
     key: str
     hosts: list[str]
     unsharded: list[Any]   # MemoryPlan
     sharded: list[Any]     # MemoryPlan
     choice: ShardChoice
-    gathered: int
 
     @property
     def plans(self) -> list[Any]:
@@ -86,8 +85,7 @@ def shard_plan(spec: JobSpec, hosts: Sequence[Any], facts: dict[str, HostFacts],
         sharded.append(split.memory(memory, world, **kwargs))
     choice = choose(world, [p.budget_bytes for p in unsharded],
                     [p.total_bytes for p in unsharded], [p.total_bytes for p in sharded])
-    return ShardPlan(key, [h.name for h in hosts], unsharded, sharded, choice,
-                     split.gathered_bytes(world))
+    return ShardPlan(key, [h.name for h in hosts], unsharded, sharded, choice)
 
 
 def shard_spec(spec: JobSpec, hosts: Sequence[Any], facts: dict[str, HostFacts]) -> JobSpec:
