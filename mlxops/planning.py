@@ -12,6 +12,10 @@ Per step, beside the compute (6 x parameters x tokens, per rank; attention's sco
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
 t(S) = a + b*S, docs/formats.md, "mlxops bench --json").
 
+A trainer job with ``train.shard_optimizer: auto`` is planned as launch decides it over all
+its nodes (:mod:`mlxops.jobs.sharding`): sharded or not, with the other plan beside it
+where that explains the choice.
+
 A ``finetune:`` job is planned by fine-tuning's own plan
 (:func:`mlxops.finetune.plan.plan_finetune`: base weights, quantized or not, adapters,
 optimizer state, activations at the sequence length), read from the base model's files on
@@ -45,11 +49,15 @@ class NodePlan:
     #: Where the job does not fit every node: the plan with the optimizer state sharded
     #: over the ranks (ZeRO-1), for a workload that can shard it.
     sharded: MemoryPlan | None = None
+    #: Where ``train.shard_optimizer: auto`` shards the job: the plan with the state whole
+    #: that did not fit (:mod:`mlxops.jobs.sharding`).
+    unsharded: MemoryPlan | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "memory_bytes": self.memory_bytes, "chip": self.chip,
                 "ranks": self.ranks, "facts": self.source, **self.plan.to_dict(),
-                "sharded_plan": self.sharded.to_dict() if self.sharded else None}
+                "sharded_plan": self.sharded.to_dict() if self.sharded else None,
+                "unsharded_plan": self.unsharded.to_dict() if self.unsharded else None}
 
 
 def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
@@ -76,7 +84,9 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
                               working_set=node.ranks_working_set)
         plans.append(NodePlan(host.name, memory, node.chip or node.arch or "",
                               host.slots, plan, source))
-    if not all(p.plan.fits for p in plans) and not any(
+    if spec.workload.shard_auto() is not None and len(plans) == len(hosts):
+        _decide(spec, hosts, {n: f for n, (f, _) in facts.items()}, plans, split)
+    elif not all(p.plan.fits for p in plans) and not any(
             getattr(p.plan, "sharded", False) for p in plans):
         # What sharding AdamW's state over the ranks would make of it (ZeRO-1); a job
         # that fits without is planned, and runs, unsharded: nothing to pay for.
@@ -87,6 +97,23 @@ def plan_job(spec: JobSpec, connector: Connector, *, refresh: bool = False,
                 per_rank=split.largest(p.host) if split else None,
                 working_set=node.ranks_working_set)
     return plans, results
+
+
+def _decide(spec: JobSpec, hosts: list, facts: dict, plans: list[NodePlan],
+            split: BalancePlan | None) -> None:
+    """``train.shard_optimizer: auto`` as launch decides it over every host
+    (:mod:`mlxops.jobs.sharding`): each node's plan as it will run; sharded, the plan
+    whole beside it; fitting neither way, the sharded one beside the plan."""
+    from mlxops.jobs.sharding import shard_plan
+
+    found = shard_plan(spec, hosts, facts,
+                       lambda name: split.largest(name) if split else None)
+    for p, whole, sharded in zip(plans, found.unsharded, found.sharded, strict=True):
+        if found.choice.shard:
+            p.plan, p.unsharded = sharded, whole
+        else:
+            p.plan = whole
+            p.sharded = None if found.choice.fits else sharded
 
 
 def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None:
@@ -100,12 +127,10 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
     out: dict[str, Any] = {"compute_gflop": 6 * m.params * tokens / 1e9,
                            "attention_gflop": None, "attended_keys": None,
                            "gradient_bytes": nbytes, "allreduce": None, "all_gather": None}
-    sharded = plans[0].sharded
     gathered = None
-    if sharded is not None:
-        from mlxops.trainer.plan import sharded_terms
-
-        gathered = sharded_terms(planner.config, sharded.world_size).gathered
+    if plans[0].sharded is not None or getattr(m, "sharded", False):
+        # The job runs sharded, or sharding is shown as what would make it fit.
+        gathered = planner.gathered_bytes(m.world_size)
         out["all_gather"] = {"bytes": gathered, "predicted_us": None}
     attention = planner.attention(tokens)
     if attention is not None:

@@ -68,7 +68,11 @@ def plan_notes(plans: Sequence[NodePlan]) -> list[str]:
     lines = [f"chip: {chip}" for chip in _grouped({p.host: p.chip or "?" for p in plans})]
     if isinstance(m, FinetunePlan):
         return lines + finetune_notes(plans)
-    lines.append(f"per rank: weights+moments {_size((4 + 8) * m.params)}")
+    if getattr(m, "sharded", False):   # ZeRO-1: this rank's slice of the moments
+        lines.append(f"per rank: weights {_size(m.param_bytes)} and its slice of the moments "
+                     f"{_size(m.optimizer_bytes)}")
+    else:
+        lines.append(f"per rank: weights+moments {_size((4 + 8) * m.params)}")
     lines += [f"peak: {above}" for above in _grouped({
         p.host: f"backward +{_size(p.plan.activation_bytes)}, update "
                 f"+{_size(p.plan.update_bytes)}" for p in plans})]
@@ -119,13 +123,35 @@ def sharded_notes(plans: Sequence[NodePlan], step: dict | None) -> list[str]:
                               f"{p.sharded.budget_bytes / GB:.1f}" for p in sharded})
     head = ("fits with the optimizer state sharded over the ranks (ZeRO-1)" if fits else
             "does not fit even with the optimizer state sharded over the ranks (ZeRO-1)")
-    lines = [f"{head}: rank peak {'; '.join(peaks)}"]
+    return [f"{head}: rank peak {'; '.join(peaks)}", *gather_notes(step)]
+
+
+def auto_notes(plans: Sequence[NodePlan], step: dict | None, auto: bool) -> list[str]:
+    """``train.shard_optimizer: auto`` (``auto``), as launch decides it: sharded, each
+    node's rank peak with the state whole and sharded against its budget, and the
+    all_gather it adds a step; or not sharded, nothing to pay."""
+    if not auto or not plans:
+        return []
+    whole = [p for p in plans if p.unsharded is not None]
+    if not whole:
+        return (["train.shard_optimizer auto: not sharded (every rank fits with the "
+                 "optimizer state whole: nothing gathered)"]
+                if all(p.plan.fits for p in plans) else [])
+    peaks = _grouped({p.host: f"{_size(p.unsharded.total_bytes)} whole, "
+                              f"{_size(p.plan.total_bytes)} sharded, budget "
+                              f"{_size(p.plan.budget_bytes)}" for p in whole})
+    return [f"train.shard_optimizer auto: sharded over the ranks (ZeRO-1), the state whole "
+            f"does not fit: rank peak {'; '.join(peaks)}", *gather_notes(step)]
+
+
+def gather_notes(step: dict | None) -> list[str]:
+    """The weights' all_gather a sharded step adds, predicted from the last bench."""
     gather = (step or {}).get("all_gather")
-    if gather:
-        cost = ("no 'mlxops bench' of these hosts yet" if gather["predicted_us"] is None
-                else f"~{gather['predicted_us'] / 1e3:.3g} ms a step (from the bench)")
-        lines.append(f"  + weights all_gather {gather['bytes'] / 1e6:.3g} MB: {cost}")
-    return lines
+    if not gather:
+        return []
+    cost = ("no 'mlxops bench' of these hosts yet" if gather["predicted_us"] is None
+            else f"~{gather['predicted_us'] / 1e3:.3g} ms a step (from the bench)")
+    return [f"  + weights all_gather {gather['bytes'] / 1e6:.3g} MB: {cost}"]
 
 
 def step_notes(step: dict | None) -> list[str]:
@@ -235,7 +261,9 @@ def command(job, refresh, as_json, connect):
             console.err.print(f"{host}: unreachable: {results[host].message}")
         if plans:
             console.out.print()
-        for line in plan_notes(plans) + step_notes(step) + sharded_notes(plans, step):
+        auto = spec.workload.shard_auto() is not None
+        for line in (plan_notes(plans) + step_notes(step) + sharded_notes(plans, step)
+                     + auto_notes(plans, step, auto)):
             console.out.print(line, markup=False)
         if split and plans and shown(split):
             console.out.print()

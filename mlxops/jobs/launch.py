@@ -82,6 +82,7 @@ def launch(spec: JobSpec, connector: Connector, *, resume: bool = False,
     hosts = select_hosts(spec, exclude)
     rdma = rdma_devices(spec, hosts)  # bad input is refused before any host is touched
     spec = _split_stages(spec, hosts, connector)
+    spec = _decide_sharding(spec, hosts, connector)
     ranks = place_ranks(hosts, spec.base_port, one_per_host=spec.workload.one_rank_per_host)
     results, preps = preflight(spec, hosts, ranks, connector, forks)
     results.raise_on_failure("pre-flight")
@@ -161,6 +162,19 @@ def _bring_parts(spec: JobSpec, preps: dict[str, HostPrep], ranks: list[Rank],
     for copy in moved.copies:
         on_warning(f"checkpoint part {copy.line()} (copied before the ranks start)")
     return moved.step
+
+
+def _decide_sharding(spec: JobSpec, hosts: list, connector: Connector) -> JobSpec:
+    """``train.shard_optimizer: auto`` decided from these hosts' budgets (a job that fits
+    neither way refused, with the numbers): :mod:`.sharding`."""
+    if spec.workload.shard_auto() is None:
+        return spec
+    from mlxops.jobs.sharding import shard_spec
+    from mlxops.jobs.stagesplit import host_facts
+
+    found = host_facts(hosts, connector)
+    found.raise_on_failure("reading the nodes' memory for train.shard_optimizer: auto")
+    return shard_spec(spec, hosts, {name: f for name, (f, _) in found.succeeded_values().items()})
 
 
 def _align_checkpoints(spec: JobSpec, preps: dict[str, HostPrep], step: int,

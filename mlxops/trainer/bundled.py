@@ -30,7 +30,7 @@ from mlx.utils import tree_flatten
 
 from mlxops.node.memory import recommended_working_set
 
-from . import balance, optimizers, plan, zero, zero_checkpoint
+from . import balance, hooks, optimizers, plan, shardchoice, zero, zero_checkpoint
 from .config import SHARD_AUTO, TrainerConfig, check_world, diff_resume_keys
 from .cursor import DataCursor
 from .data import Batches, make_source, split_rank
@@ -105,7 +105,9 @@ class TrainerWorkload(ReplicatedOptimizer):
     def _sharded(self, log: Log) -> bool:
         """Whether this run shards the optimizer state: ``train.shard_optimizer``, and with
         auto, whether the unsharded plan exceeds some rank's budget (every rank asks its
-        own node; they agree, all_gather)."""
+        own node; they agree, all_gather). A job's ranks get true or false: the controller
+        decides auto at launch from each node's facts (mlxops/jobs/sharding.py); this is
+        a run started by hand."""
         mode, p = self.cfg.train.shard_optimizer, self.place
         if p.world < 2 or mode is False:
             return False
@@ -115,16 +117,21 @@ class TrainerWorkload(ReplicatedOptimizer):
             return True
         hosts = host_names(p.group)
         ranks_here = hosts.count(hosts[p.rank])
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        budget, _ = plan.budget_bytes(memory, recommended_working_set(), ranks_here)
-        over = int(self._planned(shard=False) > budget)
-        need = all_gather_cpu(mx.array([over], dtype=mx.int32), p.group).tolist()
-        if any(need):
+        faked = hooks.fake_memory()
+        memory = faked or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        working_set = None if faked else recommended_working_set()
+        budget, _ = plan.budget_bytes(memory, working_set, ranks_here)
+        mine = [budget, self._planned(shard=False), self._planned(shard=True)]
+        rows = all_gather_cpu(mx.array([mine], dtype=mx.int64), p.group).tolist()
+        budgets, whole, sharded = zip(*rows, strict=True)
+        found = shardchoice.choose(p.world, budgets, whole, sharded)  # the controller's rule
+        if found.shard:
             log(f"shard_optimizer: auto: the unsharded plan exceeds the budget of rank(s) "
-                f"{[r for r, n in enumerate(need) if n]}: the optimizer state is sharded "
-                "over the ranks (ZeRO-1)")
-            return True
-        return False
+                f"{list(found.over)}: the optimizer state is sharded over the ranks (ZeRO-1)")
+        elif not found.fits:
+            log(f"shard_optimizer: auto: rank(s) {list(found.short)} fit neither unsharded "
+                "nor sharded: not sharded")
+        return found.shard
 
     def start_line(self) -> str:
         world, t = self.place.world, self.cfg.train

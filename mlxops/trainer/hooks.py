@@ -13,6 +13,9 @@ Each is read when it may fire and does nothing when unset (docs/trainer.md, Envi
   (``~``: the rank's home) holds a step number at most this one, the rank waits, its
   heartbeat going on: a test holds a job at a step however fast the machine is, and lets
   it go on by writing a later step into the file (atomically) or removing it.
+- ``MLXOPS_TRAINER_FAKE_MEMORY=BYTES``: the node's memory as a rank reads it for
+  ``train.shard_optimizer: auto`` in a run started by hand (and no GPU working set), as on
+  a smaller machine.
 (``MLXOPS_TRAINER_CKPT_DELAY`` lives where it acts, in checkpoint.py.)
 """
 
@@ -50,6 +53,12 @@ def fake_slow(rank: int, sequences: int) -> None:
     who, _, seconds = hook.partition(":")
     if hook and int(who) == rank:
         time.sleep(float(seconds) * sequences)
+
+
+def fake_memory() -> int | None:
+    """``MLXOPS_TRAINER_FAKE_MEMORY``'s bytes, or None when unset."""
+    hook = os.environ.get("MLXOPS_TRAINER_FAKE_MEMORY", "")
+    return int(hook) if hook else None
 
 
 def fake_diverge(rank: int, step: int, model: nn.Module) -> None:

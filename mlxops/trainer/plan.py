@@ -79,8 +79,9 @@ n``), holds ``SLICE_ARRAYS`` float32 arrays of the slice's size at its peak (its
 weights, its gradients and weights copied out for the optimizer, the optimizer's
 intermediates; one fewer in bfloat16) and gathers the new weights (``w P``, in place of
 ``U``'s new float32 weights). These terms are derived from the fitted ones above but for
-``SLICE_ARRAYS``, fitted to two float32 runs of ``benchmarks/zero.py`` (2 and 3 ranks);
-bfloat16 is not measured yet.
+``SLICE_ARRAYS``, fitted to three float32 runs of ``benchmarks/zero.py`` (5.3M
+parameters on 2 and 3 ranks, 22.7M on 3, the last also measured through the run loop on
+sandbox nodes); bfloat16 is not measured yet.
 
 **Budget.** On a Mac, MLX's Metal allocator works within the GPU's recommended working set
 (``mx.device_info()["max_recommended_working_set_size"]``: 74% of a 16 GB M3's RAM and
@@ -131,8 +132,9 @@ X_D, X_F, X_S = 25.6, 3.1, 1.7
 LOGITS, LOGITS_BF16 = 14.3, 3.0
 # ZeRO-1's update: float32 arrays of a rank's slice's size alive at its peak (one fewer in
 # bfloat16, whose master slice is kept, not cut from the weights); fitted to the measured
-# peaks of benchmarks/zero.py at 2 and 3 ranks (benchmarks/README.md).
-SLICE_ARRAYS = 5
+# peaks of benchmarks/zero.py at 2 and 3 ranks and of a run loop on 3 sandbox nodes
+# (benchmarks/README.md; the plan 1.00 to 1.12 times them, never below).
+SLICE_ARRAYS = 4
 # Left over when the update starts, with one rank and no accumulation (the update is then
 # in the backward pass's graph): bytes per element of the tied embedding (V x D), its
 # gradients, and per logit (N x V), the logits' buffers:

@@ -10,7 +10,10 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from trainer_procs import losses, ok, run_trainer, write_config
+from trainer_procs import TINY, losses, ok, run_trainer, write_config
+
+from mlxops.trainer import plan
+from mlxops.trainer.config import load_config
 
 STEPS, STOP = 12, 6
 TRAIN = {"steps": STEPS, "checkpoint_every": 3, "global_batch": 12, "micro_batch": 2,
@@ -93,3 +96,21 @@ def test_auto_does_not_shard_a_run_that_fits(tmp_path):
     proc = ok(run_trainer(cfg, ranks=2, timeout=300))
     assert "shard_optimizer: auto" not in proc.stdout
     assert not list((out / "ckpt").glob("step-*/zero-rank-*"))
+
+
+def test_auto_shards_a_hand_started_run_whose_whole_plan_exceeds_the_budget(tmp_path):
+    """The ranks decide by the controller's rule (trainer/shardchoice.py), from their
+    node's memory (faked between the sharded and the whole plan of 3 ranks on it)."""
+    train = {**TRAIN, "steps": 2, "checkpoint_every": 0, "shard_optimizer": "auto"}
+    out = tmp_path / "auto3"
+    cfg = write_config(tmp_path, out, train=train)
+    config = load_config({**TINY, "train": {**TINY["train"], **train}})
+    whole, sharded = (plan.estimate(config, 2, 2, 3, shard=s, backend="cpu").total
+                      for s in (False, True))
+    assert sharded < whole
+    memory = int((whole + sharded) / 2 * 3 / plan.CPU_FRACTION)   # 3 ranks share it
+    proc = ok(run_trainer(cfg, ranks=3, timeout=300,
+                          env={"MLXOPS_TRAINER_FAKE_MEMORY": str(memory)}))
+    assert ("shard_optimizer: auto: the unsharded plan exceeds the budget of rank(s) "
+            "[0, 1, 2]: the optimizer state is sharded over the ranks (ZeRO-1)") in proc.stdout
+    assert len(list((out / "ckpt").glob("step-*/zero-rank-*"))) == 3

@@ -154,6 +154,11 @@ class Planner(ABC):
         the workload can shard it; None where it cannot."""
         return None
 
+    def gathered_bytes(self, world: int) -> int:
+        """What the sharded plan's step gathers over ``world`` ranks (the weights, ZeRO-1's
+        ``all_gather``); 0 where the workload cannot shard."""
+        return 0
+
     @abstractmethod
     def checkpoints(self) -> tuple[int, int]:
         """Bytes of one checkpoint, and how many a run keeps on disk at most."""
@@ -290,6 +295,17 @@ class Workload(ABC):
     def with_split(self, layers: list[int]) -> Workload:
         """The same workload with its stages' layers decided (``stages: auto`` split)."""
         raise NotImplementedError(f"{self.kind} has no stages")
+
+    def shard_auto(self) -> str | None:
+        """The job-file key of a choice to shard the optimizer state over the ranks that
+        the controller makes from the memory plan before the ranks start
+        (``train.shard_optimizer: auto``, :mod:`mlxops.jobs.sharding`); None: no such
+        choice to make."""
+        return None
+
+    def with_shard(self, shard: bool) -> Workload:
+        """The same workload with that choice made (its ranks shard or not)."""
+        raise NotImplementedError(f"{self.kind} does not shard its optimizer state")
 
     def probe_watch(self, host: str) -> ProbeWatch | None:
         """The watchdog's probe of one attempt whose rank 0 runs on ``host``; None when the

@@ -51,6 +51,11 @@ def problem(exc: Exception) -> str:
     return KIND + "." + message[len(KIND) + 2:] if message.startswith(f"{KIND}: ") else message
 
 
+#: The record's mark of a section whose ``train.shard_optimizer`` was auto (the config
+#: holds what launch decided).
+SHARD_AUTO_RECORD = "shard_optimizer_auto"
+
+
 def parse_stages(path: Path, value: Any, layers: int) -> list[int] | str | None:
     """``trainer.stages``: ``auto``, or the layers of each host in ring order, which must
     be the model's ``model.layers`` (docs/pipeline.md)."""
@@ -142,6 +147,10 @@ class TrainerWorkload(Workload):
     #: ``stages: auto`` not split yet (launch splits it: :mod:`mlxops.jobs.stagesplit`);
     #: an explicit or split one is ``config.train.stages``.
     auto_stages: bool = False
+    #: ``train.shard_optimizer: auto`` decided for the ranks (launch decides it:
+    #: :mod:`mlxops.jobs.sharding`): the config holds true or false; a resume or restart
+    #: decides again, over the hosts it runs on.
+    auto_shard: bool = False
 
     kind = KIND
     what = "the bundled trainer"
@@ -164,13 +173,16 @@ class TrainerWorkload(Workload):
         return self.auto_stages or self.config.train.stages is not None
 
     def to_record(self) -> dict[str, Any]:
-        return self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
+        return (self.config.to_dict() | ({"stages": STAGES_AUTO} if self.auto_stages else {})
+                | ({SHARD_AUTO_RECORD: True} if self.auto_shard else {}))
 
     @classmethod
     def from_record(cls, data: Any) -> TrainerWorkload:
         data = dict(data)
         auto = data.pop("stages", None) == STAGES_AUTO
-        return cls(trainer_config.from_dict(data, f"job.{KIND}"), auto_stages=auto)
+        auto_shard = data.pop(SHARD_AUTO_RECORD, False) is True
+        return cls(trainer_config.from_dict(data, f"job.{KIND}"), auto_stages=auto,
+                   auto_shard=auto_shard)
 
     @property
     def total_steps(self) -> int | None:
@@ -251,7 +263,20 @@ class TrainerWorkload(Workload):
     def with_split(self, layers: list[int]) -> TrainerWorkload:
         config = copy.deepcopy(self.config)
         config.train.stages = list(layers)
-        return TrainerWorkload(config, auto_stages=self.auto_stages)
+        return TrainerWorkload(config, auto_stages=self.auto_stages, auto_shard=self.auto_shard)
+
+    def shard_auto(self) -> str | None:
+        """``train.shard_optimizer: auto``, decided or not (decided again at every launch;
+        pipeline stages shard nothing)."""
+        auto = self.auto_shard or self.config.train.shard_optimizer == SHARD_AUTO
+        if not auto or self.one_rank_per_host:
+            return None
+        return f"{KIND}.train.shard_optimizer"
+
+    def with_shard(self, shard: bool) -> TrainerWorkload:
+        config = copy.deepcopy(self.config)
+        config.train.shard_optimizer = shard
+        return TrainerWorkload(config, auto_stages=self.auto_stages, auto_shard=True)
 
 
 #: Bytes per parameter in one checkpoint: fp32 weights (4) and AdamW's two moments (8).
@@ -266,9 +291,10 @@ class TrainerPlanner(Planner):
 
     def memory(self, memory: int, world: int, *, ranks_per_node: int,
                per_rank: int | None = None, working_set: int | None = None) -> Any:
-        """As the run will be: sharded with ``train.shard_optimizer: true``; with auto,
-        sharded where the unsharded plan does not fit (as the ranks decide,
-        trainer/train.py; they decide for every rank at once, on any rank's budget)."""
+        """As the run will be: sharded with ``train.shard_optimizer: true``; with auto not
+        decided yet (``mlxops check``, one node at a time), sharded where the unsharded
+        plan does not fit this node (the job decides over all its nodes at launch:
+        :mod:`mlxops.jobs.sharding`)."""
         from mlxops.trainer.plan import plan_memory
 
         mode = self.config.train.shard_optimizer
@@ -285,6 +311,11 @@ class TrainerPlanner(Planner):
 
         return plan_memory(self.config, memory, world, ranks_per_node=ranks_per_node,
                            per_rank=per_rank, working_set=working_set, shard=True)
+
+    def gathered_bytes(self, world: int) -> int:
+        from mlxops.trainer.plan import sharded_terms
+
+        return sharded_terms(self.config, world).gathered if world > 1 else 0
 
     def checkpoints(self) -> tuple[int, int]:
         from mlxops.trainer.plan import count_params
