@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_helpers import mlxops
+from node_procs import node_processes
 
 from mlxops.node.protocol.bench import BENCH_JOB
 
@@ -40,11 +41,11 @@ def bench_json(tmp_path: Path, sandbox, *args: str, timeout: float = 240):
 
 
 def nothing_left(sandbox, hosts) -> None:
-    """No bench server or all-reduce rank alive (the nodes share this PID namespace), no
-    run directory on any node, no record of the internal job."""
-    procs = subprocess.run(["pgrep", "-af", "mlxops.node bench-serve|mlxops.node.allreduce"],
-                           capture_output=True, text=True).stdout
-    assert not procs.strip(), procs
+    """No bench server or all-reduce rank alive on the bench's nodes (this sandbox's: other
+    sandboxes on the machine run checks and benches of their own), no run directory on any
+    node, no record of the internal job."""
+    procs = node_processes(sandbox, "mlxops.node bench-serve|mlxops.node.allreduce", hosts)
+    assert procs == [], procs
     for name in hosts:
         assert not (sandbox.node_home(name) / ".mlxops" / "runs" / BENCH_JOB).exists(), name
 
@@ -173,9 +174,7 @@ def test_ctrl_c_during_the_all_reduce_leaves_nothing_running(sandbox_mut, tmp_pa
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
-            ranks = subprocess.run(["pgrep", "-f", "mlxops.node.allreduce"],
-                                   capture_output=True, text=True).stdout.split()
-            if len(ranks) >= 2:
+            if len(node_processes(box, "mlxops.node.allreduce", ["node1", "node4"])) >= 2:
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
