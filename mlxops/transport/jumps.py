@@ -63,8 +63,9 @@ def proxy_jumps(ssh_config: Mapping[str, Any]) -> list[str]:
 
 
 class FabricSettings:
-    """The run's Fabric settings, read once (~/.ssh/config, Fabric's own config files), and
-    a private copy of them for every connection.
+    """The run's Fabric settings, read with its first SSH host (~/.ssh/config and
+    /etc/ssh/ssh_config, Fabric's own config files), and a private copy of them for every
+    connection.
 
     Why a copy: a Fabric connection writes to its config as it is made (``inline_ssh_env``
     is no attribute of its class, so invoke stores it as a config change), and invoke
@@ -74,9 +75,11 @@ class FabricSettings:
     ``'port'`` while being made). Each connection's own copy is written only by itself;
     the shared one is only read.
 
-    The template is itself a clone: a clone holds the parsed ~/.ssh/config as an explicit
-    object, so cloning it again reads no file (cloning a config that read the files itself
-    parses them again into it, one more copy of every rule per host).
+    The template is itself a clone: a clone holds the parsed ssh_config as an explicit
+    object, so cloning it again reads no file. Cloning a config that read the files itself
+    parses them again into it (Fabric's ``Config.clone``), one more copy of every rule
+    (and every ``IdentityFile``) per host; here that happens once, to the config made only
+    to be cloned.
     """
 
     def __init__(self, config: fabric.Config | None = None):
