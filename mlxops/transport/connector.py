@@ -1,9 +1,9 @@
 """The run's connections: one per host, made on first use (SSH or local) and kept.
 
 Split from :mod:`mlxops.transport.connection` (the connections themselves): this is where
-a run's shared state lives, the parsed known_hosts files, the Fabric settings read once from
-~/.ssh/config (each connection gets its own copy of them), the jump hosts every host behind
-them shares.
+a run's shared state lives, the parsed known_hosts files, the Fabric settings read from
+~/.ssh/config with the first SSH host (each connection gets its own copy of them), the jump
+hosts every host behind them shares.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Connector:
 
     def _ssh(self) -> tuple[FabricSettings, Jumps]:
         """The run's Fabric settings and its jump hosts, made with the first SSH host
-        (under ``self._lock``): ~/.ssh/config is read once, not per host, and a run that
+        (under ``self._lock``): ~/.ssh/config is read then, not per host, and a run that
         never connects (``--help``, bad input, ``status`` with no jobs) never imports
         Fabric."""
         if self._jumps is None:
