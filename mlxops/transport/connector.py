@@ -1,8 +1,9 @@
 """The run's connections: one per host, made on first use (SSH or local) and kept.
 
 Split from :mod:`mlxops.transport.connection` (the connections themselves): this is where
-a run's shared state lives, the parsed known_hosts files, the one Fabric config read from
-~/.ssh/config, the jump hosts every host behind them shares.
+a run's shared state lives, the parsed known_hosts files, the Fabric settings read from
+~/.ssh/config with the first SSH host (each connection gets its own copy of them), the jump
+hosts every host behind them shares.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from mlxops.transport.connection import Connection, LocalConnection, SSHConnecti
 from mlxops.transport.hostkeys import ConnectOptions, KnownHostsCache
 
 if TYPE_CHECKING:
-    import fabric
-
-    from mlxops.transport.jumps import Jumps
+    from mlxops.transport.jumps import FabricSettings, Jumps
 
 
 class Connector:
@@ -30,7 +29,7 @@ class Connector:
         self._known_hosts = KnownHostsCache()
         self._lock = threading.Lock()
         self._connections: dict[str, Connection] = {}
-        self._fabric_config: fabric.Config | None = None  # made by the first SSH host
+        self._fabric: FabricSettings | None = None  # made by the first SSH host
         self._jumps: Jumps | None = None
 
     def connect(self, host) -> Connection:
@@ -55,28 +54,26 @@ class Connector:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _ssh(self) -> tuple[fabric.Config, Jumps]:
-        """The run's one Fabric config and its jump hosts, made with the first SSH host
-        (under ``self._lock``): ~/.ssh/config is read once, not per host, and a run that
+    def _ssh(self) -> tuple[FabricSettings, Jumps]:
+        """The run's Fabric settings and its jump hosts, made with the first SSH host
+        (under ``self._lock``): ~/.ssh/config is read then, not per host, and a run that
         never connects (``--help``, bad input, ``status`` with no jobs) never imports
         Fabric."""
         if self._jumps is None:
-            import fabric
+            from mlxops.transport.jumps import FabricSettings, Jumps
 
-            from mlxops.transport.jumps import Jumps
-
-            self._fabric_config = fabric.Config()
-            self._jumps = Jumps(self._fabric_config, self.options)
-        return self._fabric_config, self._jumps
+            self._fabric = FabricSettings()
+            self._jumps = Jumps(self._fabric, self.options)
+        return self._fabric, self._jumps
 
     def _make(self, host) -> Connection:
         if host.connection == "local":
             return LocalConnection(host.name)
         from mlxops.transport.jumps import fabric_connection
 
-        config, jumps = self._ssh()
+        settings, jumps = self._ssh()
         conn = fabric_connection(
-            config, host.address, user=host.user,
+            settings, host.address, user=host.user,
             port=host.ssh_port,  # None unless the inventory names one: ~/.ssh/config may
             key_file=host.key_file, timeout=self.options.connect_timeout)
         known = self._known_hosts.get(host.known_hosts)

@@ -62,10 +62,41 @@ def proxy_jumps(ssh_config: Mapping[str, Any]) -> list[str]:
     return [hop.strip().removeprefix("ssh://") for hop in value.split(",") if hop.strip()]
 
 
-def fabric_connection(config: fabric.Config, host: str, *, timeout: float, user: str | None = None,
-                      port: int | None = None, key_file: Path | None = None) -> fabric.Connection:
-    """A Fabric connection as mlxops makes every one: no gateway of Fabric's choosing, and
-    ``connect_kwargs`` of its own.
+class FabricSettings:
+    """The run's Fabric settings, read with its first SSH host (~/.ssh/config and
+    /etc/ssh/ssh_config, Fabric's own config files), and a private copy of them for every
+    connection.
+
+    Why a copy: a Fabric connection writes to its config as it is made (``inline_ssh_env``
+    is no attribute of its class, so invoke stores it as a config change), and invoke
+    applies any change by rebuilding the whole config from ``{}`` (``Config.merge``). With
+    one config shared by the run, a host connecting in another thread meanwhile read an
+    empty config (``KeyError: 'authentication'`` in ``Connection.open``, or ``'user'``,
+    ``'port'`` while being made). Each connection's own copy is written only by itself;
+    the shared one is only read.
+
+    The template is itself a clone: a clone holds the parsed ssh_config as an explicit
+    object, so cloning it again reads no file. Cloning a config that read the files itself
+    parses them again into it (Fabric's ``Config.clone``), one more copy of every rule
+    (and every ``IdentityFile``) per host; here that happens once, to the config made only
+    to be cloned.
+    """
+
+    def __init__(self, config: fabric.Config | None = None):
+        self._template = (config if config is not None else fabric.Config()).clone()
+        self._lock = threading.Lock()
+
+    def copy(self) -> fabric.Config:
+        """A config of one connection's own, equal to the run's."""
+        with self._lock:
+            return self._template.clone()
+
+
+def fabric_connection(settings: FabricSettings, host: str, *, timeout: float,
+                      user: str | None = None, port: int | None = None,
+                      key_file: Path | None = None) -> fabric.Connection:
+    """A Fabric connection as mlxops makes every one: no gateway of Fabric's choosing,
+    ``connect_kwargs`` of its own, and a config of its own (:class:`FabricSettings`).
 
     Given no ``connect_kwargs``, Fabric writes a host's ssh_config ``IdentityFile`` into the
     shared config's, and every connection made after it offers that key too, before its
@@ -73,7 +104,7 @@ def fabric_connection(config: fabric.Config, host: str, *, timeout: float, user:
     first and be cut off by sshd's default ``MaxAuthTries 6``).
     """
     keys = [str(key_file)] if key_file else []
-    conn = fabric.Connection(host, user=user, port=port, config=config, gateway=False,
+    conn = fabric.Connection(host, user=user, port=port, config=settings.copy(), gateway=False,
                              connect_timeout=timeout, connect_kwargs={"key_filename": keys})
     conn.connect_kwargs = dict(conn.connect_kwargs)  # the "sock" we add stays this host's
     return conn
@@ -208,8 +239,8 @@ class Jumps:
     """The jump hosts of one run (a :class:`~mlxops.transport.connector.Connector`'s):
     each hop made once, for every host behind it."""
 
-    def __init__(self, config: fabric.Config, options: ConnectOptions):
-        self._config = config
+    def __init__(self, settings: FabricSettings, options: ConnectOptions):
+        self._settings = settings
         self._options = options
         self._lock = threading.Lock()
         self._hops: dict[tuple[str, ...], JumpHost] = {}
@@ -237,7 +268,7 @@ class Jumps:
             return command if command and command.lower() != "none" else None
         timeout = self._options.connect_timeout
         try:
-            conns = [fabric_connection(self._config, spec, timeout=timeout) for spec in hops]
+            conns = [fabric_connection(self._settings, spec, timeout=timeout) for spec in hops]
         except ValueError as exc:  # ~/.ssh/config's (the inventory's were checked at load)
             raise MlxopsError(f"ssh_config: ProxyJump {ssh_config['proxyjump']!r}: want "
                               f"[user@]host[:port] hops ({exc})") from None

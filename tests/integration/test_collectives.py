@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from node_procs import node_processes
 
 from mlxops.jobs.jobdirs import job_dir
 from mlxops.jobs.launch import launch
@@ -39,9 +40,8 @@ def _job(tmp_path: Path, sandbox) -> Path:
 
 
 def _nothing_left(sandbox) -> None:
-    procs = subprocess.run(["pgrep", "-af", "mlxops.node.collectives"], capture_output=True,
-                           text=True).stdout
-    assert not [ln for ln in procs.splitlines() if "pgrep" not in ln], procs
+    procs = node_processes(sandbox, "mlxops.node.collectives")  # not another sandbox's
+    assert procs == [], procs
     for node in HOSTS.split(","):
         assert not (sandbox.node_home(node) / ".mlxops" / "runs" / COLLECTIVES_JOB).exists()
     assert not job_dir(COLLECTIVES_JOB).exists()

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import fabric
+import invoke.config
 import paramiko
 import pytest
 
@@ -23,7 +24,7 @@ from mlxops.inventory.sshargs import proxy_options
 from mlxops.inventory.validators import Invalid
 from mlxops.transport import HostResult, Results
 from mlxops.transport.hostkeys import ConnectOptions, KnownHosts
-from mlxops.transport.jumps import JumpHost, Jumps, fabric_connection, proxy_jumps
+from mlxops.transport.jumps import FabricSettings, JumpHost, Jumps, fabric_connection, proxy_jumps
 from mlxops.transport.results import OK, SKIPPED
 from mlxops.trust import BLOCKED, KEY_CHANGED, KNOWN, NEW, HostKeyCheck, judge, record_new_keys
 
@@ -62,10 +63,10 @@ Host badport
 
 
 @pytest.fixture
-def config(tmp_path) -> fabric.Config:
+def config(tmp_path) -> FabricSettings:
     path = tmp_path / "ssh_config"
     path.write_text(SSH_CONFIG)
-    return fabric.Config(runtime_ssh_path=str(path))
+    return FabricSettings(fabric.Config(runtime_ssh_path=str(path)))
 
 
 def _gateway(config, host: str, known: KnownHosts, jumps: Jumps | None = None,
@@ -154,6 +155,37 @@ def test_one_hosts_identity_file_is_not_offered_to_the_next(config):
     assert fabric_connection(config, "t1", timeout=1).connect_kwargs["key_filename"] == []
     mine = fabric_connection(config, "t1", timeout=1, key_file=Path("/keys/inventory"))
     assert mine.connect_kwargs["key_filename"] == ["/keys/inventory"]
+
+
+def test_a_connection_being_made_never_empties_another_ones_config(config, monkeypatch):
+    """Issue 34: a pre-flight open read Fabric's config while another thread's new connection
+    had it rebuilt from ``{}`` (``KeyError: 'authentication'``). Made deterministic here: at
+    the moment a config is empty mid-rebuild (invoke's ``merge`` starts over from ``{}`` and
+    fills it with ``merge_dicts``), every connection made so far reads what
+    ``Connection.open`` reads, as another thread preempted there would. With one config
+    shared by the run, the reads fail; with a config per connection they cannot."""
+    made: list[fabric.Connection] = []
+    read: list[tuple] = []
+    failed: list[str] = []
+    fill = invoke.config.merge_dicts
+
+    def merge_dicts(base: dict, updates: dict) -> dict:
+        if not base:
+            for conn in made:
+                try:
+                    read.append((conn.authentication.strategy_class,
+                                 conn.config.timeouts.connect))
+                except (KeyError, AttributeError) as exc:
+                    failed.append(f"{conn.original_host}: {exc!r}"[:80])
+        return fill(base, updates)
+
+    monkeypatch.setattr(invoke.config, "merge_dicts", merge_dicts)
+    for host in ("t1", "keyed", "a", "keyed"):
+        made.append(fabric_connection(config, host, timeout=1))
+    assert failed == [] and read  # read at all: the moment came, with connections made
+    # ~/.ssh/config read once: a copy per connection adds no rule (a re-read would offer
+    # the key twice).
+    assert made[-1].ssh_config["identityfile"] == ["/keys/keyed"]
 
 
 # --- the jump host in ansible_ssh_common_args ------------------------------------------------
