@@ -197,9 +197,9 @@ def test_a_node_supervises_with_the_controller_gone(login_sandbox, tmp_path, con
         == ["started", "restarted", "finished"], events
 
 
-def test_stop_leaves_no_supervisor_and_no_rank_and_resume_restarts_both(login_sandbox,
-                                                                        tmp_path):
-    sandbox = login_sandbox
+def test_stop_leaves_no_supervisor_and_no_rank_and_resume_restarts_both(sandbox, tmp_path):
+    """On bash nodes only: the issue asks both shells of the supervised recovery above,
+    whose zsh case starts the supervisor under zsh; this one's zsh case cost ~50 s."""
     inv = inventory(sandbox, tmp_path)
     done = cli("provision", str(inv), "--tags", "supervisor", timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
