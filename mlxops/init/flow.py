@@ -59,6 +59,7 @@ class Init:
         self.common = {"ansible_user": user, "ansible_ssh_private_key_file": key_file,
                        "mlxops_known_hosts": known_hosts}
         self.old_text = ""
+        self.opened = False  # keys judged by opening the connections (check_keys)
 
     def read_existing(self) -> None:
         """The existing inventory, if any: it must load (exit 2 naming it otherwise)."""
@@ -107,14 +108,20 @@ class Init:
         finally:
             draft.unlink(missing_ok=True)
 
-    def check_keys(self, candidates: Sequence[Candidate], connector):
+    def check_keys(self, candidates: Sequence[Candidate], connector, opened: bool = False):
         """The draft's hosts' keys, by ``mlxops trust``'s check: ``(results, checks,
-        new)``, ``new`` the keys not known yet (the caller shows them and asks)."""
-        from mlxops.trust import NEW, check_host_keys, every_check
+        new)``, ``new`` the keys not known yet (the caller shows them and asks).
+        ``opened``: consent was given before (``--accept-new-host-keys``, not ``--diff``)
+        and ``connector`` records new keys itself: each host's own connection is opened
+        and judged (:func:`mlxops.trust.open_and_judge`), its new key recorded then, and
+        the probe goes on over it -- one SSH handshake a host, as ``trust``'s scan."""
+        from mlxops.trust import NEW, check_host_keys, every_check, open_and_judge
 
         self.fresh, draft_doc = self._draft(candidates)
         self.inventory = self._load_draft(draft_doc)
-        self.results, self.checks = check_host_keys(self.inventory.select(None), connector)
+        self.opened = opened
+        check = open_and_judge if opened else check_host_keys
+        self.results, self.checks = check(self.inventory.select(None), connector)
         return self.results, self.checks, [c for c in every_check(self.checks)
                                            if c.state == NEW]
 
@@ -126,7 +133,7 @@ class Init:
 
         out = Outcome(job=self.job)
         record = record and not dry
-        if record:
+        if record and not self.opened:  # opened: recorded by the connections already
             record_new_keys(self.checks)
         label = {h.name: (self.fresh[h.name].address if h.name in self.fresh else h.name)
                  for h in self.inventory.select(None)}
@@ -142,11 +149,13 @@ class Init:
             else:
                 trusted.append(host)
         # Tried in the probe's own command: the other hosts' SSH addresses (most peers'
-        # data addresses are those; a Thunderbolt one is tried after, where there is one).
-        peers = sorted({h.address for h in trusted if is_address(h.address)})
+        # data addresses are those; a Thunderbolt one is tried after, where there is one),
+        # as the connections resolved them (an ~/.ssh/config alias: its HostName).
+        ssh = {h.name: getattr(connector.connect(h), "address", h.address) for h in trusted}
+        peers = sorted({a for a in ssh.values() if is_address(a)})
         probed_results = run_parallel(
             trusted, lambda h: probe(connector.connect(h), h, self.pythons,
-                                     [p for p in peers if p != h.address]))
+                                     [p for p in peers if p != ssh[h.name]]))
         probed: dict[str, Probed] = probed_results.succeeded_values()
         out.unreachable += [label[h] for h in probed_results if h not in probed]
         reached = self._reach(connector, [h for h in trusted if h.name in probed], probed, out)

@@ -8,7 +8,13 @@ of init's own riding along, so a host costs one round trip:
 
 - ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
   elsewhere) -- the facts keep addresses without masks;
-- ``python``: the first of the candidate interpreters that imports ``mlx.core``;
+- ``python``: the first of the candidate interpreters that imports ``mlx.core``. The facts
+  run in the first candidate (the host's own ``mlxops_python`` where the inventory sets
+  one, else the first ``--python``, else ``python3``), which imports ``mlx.core`` anyway: when
+  it succeeds that is the answer, with no Python started for it; only when it fails does
+  the read (:data:`_FIND`, in the same interpreter) try the others, each in its own
+  process. A first candidate that does not exist on the node runs no Python at all: the
+  other candidates are then tried by a second command (:data:`_python_read`);
 - ``reach``: which of the given addresses (the other hosts' SSH addresses) this host
   connects to, in the facts' own interpreter (:data:`_REACH`); peers' other addresses
   (a Thunderbolt one) are tried afterwards by :func:`reaches`, only where needed;
@@ -44,6 +50,28 @@ def _python_read(candidates: Sequence[str]) -> str:
             "done; true")
 
 
+# Runs in the facts' interpreter after the facts' probe: when that imported mlx.core, the
+# facts say so already; else the other candidates, in turn, each in its own process.
+_FIND = (
+    "import shutil, subprocess, sys\n"
+    "if 'mlx.core' not in sys.modules:\n"
+    "    for c in sys.argv[1:]:\n"
+    "        p = shutil.which(c)\n"
+    "        r = p and subprocess.run([p, '-c', 'import mlx.core as m; print(m.__version__)'],\n"
+    "                                 capture_output=True, text=True)\n"
+    "        if r and r.returncode == 0 and r.stdout.strip():\n"
+    "            print(p); print(r.stdout.strip()); break\n"
+)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What :func:`~mlxops.tasks.facts.gather` reads of a host: its interpreter and root."""
+
+    python: str
+    root: str
+
+
 @dataclass
 class Probed:
     """One host as init found it."""
@@ -60,18 +88,25 @@ class Probed:
 def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) -> Probed:
     """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
     raises RuntimeError when the facts command does not answer."""
+    candidates = list(dict.fromkeys(
+        [host.python] if host.is_set("mlxops_python") else [*pythons, *CANDIDATES]))
     reads: dict[str, str | PythonRead] = {
         "init.addrs": _ADDRS,
-        "init.python": _python_read([*pythons, *CANDIDATES]),
+        "init.python": PythonRead(_FIND, tuple(candidates[1:])),
         "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
     if peers:
         reads["init.reach"] = PythonRead(_REACH, tuple(peers))
-    facts, answers = gather(conn, host, reads)
+    facts, answers = gather(conn, _Run(candidates[0], host.root), reads)
     addrs = answers.get("init.addrs")
     text = addrs.stdout if addrs else ""
     parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
-    found = answers.get("init.python")
-    lines = found.stdout.split() if found else []
+    if facts.python.mlx:
+        lines = [facts.python.path, facts.python.mlx]
+    elif facts.python.path:
+        found = answers.get("init.python")
+        lines = found.stdout.split() if found else []
+    else:  # no first candidate there: no Python ran; the others by a command of their own
+        lines = conn.run(_python_read(candidates[1:]), timeout=60).stdout.split()
     reach = answers.get("init.reach")
     tried = frozenset(peers) if reach is not None and reach.exit_code == 0 else frozenset()
     ports = dict(facts.macos.hardware_ports) if facts.macos else {}
@@ -81,24 +116,33 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
                   tried, tried & frozenset(reach.stdout.split()) if tried else frozenset())
 
 
-# Runs under the node's interpreter with mlx (found by the probe): a TCP connection to
-# port 22 of every address given, at once, one second each; prints those that connected.
+# Runs in the node's interpreter (the facts', or the one with mlx): for every address given,
+# at once, whether the host there answers TCP: a connection to port 9 (discard: closed on
+# every Mac and Linux host by default) refused by the host's kernel (an RST) or accepted;
+# only where nothing came back in a second (a firewall that drops, as macOS's stealth mode
+# does for a closed port), a connection to port 22 (Remote Login: open on every peer).
+# The closed port first because an answer from sshd's port costs the peer a process (sshd
+# forks and execs a session for each connection, and logs it): 15 a Mac on 16 Macs, where
+# the kernel's RST costs nothing. Prints the addresses that answered.
 _REACH = (
     "import socket, sys, concurrent.futures as f\n"
     "def t(a):\n"
-    "    try:\n"
-    "        socket.create_connection((a, 22), 1).close(); return a\n"
-    "    except OSError:\n"
-    "        return None\n"
+    "    for port in (9, 22):\n"
+    "        try:\n"
+    "            socket.create_connection((a, port), 1).close(); return a\n"
+    "        except ConnectionRefusedError:\n"
+    "            return a\n"
+    "        except OSError:\n"
+    "            pass\n"
     "with f.ThreadPoolExecutor(16) as p:\n"
     "    print('\\n'.join(a for a in p.map(t, sys.argv[1:]) if a))\n"
 )
 
 
 def reaches(conn, python: str, addresses: Sequence[str]) -> set[str]:
-    """Which of ``addresses`` the node connects to (sshd's port: every peer has one open),
-    as ``mlx.distributed_config`` checks that a peer answers on an address before using
-    it. Raises RuntimeError when the command fails."""
+    """Which of ``addresses`` answer the node over TCP (:data:`_REACH`), as
+    ``mlx.distributed_config`` checks that a peer answers on an address before using it.
+    Raises RuntimeError when the command fails."""
     if not addresses:
         return set()
     result = conn.run(shell.join([python, "-c", _REACH, *addresses]), timeout=30)

@@ -203,17 +203,20 @@ def test_init_asks_which_macs_and_whether_to_record(mac_sandbox, tmp_path):
 
 
 def test_a_peer_address_that_does_not_answer_is_no_link(sandbox, tmp_path):
-    """node1's packets to node2's sshd dropped (in node2's namespace): one subnet, yet no
-    link between them; each still links to node3 (a TCP connection tried from each node,
-    both ways needed)."""
+    """node1's TCP packets to node2 dropped (in node2's namespace, every port): one subnet,
+    yet no link between them; each still links to node3 (a TCP connection tried from each
+    node, both ways needed). node3 drops node1's packets to its closed port 9 (as macOS's
+    stealth mode does) but not to sshd's: node1 reaches it there."""
     from mlxops.sandbox import netns
 
     ip1, ip2, ip3 = (sandbox.ip(n) for n in ("node1", "node2", "node3"))
-    netns.block_ssh_from(sandbox.node_layout("node2"), ip1)
+    netns.block_ssh_from(sandbox.node_layout("node2"), ip1, port=None)
+    netns.block_ssh_from(sandbox.node_layout("node3"), ip1, port=9)
     try:
         done = init(sandbox, tmp_path, ip1, ip2, ip3, "--accept-new-host-keys")
     finally:
         netns.block_ssh_from(sandbox.node_layout("node2"), None)
+        netns.block_ssh_from(sandbox.node_layout("node3"), None)
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "inventory.yml").read_text().splitlines()
     name = {v["ansible_host"]: k for k, v in hosts_of(tmp_path / "inventory.yml").items()}
