@@ -24,6 +24,7 @@ from mlxops.init import writer
 from mlxops.init.hosts import Candidate, inventory_name, is_address
 from mlxops.init.links import data_addresses, peer_targets
 from mlxops.init.probe import Probed, probe, reaches
+from mlxops.init.slots import slots
 from mlxops.init.starter import Node, render
 
 GiB = 2**30
@@ -197,6 +198,9 @@ class Init:
         chosen = data_addresses({names[n]: probed[n].links for n in order},
                                 [names[n] for n in order],
                                 {(names[n], ip) for n, ip in reached if n in names})
+        hosts = {h.name: h for h in inventory.select(None)}
+        # A new host's ranks by the facts' rule; one already in the file keeps its own.
+        ranks = {n: slots(probed[n].facts) if n in fresh else hosts[n].slots for n in order}
         new_hosts = []
         for draft, c in fresh.items():
             if draft not in probed:
@@ -207,16 +211,15 @@ class Init:
 
             new_hosts.append(writer.NewHost(
                 names[draft], c.address, c.user, chip_family(f.chip, f.system, f.arch),
-                chosen[names[draft]], p.python, 1, summary(f, p.python, p.mlx),
+                chosen[names[draft]], p.python, ranks[draft], summary(f, p.python, p.mlx),
                 p.sudo and f.is_darwin))
         doc = writer.load(self.old_text)
         out.added = writer.merge(doc, new_hosts, self.common)
         # No host taken and no file yet: nothing to write (not a file of all.vars alone).
         new_text = writer.dump(doc) if out.added or self.old_text else self.old_text
         job_text = None
-        hosts = {h.name: h for h in inventory.select(None)}
         nodes = [Node(names[n], int(probed[n].facts.memory_bytes or 0),
-                      probed[n].facts.ranks_working_set, hosts[n].slots)
+                      probed[n].facts.ranks_working_set, ranks[n])
                  for n in order if probed[n].facts.memory_bytes]
         if nodes and not self.job.exists():
             job_text = render(self.job.stem, self.job, self.output, nodes)
