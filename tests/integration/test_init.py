@@ -227,3 +227,32 @@ def test_a_peer_address_that_does_not_answer_is_no_link(sandbox, tmp_path):
     assert link(ip1).endswith(f"# data link: Ethernet (eth0) to {name[ip3]}")
     assert link(ip2).endswith(f"# data link: Ethernet (eth0) to {name[ip3]}")
     assert link(ip3).endswith(f"to {name[ip1]}, {name[ip2]}")
+
+
+def test_init_takes_ssh_config_aliases(sandbox, tmp_path):
+    """HOSTs that are ``~/.ssh/config`` aliases (the sandbox's ssh_config as the
+    controller's own, in a HOME of the test's): ssh's HostName, User, Port and
+    IdentityFile reach the nodes with no --user or --key; the inventory keeps each alias as
+    its ansible_host (no user of its own), the keys are recorded under the addresses the
+    aliases resolve to, and the two link to each other on those addresses."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(sandbox.ssh_config_path.read_text())
+    inventory, known = tmp_path / "inventory.yml", tmp_path / "known_hosts"
+    env = {**os.environ, "HOME": str(home), "MLXOPS_HOME": str(tmp_path / "mlxops-home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxops", "init", "node1", "node2", "-o", str(inventory),
+         "--known-hosts", str(known), "--python", sandbox.python, "--accept-new-host-keys"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        timeout=300)
+    assert done.returncode == 0, done.stderr
+    hostvars = hosts_of(inventory)
+    assert sorted(hostvars) == ["node1", "node2"]
+    for name in ("node1", "node2"):
+        assert hostvars[name]["ansible_host"] == name
+        assert hostvars[name]["mlxops_python"] == sandbox.python
+        assert "ansible_user" not in hostvars[name]  # the alias's User, left to ssh_config
+        assert hostvars[name]["mlxops_ip"] == sandbox.ip(name)
+    recorded = {line.split()[0] for line in known.read_text().splitlines()}
+    assert recorded == {sandbox.ip("node1"), sandbox.ip("node2")}
+    assert "# data link: Ethernet (eth0) to node2" in inventory.read_text()
