@@ -10,9 +10,11 @@ When to stop: mDNS has no "that was everyone", so the listening ends ``quiet`` s
 after the last new instance was heard, or ``seconds`` after the start at the latest (and
 then, with nothing heard, empty). The browser's first query leaves 20-120 ms after it
 starts, and a responder answers a query for a shared record (the ``_ssh._tcp`` PTR) after
-20-120 ms of its own (RFC 6762, section 6), so every Mac that heard the first query has
-answered within ~0.25 s plus the network's delay; the default ``quiet`` of 0.5 s is twice
-that after the last answer. A Mac whose answer (or whose copy of the query) was lost
+20-120 ms of its own (RFC 6762, section 6): answers to one query spread over ~100 ms plus
+the network's delay. A Mac on Wi-Fi whose radio dozes between beacons gets a multicast
+query only at the next DTIM beacon, up to ~300 ms late (a DTIM period of 1-3 beacons of
+102.4 ms), so its answer may come ~0.4 s after a wired Mac's. The default ``quiet`` of
+0.5 s covers that after the last answer heard. A Mac whose answer (or whose copy of the query) was lost
 answers the browser's next query, one second later (python-zeroconf's startup queries:
 1, 4 and 9 s after the first), which a 0.5 s quiet interval does not wait for: a longer
 ``quiet`` (``--browse-quiet``) does; a re-run of ``mlxops init`` adds it too.

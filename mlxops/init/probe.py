@@ -6,8 +6,9 @@ map ``mlx.distributed_config`` reads to find the Thunderbolt ports, parsed once 
 :func:`mlxops.macnet.parse_hardware_ports` into ``facts.macos.hardware_ports``) with reads
 of init's own riding along, so a host costs one round trip:
 
-- ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
-  elsewhere) -- the facts keep addresses without masks;
+- the addresses: every IPv4 address with its netmask, parsed from the facts command's
+  own ``ifconfig`` (a Mac) or ``ip -o -4 addr`` (Linux) section -- the facts record keeps
+  addresses without masks, so the section is read here rather than run a second time;
 - ``python``: the first of the candidate interpreters that imports ``mlx.core``. The facts
   run in the first candidate (the host's own ``mlxops_python`` where the inventory sets
   one, else the first ``--python``, else ``python3``), which imports ``mlx.core`` anyway: when
@@ -30,16 +31,14 @@ from dataclasses import dataclass
 from mlxops import shell
 from mlxops.hostfacts import HostFacts
 from mlxops.init.links import NodeLinks, parse_ifconfig_addresses, parse_ip_addr
-from mlxops.tasks.base import PythonRead
-from mlxops.tasks.facts import gather
+from mlxops.tasks.base import PythonRead, read_answers
+from mlxops.tasks.facts import build_facts, facts_script, split_sections
 
 #: Where a Mac keeps a Python that may have mlx, tried after the ones given (Homebrew on
 #: Apple silicon, then Intel's prefix, then the Command Line Tools' python3).
 CANDIDATES = ("python3", "/opt/homebrew/bin/python3", "/usr/local/bin/python3",
               "/usr/bin/python3")
 
-_ADDRS = ('if [ "$(uname -s)" = Darwin ]; then ifconfig; '
-          "else ip -o -4 addr show || /sbin/ip -o -4 addr show; fi")
 
 
 def _python_read(candidates: Sequence[str]) -> str:
@@ -53,8 +52,9 @@ def _python_read(candidates: Sequence[str]) -> str:
 # Runs in the facts' interpreter after the facts' probe: when that imported mlx.core, the
 # facts say so already; else the other candidates, in turn, each in its own process.
 _FIND = (
-    "import shutil, subprocess, sys\n"
+    "import sys\n"
     "if 'mlx.core' not in sys.modules:\n"
+    "    import shutil, subprocess\n"
     "    for c in sys.argv[1:]:\n"
     "        p = shutil.which(c)\n"
     "        r = p and subprocess.run([p, '-c', 'import mlx.core as m; print(m.__version__)'],\n"
@@ -91,15 +91,18 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
     candidates = list(dict.fromkeys(
         [host.python] if host.is_set("mlxops_python") else [*pythons, *CANDIDATES]))
     reads: dict[str, str | PythonRead] = {
-        "init.addrs": _ADDRS,
         "init.python": PythonRead(_FIND, tuple(candidates[1:])),
         "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
     if peers:
         reads["init.reach"] = PythonRead(_REACH, tuple(peers))
-    facts, answers = gather(conn, _Run(candidates[0], host.root), reads)
-    addrs = answers.get("init.addrs")
-    text = addrs.stdout if addrs else ""
-    parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
+    # gather()'s steps, keeping the sections: the addresses are the facts' own section
+    result = conn.run(facts_script(candidates[0], host.root, reads), timeout=60)
+    sections = split_sections(result.stdout)
+    if "uname" not in sections:
+        raise RuntimeError(f"gathering facts failed: {result.error_line()}")
+    facts, answers = build_facts(sections, host.root), read_answers(sections, reads)
+    parsed = parse_ifconfig_addresses(sections.get("ifconfig", "")) if facts.is_darwin \
+        else parse_ip_addr(sections.get("ip", ""))
     if facts.python.mlx:
         lines = [facts.python.path, facts.python.mlx]
     elif facts.python.path:
@@ -117,25 +120,37 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
 
 
 # Runs in the node's interpreter (the facts', or the one with mlx): for every address given,
-# at once, whether the host there answers TCP: a connection to port 9 (discard: closed on
-# every Mac and Linux host by default) refused by the host's kernel (an RST) or accepted;
-# only where nothing came back in a second (a firewall that drops, as macOS's stealth mode
-# does for a closed port), a connection to port 22 (Remote Login: open on every peer).
+# at once (non-blocking connections and select: no threads to start), whether the host
+# there answers TCP: a connection to port 9 (discard: closed on every Mac and Linux host by
+# default) refused by the host's kernel (an RST) or accepted; only where nothing came back
+# in a second (a firewall that drops, as macOS's stealth mode does for a closed port), a
+# connection to port 22 (Remote Login: open on every peer), a second more.
 # The closed port first because an answer from sshd's port costs the peer a process (sshd
 # forks and execs a session for each connection, and logs it): 15 a Mac on 16 Macs, where
 # the kernel's RST costs nothing. Prints the addresses that answered.
 _REACH = (
-    "import socket, sys, concurrent.futures as f\n"
-    "def t(a):\n"
-    "    for port in (9, 22):\n"
-    "        try:\n"
-    "            socket.create_connection((a, port), 1).close(); return a\n"
-    "        except ConnectionRefusedError:\n"
-    "            return a\n"
-    "        except OSError:\n"
-    "            pass\n"
-    "with f.ThreadPoolExecutor(16) as p:\n"
-    "    print('\\n'.join(a for a in p.map(t, sys.argv[1:]) if a))\n"
+    "import errno, select, socket, sys, time\n"
+    "def tries(addresses, port):\n"
+    "    socks, found = {}, set()\n"
+    "    for a in addresses:\n"
+    "        s = socket.socket(); s.setblocking(False)\n"
+    "        code = s.connect_ex((a, port))\n"
+    "        if code in (0, errno.ECONNREFUSED): found.add(a); s.close()\n"
+    "        elif code == errno.EINPROGRESS: socks[s] = a\n"
+    "        else: s.close()\n"
+    "    end = time.monotonic() + 1\n"
+    "    while socks and time.monotonic() < end:\n"
+    "        _, done, _ = select.select([], list(socks), [], max(0, end - time.monotonic()))\n"
+    "        for s in done:\n"
+    "            code = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)\n"
+    "            if code in (0, errno.ECONNREFUSED): found.add(socks[s])\n"
+    "            del socks[s]; s.close()\n"
+    "    for s in socks: s.close()\n"
+    "    return found\n"
+    "wanted = sys.argv[1:]\n"
+    "found = tries(wanted, 9)\n"
+    "found |= tries([a for a in wanted if a not in found], 22)\n"
+    "print('\\n'.join(a for a in wanted if a in found))\n"
 )
 
 
