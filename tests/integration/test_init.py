@@ -256,3 +256,20 @@ def test_init_takes_ssh_config_aliases(sandbox, tmp_path):
     recorded = {line.split()[0] for line in known.read_text().splitlines()}
     assert recorded == {sandbox.ip("node1"), sandbox.ip("node2")}
     assert "# data link: Ethernet (eth0) to node2" in inventory.read_text()
+
+
+def test_init_with_consent_still_refuses_a_changed_key(mac_sandbox, tmp_path):
+    """--accept-new-host-keys opens each host's connection at once (one handshake a host):
+    a key that differs from the recorded one is refused there as in the scan (exit 1, the
+    host left out, its line kept), while the new key of the other host is recorded."""
+    box = mac_sandbox
+    ip1, ip2 = list(box.info.nodes.values())[:2]
+    keys = {line.split()[0]: line.split(None, 1)[1]
+            for line in box.known_hosts_path.read_text().splitlines()}
+    wrong = f"{ip1} {keys[ip2]}\n"  # node2's key, recorded for node1's address
+    (tmp_path / "known_hosts").write_text(wrong)
+    done = init(box, tmp_path, ip1, ip2, "--accept-new-host-keys")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{ip1}: changed" in done.stdout and f"{ip2}: new" in done.stdout
+    assert (tmp_path / "known_hosts").read_text() == wrong + f"{ip2} {keys[ip2]}\n"
+    assert [v["ansible_host"] for v in hosts_of(tmp_path / "inventory.yml").values()] == [ip2]
