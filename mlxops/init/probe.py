@@ -11,11 +11,11 @@ of init's own riding along, so a host costs one round trip:
   addresses without masks, so the section is read here rather than run a second time;
 - ``python``: the first of the candidate interpreters that imports ``mlx.core``. The facts
   run in the first candidate (the host's own ``mlxops_python`` where the inventory sets
-  one, else the first ``--python``, else ``python3``), which imports ``mlx.core`` anyway: when
-  it succeeds that is the answer, with no Python started for it; only when it fails does
-  the read (:data:`_FIND`, in the same interpreter) try the others, each in its own
-  process. A first candidate that does not exist on the node runs no Python at all: the
-  other candidates are then tried by a second command (:data:`_python_read`);
+  one, then the ``--python`` ones, then :data:`CANDIDATES`), which imports ``mlx.core``
+  anyway: when it succeeds that is the answer, with no Python started for it; only when
+  it fails does the read (:data:`_FIND`, in the same interpreter) try the others, each in
+  its own process. A first candidate that does not exist on the node runs no Python at
+  all: the other candidates are then tried by a second command (:data:`_python_read`);
 - ``reach``: which of the given addresses (the other hosts' SSH addresses) this host
   connects to, in the facts' own interpreter (:data:`_REACH`); peers' other addresses
   (a Thunderbolt one) are tried afterwards by :func:`reaches`, only where needed;
@@ -88,8 +88,8 @@ class Probed:
 def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) -> Probed:
     """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
     raises RuntimeError when the facts command does not answer."""
-    candidates = list(dict.fromkeys(
-        [host.python] if host.is_set("mlxops_python") else [*pythons, *CANDIDATES]))
+    own = [host.python] if host.is_set("mlxops_python") else []
+    candidates = list(dict.fromkeys([*own, *pythons, *CANDIDATES]))
     reads: dict[str, str | PythonRead] = {
         "init.python": PythonRead(_FIND, tuple(candidates[1:])),
         "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
