@@ -16,8 +16,8 @@ query only at the next DTIM beacon, up to ~300 ms late (a DTIM period of 1-3 bea
 102.4 ms), so its answer may come ~0.4 s after a wired Mac's. The default ``quiet`` of
 0.5 s covers that after the last answer heard. A Mac whose answer (or whose copy of the
 query) was lost answers the browser's next query, one second later (python-zeroconf's
-startup queries: 1, 4 and 9 s after the first), which a 0.5 s quiet interval does not
-wait for: a longer ``quiet`` (``--browse-quiet``) does; a re-run of ``mlxops init`` adds
+startup queries follow each other after 1, 4 and 9 s), which a 0.5 s quiet interval does
+not wait for: a longer ``quiet`` (``--browse-quiet``) does; a re-run of ``mlxops init`` adds
 it too.
 ``interfaces``: the local addresses to browse on (default: every interface); a sandbox
 test names its bridge's address so that only its own nodes answer.
