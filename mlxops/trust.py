@@ -110,10 +110,10 @@ def open_and_judge(hosts: Sequence, connector: Connector,
     connection is opened, verified against known_hosts, and its key judged from it, so the
     connection that said the key is the one the caller goes on using (one SSH handshake a
     host instead of a scan and then a login). A new key is recorded by the connection
-    (:class:`~mlxops.transport.hostkeys.HostKeyPolicy`), so its check is already recorded:
-    :func:`record_new_keys` must not be called for it. A changed key is refused as ever.
-    A host behind a jump host or a ProxyCommand is scanned as :func:`check_host_keys`
-    does (its hops are judged on the way)."""
+    (:class:`~mlxops.transport.hostkeys.HostKeyPolicy`): :func:`record_new_keys` then
+    finds it there and skips it. A changed key is refused as ever. A host behind a jump
+    host or a ProxyCommand is scanned as :func:`check_host_keys` does (its hops are judged
+    on the way, and their new keys left to :func:`record_new_keys`)."""
     from mlxops.transport.hostkeys import ChangedHostKey, HostUnreachable
 
     def work(host) -> HostResult:
@@ -154,10 +154,14 @@ def every_check(checks: dict[str, HostKeyCheck]) -> list[HostKeyCheck]:
 
 def record_new_keys(checks: dict[str, HostKeyCheck]) -> list[str]:
     """Append every new key (jump hosts' too) to its known_hosts file, each key once;
-    returns what was recorded (host names, ``jump host <spec>``)."""
+    returns what was recorded (host names, ``jump host <spec>``). A key the file holds
+    already (recorded by a connection that accepted it, :func:`open_and_judge`) is not
+    written again."""
     recorded = []
     for check in every_check(checks):
         if check.state == NEW and check.key is not None and check.store is not None:
+            if check.store.keys_for(check.name).get(check.key.get_name()) == check.key:
+                continue
             check.store.record(check.name, check.key)
             recorded.append(check.host)
     return recorded

@@ -60,7 +60,6 @@ class Init:
         self.common = {"ansible_user": user, "ansible_ssh_private_key_file": key_file,
                        "mlxops_known_hosts": known_hosts}
         self.old_text = ""
-        self.opened = False  # keys judged by opening the connections (check_keys)
 
     def read_existing(self) -> None:
         """The existing inventory, if any: it must load (exit 2 naming it otherwise)."""
@@ -120,7 +119,6 @@ class Init:
 
         self.fresh, draft_doc = self._draft(candidates)
         self.inventory = self._load_draft(draft_doc)
-        self.opened = opened
         check = open_and_judge if opened else check_host_keys
         self.results, self.checks = check(self.inventory.select(None), connector)
         return self.results, self.checks, [c for c in every_check(self.checks)
@@ -134,7 +132,7 @@ class Init:
 
         out = Outcome(job=self.job)
         record = record and not dry
-        if record and not self.opened:  # opened: recorded by the connections already
+        if record:  # the keys an opened connection recorded already are skipped
             record_new_keys(self.checks)
         label = {h.name: (self.fresh[h.name].address if h.name in self.fresh else h.name)
                  for h in self.inventory.select(None)}
