@@ -43,6 +43,14 @@ class Found:
     server: str    # its mDNS host name ("Studio-1.local.")
 
 
+def listening_ends(start: float, seconds: float, quiet: float, last: float | None) -> float:
+    """When the listening that began at ``start`` ends, ``last`` being when the last new
+    instance was heard (None: none yet): ``quiet`` after it, ``seconds`` after ``start``
+    at the latest."""
+    bound = start + seconds
+    return bound if last is None else min(bound, last + quiet)
+
+
 def discover(seconds: float = 3.0, interfaces: Sequence[str] | None = None,
              quiet: float = 0.5) -> list[Found]:
     """Every ``_ssh._tcp`` instance heard until ``quiet`` seconds passed without a new one
@@ -53,7 +61,7 @@ def discover(seconds: float = 3.0, interfaces: Sequence[str] | None = None,
                   ip_version=IPVersion.V4Only)
     names: set[str] = set()
     heard = threading.Condition()
-    last = [0.0]  # when the last new name came (0: none yet)
+    last: list[float | None] = [None]  # when the last new name came
 
     def add(zeroconf, service_type, name, state_change) -> None:
         with heard:
@@ -68,7 +76,7 @@ def discover(seconds: float = 3.0, interfaces: Sequence[str] | None = None,
         with heard:
             while True:
                 now = time.monotonic()
-                end = start + seconds if not last[0] else min(start + seconds, last[0] + quiet)
+                end = listening_ends(start, seconds, quiet, last[0])
                 if now >= end:
                     break
                 heard.wait(end - now)
