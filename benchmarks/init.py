@@ -7,12 +7,14 @@ known_hosts (every key new) and a fresh controller home:
 - ``mlxops trust INV --yes``: the sandbox's inventory, its ``mlxops_known_hosts`` pointed at
   the empty file: scan every key, show it, record it;
 - ``mlxops init --all --accept-new-host-keys``: the same nodes found over mDNS (listening
-  ``--browse-seconds``), keys scanned and recorded, one probe each (facts, hardware
-  ports, addresses, an interpreter with mlx), the links, the inventory and the job written;
+  until ``--browse-quiet`` passed after the last new answer, ``--browse-seconds`` at
+  most), each host's connection opened once (its key judged and recorded as it opens),
+  one probe command each over it (facts, hardware ports, addresses, an interpreter with
+  mlx, the peers tried), the links, the inventory and the job written;
 - ``mlxops init NODE_IP...``: the same with the nodes named (no mDNS listening).
 
     sudo .venv/bin/python benchmarks/init.py --nodes 16 [--repeat 3] [--browse-seconds 1]
-         [--subnet 10.244.32.0/24]
+         [--browse-quiet 0.5] [--subnet 10.244.32.0/24]
 
 Target (issue 32): init within 2x of trust.
 """
@@ -38,6 +40,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--browse-seconds", type=float, default=1.0)
+    parser.add_argument("--browse-quiet", type=float, default=0.5)
     parser.add_argument("--subnet", default="10.244.32.0/24")
     opts = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlxops-bench-init-"))
@@ -66,7 +69,8 @@ def main() -> None:
         def init(i: int, named: bool) -> float:
             d, env = fresh("named" if named else "found", i)
             where = ips if named else ["--all", "--interface", box.controller_ip,
-                                       "--browse-seconds", str(opts.browse_seconds)]
+                                       "--browse-seconds", str(opts.browse_seconds),
+                                       "--browse-quiet", str(opts.browse_quiet)]
             took = timed([*mlxops, "init", *where, "-o", str(d / "inventory.yml"),
                           "--accept-new-host-keys", "--known-hosts", str(d / "known_hosts"),
                           *common], env)[0]
@@ -75,24 +79,29 @@ def main() -> None:
             assert len(hosts) == opts.nodes, hosts
             return took
 
+        load_start = os.getloadavg()[0]
         trust(-1)  # untimed: bytecode and page cache
         init(-1, True)
         for i in range(opts.repeat):
             runs.setdefault("mlxops trust INV --yes", []).append(trust(i))
-            runs.setdefault(f"mlxops init --all (mDNS, {opts.browse_seconds:g} s listening)",
-                            []).append(init(i, False))
+            runs.setdefault(f"mlxops init --all (mDNS, quiet {opts.browse_quiet:g} s, "
+                            f"<= {opts.browse_seconds:g} s)", []).append(init(i, False))
             runs.setdefault("mlxops init NODE... (named)", []).append(init(i, True))
     finally:
         box.down()
         shutil.rmtree(work, ignore_errors=True)
     median = {name: statistics.median(values) for name, values in runs.items()}
+    trust_runs = runs["mlxops trust INV --yes"]
     base = median["mlxops trust INV --yes"]
     print(f"\nfrom start to written files, {opts.nodes} sandbox nodes, {os.cpu_count()} cores, "
-          f"median of {opts.repeat}\n")
-    print(f"{'':48} {'s':>6} {'x trust':>8}")
+          f"median of {opts.repeat}; 'x trust' is the ratio of the medians, 'per round' the "
+          "median of each round's ratio (init over the trust run just before it: the load "
+          "drifts less within a round)\n")
+    print(f"{'':48} {'s':>6} {'x trust':>8} {'per round':>10}")
     for name, seconds in median.items():
-        print(f"{name:48} {seconds:6.2f} {seconds / base:7.2f}x")
-    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+        rounds = statistics.median(v / t for v, t in zip(runs[name], trust_runs, strict=True))
+        print(f"{name:48} {seconds:6.2f} {seconds / base:7.2f}x {rounds:9.2f}x")
+    print(f"\nload average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

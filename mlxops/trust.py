@@ -60,42 +60,83 @@ def judge(known: KnownHosts, name: str, key: paramiko.PKey) -> str:
     return KNOWN if recorded[key.get_name()] == key else KEY_CHANGED
 
 
+def _scan(host, connector: Connector) -> HostResult:
+    """One host's key, and its jump hosts' on the way, scanned and judged."""
+    conn = connector.connect(host)
+    from mlxops.transport.jumps import ROLE  # Fabric's module: imported by connect()
+
+    if not isinstance(conn, SSHConnection):
+        return HostResult(host.name, SKIPPED, "local connection, no host key",
+                          value=HostKeyCheck(host.name, state=LOCAL))
+    hops = []
+    for hop in conn.jump_hosts:  # scanning each one but the first opens the one before
+        key = hop.scan_host_key(host.name)
+        state = judge(hop.known_hosts, hop.host_key_name, key)
+        hops.append(HostKeyCheck(ROLE + hop.spec, hop.host_key_name, key, state,
+                                 hop.known_hosts))
+        if state != KNOWN:  # nothing behind it is reached before its key is trusted
+            return HostResult(host.name, FAILED if state == KEY_CHANGED else SKIPPED,
+                              f"behind {ROLE}{hop.spec}, whose key is {state}",
+                              value=HostKeyCheck(host.name, conn.host_key_name,
+                                                 state=BLOCKED, store=conn.known_hosts,
+                                                 jumps=hops))
+    key = conn.scan_host_key()
+    name = conn.host_key_name
+    return _judged(host.name, HostKeyCheck(host.name, name, key, judge(conn.known_hosts, name, key),
+                                           conn.known_hosts, hops, conn.proxy_command))
+
+
+def _judged(host: str, check: HostKeyCheck) -> HostResult:
+    status = {KNOWN: OK, NEW: CHANGED, KEY_CHANGED: FAILED}[check.state]
+    message = "HOST KEY CHANGED" if check.state == KEY_CHANGED else ""
+    return HostResult(host, status, message, value=check)
+
+
 def check_host_keys(hosts: Sequence, connector: Connector,
                     forks: int | None = None) -> tuple[Results, dict[str, HostKeyCheck]]:
     """Scan every host's key, and its jump hosts' on the way, and judge each one."""
+    return _checks(run_parallel(hosts, lambda h: _scan(h, connector), forks=forks))
+
+
+def _checks(results: Results) -> tuple[Results, dict[str, HostKeyCheck]]:
+    # A changed key is a failed result that still carries its check (to show and refuse).
+    return results, {h: r.value for h, r in results.items() if r.value is not None}
+
+
+def open_and_judge(hosts: Sequence, connector: Connector,
+                   forks: int | None = None) -> tuple[Results, dict[str, HostKeyCheck]]:
+    """:func:`check_host_keys` for a ``connector`` that records new keys itself (consent
+    given before the keys are seen: ``--accept-new-host-keys``): each host's own
+    connection is opened, verified against known_hosts, and its key judged from it, so the
+    connection that said the key is the one the caller goes on using (one SSH handshake a
+    host instead of a scan and then a login). A new key is recorded by the connection
+    (:class:`~mlxops.transport.hostkeys.HostKeyPolicy`): :func:`record_new_keys` then
+    finds it there and skips it. A changed key is refused as ever. A host behind a jump
+    host or a ProxyCommand is scanned as :func:`check_host_keys` does (its hops are judged
+    on the way, and their new keys left to :func:`record_new_keys`)."""
+    from mlxops.transport.hostkeys import ChangedHostKey, HostUnreachable
 
     def work(host) -> HostResult:
         conn = connector.connect(host)
-        from mlxops.transport.jumps import ROLE  # Fabric's module: imported by connect()
+        if not isinstance(conn, SSHConnection) or conn.jump_hosts or conn.proxy_command:
+            return _scan(host, connector)
+        name, store = conn.host_key_name, conn.known_hosts
+        before = store.keys_for(name)  # what was known before the connection records
+        try:
+            key = conn.open().get_remote_server_key()
+        except ChangedHostKey as exc:
+            return _judged(host.name, HostKeyCheck(host.name, name, exc.key, KEY_CHANGED, store))
+        except HostUnreachable:
+            recorded = {t: k for t, k in store.keys_for(name).items() if t not in before}
+            if not recorded:  # not even the key exchange: unreachable, no key to show
+                raise
+            # The key was recorded, then the login failed: shown as new, and the caller's
+            # next use of the connection says why it fails.
+            key = next(iter(recorded.values()))
+        state = KNOWN if before.get(key.get_name()) == key else NEW
+        return _judged(host.name, HostKeyCheck(host.name, name, key, state, store))
 
-        if not isinstance(conn, SSHConnection):
-            return HostResult(host.name, SKIPPED, "local connection, no host key",
-                              value=HostKeyCheck(host.name, state=LOCAL))
-        hops = []
-        for hop in conn.jump_hosts:  # scanning each one but the first opens the one before
-            key = hop.scan_host_key(host.name)
-            state = judge(hop.known_hosts, hop.host_key_name, key)
-            hops.append(HostKeyCheck(ROLE + hop.spec, hop.host_key_name, key, state,
-                                     hop.known_hosts))
-            if state != KNOWN:  # nothing behind it is reached before its key is trusted
-                return HostResult(host.name, FAILED if state == KEY_CHANGED else SKIPPED,
-                                  f"behind {ROLE}{hop.spec}, whose key is {state}",
-                                  value=HostKeyCheck(host.name, conn.host_key_name,
-                                                     state=BLOCKED, store=conn.known_hosts,
-                                                     jumps=hops))
-        key = conn.scan_host_key()
-        name = conn.host_key_name
-        state = judge(conn.known_hosts, name, key)
-        status = {KNOWN: OK, NEW: CHANGED, KEY_CHANGED: FAILED}[state]
-        message = "HOST KEY CHANGED" if state == KEY_CHANGED else ""
-        return HostResult(host.name, status, message,
-                          value=HostKeyCheck(host.name, name, key, state, conn.known_hosts,
-                                             hops, conn.proxy_command))
-
-    results = run_parallel(hosts, work, forks=forks)
-    # A changed key is a failed result that still carries its check (to show and refuse).
-    checks = {h: r.value for h, r in results.items() if r.value is not None}
-    return results, checks
+    return _checks(run_parallel(hosts, work, forks=forks))
 
 
 def every_check(checks: dict[str, HostKeyCheck]) -> list[HostKeyCheck]:
@@ -113,10 +154,14 @@ def every_check(checks: dict[str, HostKeyCheck]) -> list[HostKeyCheck]:
 
 def record_new_keys(checks: dict[str, HostKeyCheck]) -> list[str]:
     """Append every new key (jump hosts' too) to its known_hosts file, each key once;
-    returns what was recorded (host names, ``jump host <spec>``)."""
+    returns what was recorded (host names, ``jump host <spec>``). A key the file holds
+    already (recorded by a connection that accepted it, :func:`open_and_judge`) is not
+    written again."""
     recorded = []
     for check in every_check(checks):
         if check.state == NEW and check.key is not None and check.store is not None:
+            if check.store.keys_for(check.name).get(check.key.get_name()) == check.key:
+                continue
             check.store.record(check.name, check.key)
             recorded.append(check.host)
     return recorded

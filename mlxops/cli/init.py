@@ -20,7 +20,7 @@ from mlxops.cli.options import connect_options
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UserError
 
 
-def _candidates(hosts, browse_seconds, interfaces, pick_all):
+def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all):
     from mlxops.init.discover import discover
     from mlxops.init.hosts import Candidate, parse_spec
 
@@ -29,7 +29,7 @@ def _candidates(hosts, browse_seconds, interfaces, pick_all):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        listening = pool.submit(discover, browse_seconds, interfaces or None)
+        listening = pool.submit(discover, browse_seconds, interfaces or None, browse_quiet)
         _warm_up()  # while mDNS answers come in: the imports the next steps need
         found = listening.result()
     if not found:
@@ -86,12 +86,14 @@ def _pick(answer: str, count: int) -> list[int]:
 @click.option("--python", "pythons", multiple=True, metavar="PATH",
               help="An interpreter to try first for mlx (repeat); then python3 and Homebrew's.")
 @click.option("--browse-seconds", type=click.FloatRange(0.5, 60), default=3.0,
-              show_default=True, help="How long to listen for _ssh._tcp answers.")
+              show_default=True, help="How long to listen for _ssh._tcp answers at most.")
+@click.option("--browse-quiet", type=click.FloatRange(0.1, 60), default=0.5,
+              show_default=True, help="Stop listening this long after the last new answer.")
 @click.option("--interface", "interfaces", multiple=True, metavar="ADDR",
               help="Browse mDNS on this local address only (repeat; default: every one).")
 @connect_options
 def command(hosts, output, job, pick_all, show_diff, user, key_file,
-            known_hosts, pythons, browse_seconds, interfaces, connect):
+            known_hosts, pythons, browse_seconds, browse_quiet, interfaces, connect):
     """Find Macs (mDNS) or take HOSTs, trust their keys, read them, and write an inventory
     and a starter job.
 
@@ -109,14 +111,18 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
                 key_file=key_file, known_hosts=known_hosts, pythons=list(pythons),
                 connect=connect)
     flow.read_existing()  # bad input first: before any host is touched
-    candidates = _candidates(hosts, browse_seconds, interfaces, pick_all)
+    candidates = _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all)
     from mlxops.cli.trust import key_blocks
     from mlxops.transport import ConnectOptions, Connector
 
-    # --accept-new-host-keys is consent to init's recording, after the keys are shown;
-    # the connections themselves accept no key that is not recorded (as trust's).
-    with Connector(ConnectOptions(connect_timeout=connect.connect_timeout)) as connector:
-        results, checks, new = flow.check_keys(candidates, connector)
+    # Without --accept-new-host-keys the keys are scanned and shown and recorded only on
+    # consent; the connections accept no key that is not recorded (as trust's).
+    # With that consent given up front (and nothing to leave unrecorded: not --diff), each
+    # host's own connection records its new key as it opens, the one the probe then uses.
+    opened = bool(connect.accept_new_host_keys) and not show_diff
+    with Connector(ConnectOptions(accept_new_host_keys=opened,
+                                  connect_timeout=connect.connect_timeout)) as connector:
+        results, checks, new = flow.check_keys(candidates, connector, opened)
         for line in key_blocks(results, checks):  # as `mlxops trust` shows them
             console.out.print(line, soft_wrap=True)
         record = bool(new) and not show_diff and (

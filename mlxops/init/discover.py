@@ -2,14 +2,30 @@
 
 macOS advertises ``_ssh._tcp.local.`` while Remote Login is on (one instance per Mac,
 named after its computer name). The browsing is python-zeroconf's (a maintained mDNS
-implementation, not ours): :func:`discover` listens for ``seconds``, resolves every
-instance it heard of to its IPv4 address and port, and returns them sorted by name.
+implementation, not ours): :func:`discover` listens until the answers stop, resolves every
+instance it heard of to its IPv4 address and port (from the cache the answers filled), and
+returns them sorted by name.
+
+When to stop: mDNS has no "that was everyone", so the listening ends ``quiet`` seconds
+after the last new instance was heard, or ``seconds`` after the start at the latest (and
+then, with nothing heard, empty). The browser's first query leaves 20-120 ms after it
+starts, and a responder answers a query for a shared record (the ``_ssh._tcp`` PTR) after
+20-120 ms of its own (RFC 6762, section 6): answers to one query spread over ~100 ms plus
+the network's delay. A Mac on Wi-Fi whose radio dozes between beacons gets a multicast
+query only at the next DTIM beacon, up to ~300 ms late (a DTIM period of 1-3 beacons of
+102.4 ms), so its answer may come ~0.4 s after a wired Mac's. The default ``quiet`` of
+0.5 s covers that after the last answer heard. A Mac whose answer (or whose copy of the
+query) was lost answers the browser's next query, one second later (python-zeroconf's
+startup queries follow each other after 1, 4 and 9 s), which a 0.5 s quiet interval does
+not wait for: a longer ``quiet`` (``--browse-quiet``) does; a re-run of ``mlxops init`` adds
+it too.
 ``interfaces``: the local addresses to browse on (default: every interface); a sandbox
 test names its bridge's address so that only its own nodes answer.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,17 +43,43 @@ class Found:
     server: str    # its mDNS host name ("Studio-1.local.")
 
 
-def discover(seconds: float = 3.0, interfaces: Sequence[str] | None = None) -> list[Found]:
-    """Every ``_ssh._tcp`` instance that answered within ``seconds``."""
+def listening_ends(start: float, seconds: float, quiet: float, last: float | None) -> float:
+    """When the listening that began at ``start`` ends, ``last`` being when the last new
+    instance was heard (None: none yet): ``quiet`` after it, ``seconds`` after ``start``
+    at the latest."""
+    bound = start + seconds
+    return bound if last is None else min(bound, last + quiet)
+
+
+def discover(seconds: float = 3.0, interfaces: Sequence[str] | None = None,
+             quiet: float = 0.5) -> list[Found]:
+    """Every ``_ssh._tcp`` instance heard until ``quiet`` seconds passed without a new one
+    (``seconds`` at most: the module's docstring says why)."""
     from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, Zeroconf
 
     zc = Zeroconf(interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
                   ip_version=IPVersion.V4Only)
     names: set[str] = set()
+    heard = threading.Condition()
+    last: list[float | None] = [None]  # when the last new name came
+
+    def add(zeroconf, service_type, name, state_change) -> None:
+        with heard:
+            if name not in names:
+                names.add(name)
+                last[0] = time.monotonic()
+                heard.notify()
+
     try:
-        browser = ServiceBrowser(zc, SERVICE, handlers=[
-            lambda zeroconf, service_type, name, state_change: names.add(name)])
-        time.sleep(seconds)  # mDNS has no "done": answers arrive while we listen
+        start = time.monotonic()
+        browser = ServiceBrowser(zc, SERVICE, handlers=[add])
+        with heard:
+            while True:
+                now = time.monotonic()
+                end = listening_ends(start, seconds, quiet, last[0])
+                if now >= end:
+                    break
+                heard.wait(end - now)
         browser.cancel()
         found = []
         for name in sorted(names):

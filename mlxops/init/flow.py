@@ -24,6 +24,7 @@ from mlxops.init import writer
 from mlxops.init.hosts import Candidate, inventory_name, is_address
 from mlxops.init.links import data_addresses, peer_targets
 from mlxops.init.probe import Probed, probe, reaches
+from mlxops.init.slots import slots
 from mlxops.init.starter import Node, render
 
 GiB = 2**30
@@ -107,14 +108,19 @@ class Init:
         finally:
             draft.unlink(missing_ok=True)
 
-    def check_keys(self, candidates: Sequence[Candidate], connector):
+    def check_keys(self, candidates: Sequence[Candidate], connector, opened: bool = False):
         """The draft's hosts' keys, by ``mlxops trust``'s check: ``(results, checks,
-        new)``, ``new`` the keys not known yet (the caller shows them and asks)."""
-        from mlxops.trust import NEW, check_host_keys, every_check
+        new)``, ``new`` the keys not known yet (the caller shows them and asks).
+        ``opened``: consent was given before (``--accept-new-host-keys``, not ``--diff``)
+        and ``connector`` records new keys itself: each host's own connection is opened
+        and judged (:func:`mlxops.trust.open_and_judge`), its new key recorded then, and
+        the probe goes on over it -- one SSH handshake a host, as ``trust``'s scan."""
+        from mlxops.trust import NEW, check_host_keys, every_check, open_and_judge
 
         self.fresh, draft_doc = self._draft(candidates)
         self.inventory = self._load_draft(draft_doc)
-        self.results, self.checks = check_host_keys(self.inventory.select(None), connector)
+        check = open_and_judge if opened else check_host_keys
+        self.results, self.checks = check(self.inventory.select(None), connector)
         return self.results, self.checks, [c for c in every_check(self.checks)
                                            if c.state == NEW]
 
@@ -126,7 +132,7 @@ class Init:
 
         out = Outcome(job=self.job)
         record = record and not dry
-        if record:
+        if record:  # the keys an opened connection recorded already are skipped
             record_new_keys(self.checks)
         label = {h.name: (self.fresh[h.name].address if h.name in self.fresh else h.name)
                  for h in self.inventory.select(None)}
@@ -142,11 +148,13 @@ class Init:
             else:
                 trusted.append(host)
         # Tried in the probe's own command: the other hosts' SSH addresses (most peers'
-        # data addresses are those; a Thunderbolt one is tried after, where there is one).
-        peers = sorted({h.address for h in trusted if is_address(h.address)})
+        # data addresses are those; a Thunderbolt one is tried after, where there is one),
+        # as the connections resolved them (an ~/.ssh/config alias: its HostName).
+        ssh = {h.name: getattr(connector.connect(h), "address", h.address) for h in trusted}
+        peers = sorted({a for a in ssh.values() if is_address(a)})
         probed_results = run_parallel(
             trusted, lambda h: probe(connector.connect(h), h, self.pythons,
-                                     [p for p in peers if p != h.address]))
+                                     [p for p in peers if p != ssh[h.name]]))
         probed: dict[str, Probed] = probed_results.succeeded_values()
         out.unreachable += [label[h] for h in probed_results if h not in probed]
         reached = self._reach(connector, [h for h in trusted if h.name in probed], probed, out)
@@ -188,6 +196,9 @@ class Init:
         chosen = data_addresses({names[n]: probed[n].links for n in order},
                                 [names[n] for n in order],
                                 {(names[n], ip) for n, ip in reached if n in names})
+        hosts = {h.name: h for h in inventory.select(None)}
+        # A new host's ranks by the facts' rule; one already in the file keeps its own.
+        ranks = {n: slots(probed[n].facts) if n in fresh else hosts[n].slots for n in order}
         new_hosts = []
         for draft, c in fresh.items():
             if draft not in probed:
@@ -198,16 +209,15 @@ class Init:
 
             new_hosts.append(writer.NewHost(
                 names[draft], c.address, c.user, chip_family(f.chip, f.system, f.arch),
-                chosen[names[draft]], p.python, 1, summary(f, p.python, p.mlx),
+                chosen[names[draft]], p.python, ranks[draft], summary(f, p.python, p.mlx),
                 p.sudo and f.is_darwin))
         doc = writer.load(self.old_text)
         out.added = writer.merge(doc, new_hosts, self.common)
         # No host taken and no file yet: nothing to write (not a file of all.vars alone).
         new_text = writer.dump(doc) if out.added or self.old_text else self.old_text
         job_text = None
-        hosts = {h.name: h for h in inventory.select(None)}
         nodes = [Node(names[n], int(probed[n].facts.memory_bytes or 0),
-                      probed[n].facts.ranks_working_set, hosts[n].slots)
+                      probed[n].facts.ranks_working_set, ranks[n])
                  for n in order if probed[n].facts.memory_bytes]
         if nodes and not self.job.exists():
             job_text = render(self.job.stem, self.job, self.output, nodes)

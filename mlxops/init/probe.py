@@ -6,9 +6,16 @@ map ``mlx.distributed_config`` reads to find the Thunderbolt ports, parsed once 
 :func:`mlxops.macnet.parse_hardware_ports` into ``facts.macos.hardware_ports``) with reads
 of init's own riding along, so a host costs one round trip:
 
-- ``addrs``: every IPv4 address with its netmask (``ifconfig`` on a Mac, ``ip -o -4 addr``
-  elsewhere) -- the facts keep addresses without masks;
-- ``python``: the first of the candidate interpreters that imports ``mlx.core``;
+- the addresses: every IPv4 address with its netmask, parsed from the facts command's
+  own ``ifconfig`` (a Mac) or ``ip -o -4 addr`` (Linux) section -- the facts record keeps
+  addresses without masks, so the section is read here rather than run a second time;
+- ``python``: the first of the candidate interpreters that imports ``mlx.core``. The facts
+  run in the first candidate (the host's own ``mlxops_python`` where the inventory sets
+  one, then the ``--python`` ones, then :data:`CANDIDATES`), which imports ``mlx.core``
+  anyway: when it succeeds that is the answer, with no Python started for it; only when
+  it fails does the read (:data:`_FIND`, in the same interpreter) try the others, each in
+  its own process. A first candidate that does not exist on the node runs no Python at
+  all: the other candidates are then tried by a second command (:data:`_python_read`);
 - ``reach``: which of the given addresses (the other hosts' SSH addresses) this host
   connects to, in the facts' own interpreter (:data:`_REACH`); peers' other addresses
   (a Thunderbolt one) are tried afterwards by :func:`reaches`, only where needed;
@@ -24,16 +31,14 @@ from dataclasses import dataclass
 from mlxops import shell
 from mlxops.hostfacts import HostFacts
 from mlxops.init.links import NodeLinks, parse_ifconfig_addresses, parse_ip_addr
-from mlxops.tasks.base import PythonRead
-from mlxops.tasks.facts import gather
+from mlxops.tasks.base import PythonRead, read_answers
+from mlxops.tasks.facts import build_facts, facts_script, split_sections
 
 #: Where a Mac keeps a Python that may have mlx, tried after the ones given (Homebrew on
 #: Apple silicon, then Intel's prefix, then the Command Line Tools' python3).
 CANDIDATES = ("python3", "/opt/homebrew/bin/python3", "/usr/local/bin/python3",
               "/usr/bin/python3")
 
-_ADDRS = ('if [ "$(uname -s)" = Darwin ]; then ifconfig; '
-          "else ip -o -4 addr show || /sbin/ip -o -4 addr show; fi")
 
 
 def _python_read(candidates: Sequence[str]) -> str:
@@ -42,6 +47,29 @@ def _python_read(candidates: Sequence[str]) -> str:
             "v=$(\"$q\" -c 'import mlx.core as m; print(m.__version__)' 2>/dev/null) && "
             "{ printf '%s\\n%s\\n' \"$q\" \"$v\"; break; }; "
             "done; true")
+
+
+# Runs in the facts' interpreter after the facts' probe: when that imported mlx.core, the
+# facts say so already; else the other candidates, in turn, each in its own process.
+_FIND = (
+    "import sys\n"
+    "if 'mlx.core' not in sys.modules:\n"
+    "    import shutil, subprocess\n"
+    "    for c in sys.argv[1:]:\n"
+    "        p = shutil.which(c)\n"
+    "        r = p and subprocess.run([p, '-c', 'import mlx.core as m; print(m.__version__)'],\n"
+    "                                 capture_output=True, text=True)\n"
+    "        if r and r.returncode == 0 and r.stdout.strip():\n"
+    "            print(p); print(r.stdout.strip()); break\n"
+)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What :func:`~mlxops.tasks.facts.gather` reads of a host: its interpreter and root."""
+
+    python: str
+    root: str
 
 
 @dataclass
@@ -60,18 +88,28 @@ class Probed:
 def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) -> Probed:
     """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
     raises RuntimeError when the facts command does not answer."""
+    own = [host.python] if host.is_set("mlxops_python") else []
+    candidates = list(dict.fromkeys([*own, *pythons, *CANDIDATES]))
     reads: dict[str, str | PythonRead] = {
-        "init.addrs": _ADDRS,
-        "init.python": _python_read([*pythons, *CANDIDATES]),
+        "init.python": PythonRead(_FIND, tuple(candidates[1:])),
         "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
     if peers:
         reads["init.reach"] = PythonRead(_REACH, tuple(peers))
-    facts, answers = gather(conn, host, reads)
-    addrs = answers.get("init.addrs")
-    text = addrs.stdout if addrs else ""
-    parsed = parse_ifconfig_addresses(text) if facts.is_darwin else parse_ip_addr(text)
-    found = answers.get("init.python")
-    lines = found.stdout.split() if found else []
+    # gather()'s steps, keeping the sections: the addresses are the facts' own section
+    result = conn.run(facts_script(candidates[0], host.root, reads), timeout=60)
+    sections = split_sections(result.stdout)
+    if "uname" not in sections:
+        raise RuntimeError(f"gathering facts failed: {result.error_line()}")
+    facts, answers = build_facts(sections, host.root), read_answers(sections, reads)
+    parsed = parse_ifconfig_addresses(sections.get("ifconfig", "")) if facts.is_darwin \
+        else parse_ip_addr(sections.get("ip", ""))
+    if facts.python.mlx:
+        lines = [facts.python.path, facts.python.mlx]
+    elif facts.python.path:
+        found = answers.get("init.python")
+        lines = found.stdout.split() if found else []
+    else:  # no first candidate there: no Python ran; the others by a command of their own
+        lines = conn.run(_python_read(candidates[1:]), timeout=60).stdout.split()
     reach = answers.get("init.reach")
     tried = frozenset(peers) if reach is not None and reach.exit_code == 0 else frozenset()
     ports = dict(facts.macos.hardware_ports) if facts.macos else {}
@@ -81,24 +119,45 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
                   tried, tried & frozenset(reach.stdout.split()) if tried else frozenset())
 
 
-# Runs under the node's interpreter with mlx (found by the probe): a TCP connection to
-# port 22 of every address given, at once, one second each; prints those that connected.
+# Runs in the node's interpreter (the facts', or the one with mlx): for every address given,
+# at once (non-blocking connections and select: no threads to start), whether the host
+# there answers TCP: a connection to port 9 (discard: closed on every Mac and Linux host by
+# default) refused by the host's kernel (an RST) or accepted; only where nothing came back
+# in a second (a firewall that drops, as macOS's stealth mode does for a closed port), a
+# connection to port 22 (Remote Login: open on every peer), a second more.
+# The closed port first because an answer from sshd's port costs the peer a process (sshd
+# forks and execs a session for each connection, and logs it): 15 a Mac on 16 Macs, where
+# the kernel's RST costs nothing. Prints the addresses that answered.
 _REACH = (
-    "import socket, sys, concurrent.futures as f\n"
-    "def t(a):\n"
-    "    try:\n"
-    "        socket.create_connection((a, 22), 1).close(); return a\n"
-    "    except OSError:\n"
-    "        return None\n"
-    "with f.ThreadPoolExecutor(16) as p:\n"
-    "    print('\\n'.join(a for a in p.map(t, sys.argv[1:]) if a))\n"
+    "import errno, select, socket, sys, time\n"
+    "def tries(addresses, port):\n"
+    "    socks, found = {}, set()\n"
+    "    for a in addresses:\n"
+    "        s = socket.socket(); s.setblocking(False)\n"
+    "        code = s.connect_ex((a, port))\n"
+    "        if code in (0, errno.ECONNREFUSED): found.add(a); s.close()\n"
+    "        elif code == errno.EINPROGRESS: socks[s] = a\n"
+    "        else: s.close()\n"
+    "    end = time.monotonic() + 1\n"
+    "    while socks and time.monotonic() < end:\n"
+    "        _, done, _ = select.select([], list(socks), [], max(0, end - time.monotonic()))\n"
+    "        for s in done:\n"
+    "            code = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)\n"
+    "            if code in (0, errno.ECONNREFUSED): found.add(socks[s])\n"
+    "            del socks[s]; s.close()\n"
+    "    for s in socks: s.close()\n"
+    "    return found\n"
+    "wanted = sys.argv[1:]\n"
+    "found = tries(wanted, 9)\n"
+    "found |= tries([a for a in wanted if a not in found], 22)\n"
+    "print('\\n'.join(a for a in wanted if a in found))\n"
 )
 
 
 def reaches(conn, python: str, addresses: Sequence[str]) -> set[str]:
-    """Which of ``addresses`` the node connects to (sshd's port: every peer has one open),
-    as ``mlx.distributed_config`` checks that a peer answers on an address before using
-    it. Raises RuntimeError when the command fails."""
+    """Which of ``addresses`` answer the node over TCP (:data:`_REACH`), as
+    ``mlx.distributed_config`` checks that a peer answers on an address before using it.
+    Raises RuntimeError when the command fails."""
     if not addresses:
         return set()
     result = conn.run(shell.join([python, "-c", _REACH, *addresses]), timeout=30)

@@ -132,10 +132,11 @@ def set_link(node: NodeLayout, up: bool) -> None:
 ISOLATE_TABLE = "mlxops_isolate"
 
 
-def block_ssh_from(node: NodeLayout, source_ip: str | None) -> None:
-    """Drop the TCP packets ``source_ip`` sends to the node's port 22, in the node's own
-    namespace (an nftables table of ours; None deletes it): the node is then reached only
-    from elsewhere, e.g. through another node as a jump host."""
+def block_ssh_from(node: NodeLayout, source_ip: str | None, port: int | None = 22) -> None:
+    """Drop the TCP packets ``source_ip`` sends to the node's port 22 (``port``; None:
+    every port), in the node's own namespace (an nftables table of ours; ``source_ip``
+    None deletes it): the node is then reached only from elsewhere, e.g. through another
+    node as a jump host."""
     ns = ["ip", "netns", "exec", node.netns, "nft"]
     run([*ns, "delete", "table", "inet", ISOLATE_TABLE], check=False)
     if source_ip is None:
@@ -143,7 +144,8 @@ def block_ssh_from(node: NodeLayout, source_ip: str | None) -> None:
     script = (f"table inet {ISOLATE_TABLE} {{\n"
               "  chain input {\n"
               "    type filter hook input priority 0; policy accept;\n"
-              f"    ip saddr {ipaddress.IPv4Address(source_ip)} tcp dport 22 drop\n"
+              f"    ip saddr {ipaddress.IPv4Address(source_ip)} "
+              f"{'meta l4proto tcp' if port is None else f'tcp dport {int(port)}'} drop\n"
               "  }\n"
               "}\n")
     proc = subprocess.run([*ns, "-f", "-"], input=script, capture_output=True, text=True)

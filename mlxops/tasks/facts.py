@@ -43,16 +43,35 @@ from mlxops.tasks.base import (
 # package metadata: the test is "does mlx.core load", and it is as fast here), and that
 # mlx's recommended GPU working set, the memory plan's budget on a Mac (read as
 # mlxops/node/memory.py reads it; this probe runs before the node has mlxops' code); and the
-# mlx-lm installed, by its package metadata (importing it would load transformers: seconds).
+# mlx-lm installed, by its package metadata (importing it would load transformers: seconds):
+# the version in the name of its ``mlx_lm-X.Y.Z.dist-info`` directory on sys.path, as pip
+# (and an editable install) writes it; ``importlib.metadata`` only where the directory has
+# no version in its name (an ``.egg-info``): it imports the email parser and reads every
+# distribution's metadata, 40 ms of CPU a node where the listing takes under one.
 PROBE = (
-    "import json, sys\n"
+    "import json, os, sys\n"
     "v = '%d.%d.%d' % sys.version_info[:3]\n"
     "w = None\n"
+    "lm = None\n"
+    "def _lm():\n"
+    "    for d in sys.path:\n"
+    "        try:\n"
+    "            names = os.listdir(d or '.')\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        for n in names:\n"
+    "            base, _, ext = n.rpartition('.')\n"
+    "            name, _, ver = base.partition('-')\n"
+    "            if ext in ('dist-info', 'egg-info') and \\\n"
+    "                    name.lower().replace('-', '_') == 'mlx_lm':\n"
+    "                if ver:\n"
+    "                    return ver.split('-')[0]\n"
+    "                from importlib import metadata\n"
+    "                return metadata.version('mlx-lm')\n"
     "try:\n"
-    "    from importlib import metadata\n"
-    "    lm = metadata.version('mlx-lm')\n"
+    "    lm = _lm()\n"
     "except Exception:\n"
-    "    lm = None\n"
+    "    pass\n"
     "try:\n"
     "    import mlx.core as mx\n"
     "    m = str(mx.__version__)\n"

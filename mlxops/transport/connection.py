@@ -213,6 +213,12 @@ class SSHConnection:
         return scan_through(self._gateway, self._conn.host, self._conn.port, self.name,
                             self._options.connect_timeout)
 
+    def open(self) -> paramiko.Transport:
+        """Connect now (verified as every connection is), if not connected yet: for a
+        caller that wants the server's key from the connection it then keeps using."""
+        with self._lock:
+            return self._open_locked()
+
     def _open_locked(self) -> paramiko.Transport:
         from mlxops.transport.jumps import JumpHost
 

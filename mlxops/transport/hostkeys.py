@@ -66,6 +66,7 @@ class ChangedHostKey(HostUnreachable):
             "(remove the old line only if you know why it changed)",
         )
         self.name = name
+        self.key = got
         self.fingerprint = fingerprint(got)
 
 

@@ -203,17 +203,20 @@ def test_init_asks_which_macs_and_whether_to_record(mac_sandbox, tmp_path):
 
 
 def test_a_peer_address_that_does_not_answer_is_no_link(sandbox, tmp_path):
-    """node1's packets to node2's sshd dropped (in node2's namespace): one subnet, yet no
-    link between them; each still links to node3 (a TCP connection tried from each node,
-    both ways needed)."""
+    """node1's TCP packets to node2 dropped (in node2's namespace, every port): one subnet,
+    yet no link between them; each still links to node3 (a TCP connection tried from each
+    node, both ways needed). node3 drops node1's packets to its closed port 9 (as macOS's
+    stealth mode does) but not to sshd's: node1 reaches it there."""
     from mlxops.sandbox import netns
 
     ip1, ip2, ip3 = (sandbox.ip(n) for n in ("node1", "node2", "node3"))
-    netns.block_ssh_from(sandbox.node_layout("node2"), ip1)
+    netns.block_ssh_from(sandbox.node_layout("node2"), ip1, port=None)
+    netns.block_ssh_from(sandbox.node_layout("node3"), ip1, port=9)
     try:
         done = init(sandbox, tmp_path, ip1, ip2, ip3, "--accept-new-host-keys")
     finally:
         netns.block_ssh_from(sandbox.node_layout("node2"), None)
+        netns.block_ssh_from(sandbox.node_layout("node3"), None)
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "inventory.yml").read_text().splitlines()
     name = {v["ansible_host"]: k for k, v in hosts_of(tmp_path / "inventory.yml").items()}
@@ -224,3 +227,49 @@ def test_a_peer_address_that_does_not_answer_is_no_link(sandbox, tmp_path):
     assert link(ip1).endswith(f"# data link: Ethernet (eth0) to {name[ip3]}")
     assert link(ip2).endswith(f"# data link: Ethernet (eth0) to {name[ip3]}")
     assert link(ip3).endswith(f"to {name[ip1]}, {name[ip2]}")
+
+
+def test_init_takes_ssh_config_aliases(sandbox, tmp_path):
+    """HOSTs that are ``~/.ssh/config`` aliases (the sandbox's ssh_config as the
+    controller's own, in a HOME of the test's): ssh's HostName, User, Port and
+    IdentityFile reach the nodes with no --user or --key; the inventory keeps each alias as
+    its ansible_host (no user of its own), the keys are recorded under the addresses the
+    aliases resolve to, and the two link to each other on those addresses."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(sandbox.ssh_config_path.read_text())
+    inventory, known = tmp_path / "inventory.yml", tmp_path / "known_hosts"
+    env = {**os.environ, "HOME": str(home), "MLXOPS_HOME": str(tmp_path / "mlxops-home")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mlxops", "init", "node1", "node2", "-o", str(inventory),
+         "--known-hosts", str(known), "--python", sandbox.python, "--accept-new-host-keys"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        timeout=300)
+    assert done.returncode == 0, done.stderr
+    hostvars = hosts_of(inventory)
+    assert sorted(hostvars) == ["node1", "node2"]
+    for name in ("node1", "node2"):
+        assert hostvars[name]["ansible_host"] == name
+        assert hostvars[name]["mlxops_python"] == sandbox.python
+        assert "ansible_user" not in hostvars[name]  # the alias's User, left to ssh_config
+        assert hostvars[name]["mlxops_ip"] == sandbox.ip(name)
+    recorded = {line.split()[0] for line in known.read_text().splitlines()}
+    assert recorded == {sandbox.ip("node1"), sandbox.ip("node2")}
+    assert "# data link: Ethernet (eth0) to node2" in inventory.read_text()
+
+
+def test_init_with_consent_still_refuses_a_changed_key(mac_sandbox, tmp_path):
+    """--accept-new-host-keys opens each host's connection at once (one handshake a host):
+    a key that differs from the recorded one is refused there as in the scan (exit 1, the
+    host left out, its line kept), while the new key of the other host is recorded."""
+    box = mac_sandbox
+    ip1, ip2 = list(box.info.nodes.values())[:2]
+    keys = {line.split()[0]: line.split(None, 1)[1]
+            for line in box.known_hosts_path.read_text().splitlines()}
+    wrong = f"{ip1} {keys[ip2]}\n"  # node2's key, recorded for node1's address
+    (tmp_path / "known_hosts").write_text(wrong)
+    done = init(box, tmp_path, ip1, ip2, "--accept-new-host-keys")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{ip1}: changed" in done.stdout and f"{ip2}: new" in done.stdout
+    assert (tmp_path / "known_hosts").read_text() == wrong + f"{ip2} {keys[ip2]}\n"
+    assert [v["ansible_host"] for v in hosts_of(tmp_path / "inventory.yml").values()] == [ip2]

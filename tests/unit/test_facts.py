@@ -206,3 +206,29 @@ def test_no_facts_field_name_is_a_string_outside_the_record() -> None:
             if (rel, literal) not in OTHER_RECORDS:
                 found.append(f"{rel}:{hit}")
     assert found == []
+
+
+def test_probe_reads_mlx_lm_from_its_dist_info_name(tmp_path: Path) -> None:
+    """The facts' probe names the mlx-lm installed from the ``.dist-info`` directory's
+    name, the first on sys.path as importlib.metadata finds it; an ``.egg-info`` without
+    a version in its name is read by importlib.metadata."""
+    import json
+    import subprocess
+    import sys
+
+    from mlxops.tasks.facts import PROBE
+
+    first, second, egg = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    (first / "mlx_lm-0.31.0.dist-info").mkdir(parents=True)
+    (second / "mlx_lm-0.20.1.dist-info").mkdir(parents=True)
+    (egg / "mlx_lm.egg-info").mkdir(parents=True)
+    (egg / "mlx_lm.egg-info" / "PKG-INFO").write_text("Name: mlx-lm\nVersion: 0.9.3\n")
+
+    def probed(*paths: Path) -> str | None:
+        out = subprocess.run([sys.executable, "-S", "-c", PROBE], capture_output=True,
+                             text=True, env={"PYTHONPATH": ":".join(map(str, paths))})
+        return json.loads(out.stdout)["mlx_lm"]
+
+    assert probed(first, second) == "0.31.0"
+    assert probed(second, first) == "0.20.1"
+    assert probed(egg) == "0.9.3"
