@@ -15,7 +15,7 @@ import time
 
 from mlxops.errors import MlxopsError
 from mlxops.sandbox.layout import Layout, NodeLayout, SubnetPool, tbf_burst_bytes
-from mlxops.transport.connection import failure_line
+from mlxops.transport.results import failure_line
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from mlxops.node.lazy import lazy_names
 
 #: Each name of the package -> the module under mlxops.transport that defines it.
 _HOMES = {
-    "CommandResult": "connection",
+    "CommandResult": "results",
     "Connection": "connection",
     "ConnectOptions": "connection",
     "LocalConnection": "connection",

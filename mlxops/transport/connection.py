@@ -21,7 +21,6 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from mlxops import shell
@@ -32,6 +31,7 @@ from mlxops.transport.hostkeys import (
     lookup_name,
     open_verified,
 )
+from mlxops.transport.results import CommandResult
 from mlxops.transport.streams import LineStream, LocalLineStream, SSHLineStream
 
 if TYPE_CHECKING:
@@ -47,39 +47,6 @@ if TYPE_CHECKING:
 Stdin = bytes | IO[bytes] | None
 
 TIMED_OUT = 124  # the exit code coreutils' timeout(1) uses; set when we give up on a command
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    command: str
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration: float
-    timed_out: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    def error_line(self) -> str:
-        """Why the command failed, in one line: ``exit 2: <last line>``, the last line of
-        stderr, else of stdout; ``exit 2`` alone when it printed nothing.
-
-        The one way every caller words a failed command (a failing node command usually
-        ends with the line that says why: a Python exception, a shell's complaint).
-        """
-        return failure_line(self.exit_code, self.stdout, self.stderr, self.timed_out)
-
-
-def failure_line(exit_code: int, stdout: str, stderr: str, timed_out: bool = False) -> str:
-    """:meth:`CommandResult.error_line` for any command's output (e.g. a local subprocess)."""
-    code = f"exit {exit_code}" + (" (timed out)" if timed_out else "")
-    for text in (stderr, stdout):
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        if lines:
-            return f"{code}: {lines[-1]}"
-    return code
 
 
 class Connection(Protocol):

@@ -33,13 +33,13 @@ from typing import IO, TYPE_CHECKING, TypeVar
 from mlxops.transport.connection import (
     _REPORT_PGID,
     TIMED_OUT,
-    CommandResult,
     Connection,
     LocalConnection,
     _exec,
     _split_pgid,
 )
 from mlxops.transport.hostkeys import HostUnreachable
+from mlxops.transport.results import CommandResult
 
 if TYPE_CHECKING:
     import paramiko

@@ -1,4 +1,5 @@
-"""Per-host results, keyed by host name, and the one exception that carries them.
+"""A command's result, per-host results keyed by host name, and the one exception that
+carries them.
 
 Like Fabric's GroupResult: every host has a result whatever happened to the others, a
 result carries what the work returned for its host (``value``), and a failure anywhere can
@@ -9,19 +10,50 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, MlxopsError
 from mlxops.node.protocol import FAILED, UNREACHABLE
 
-if TYPE_CHECKING:
-    from mlxops.transport.connection import CommandResult
-
 # A host's result status (not a job's or a rank's state): ok, changed, skipped, and the two
 # words it shares with job states, failed and unreachable (mlxops.node.protocol spells them).
 OK, CHANGED, SKIPPED = "ok", "changed", "skipped"
-__all__ = ["CHANGED", "FAILED", "OK", "SKIPPED", "UNREACHABLE", "GroupError", "HostResult",
-           "Results"]
+__all__ = ["CHANGED", "FAILED", "OK", "SKIPPED", "UNREACHABLE", "CommandResult", "GroupError",
+           "HostResult", "Results", "failure_line"]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def error_line(self) -> str:
+        """Why the command failed, in one line: ``exit 2: <last line>``, the last line of
+        stderr, else of stdout; ``exit 2`` alone when it printed nothing.
+
+        The one way every caller words a failed command (a failing node command usually
+        ends with the line that says why: a Python exception, a shell's complaint).
+        """
+        return failure_line(self.exit_code, self.stdout, self.stderr, self.timed_out)
+
+
+def failure_line(exit_code: int, stdout: str, stderr: str, timed_out: bool = False) -> str:
+    """:meth:`CommandResult.error_line` for any command's output (e.g. a local subprocess)."""
+    code = f"exit {exit_code}" + (" (timed out)" if timed_out else "")
+    for text in (stderr, stdout):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return f"{code}: {lines[-1]}"
+    return code
+
 
 
 @dataclass

@@ -28,7 +28,7 @@ from mlxops.planning import NodePlan
 from mlxops.tasks.python import skew_table
 from mlxops.trainer.plan import plan_memory
 from mlxops.transport import HostResult, Results
-from mlxops.transport.connection import CommandResult
+from mlxops.transport.results import CommandResult
 from mlxops.trust import HostKeyCheck
 
 ROOT = Path(__file__).resolve().parents[3]

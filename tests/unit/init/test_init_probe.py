@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mlxops.init.links import Address
 from mlxops.init.probe import CANDIDATES, probe
-from mlxops.transport.connection import CommandResult
+from mlxops.transport.results import CommandResult
 
 RECORDED = (Path(__file__).resolve().parents[1] / "data" / "facts" / "linux_x86_64.txt"
             ).read_text()

@@ -20,7 +20,7 @@ from mlxops.inventory.model import Host
 from mlxops.node.blas import find_openblas
 from mlxops.tasks import blas
 from mlxops.tasks.base import TaskContext
-from mlxops.transport.connection import CommandResult
+from mlxops.transport.results import CommandResult
 
 LIB = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 

@@ -21,7 +21,7 @@ from mlxops.inventory.model import Host
 from mlxops.tasks import mlx_lm
 from mlxops.tasks.base import TaskContext
 from mlxops.tasks.facts import PROBE, parse_probe
-from mlxops.transport.connection import CommandResult
+from mlxops.transport.results import CommandResult
 
 MLX = metadata.version("mlx")
 MLX_LM = metadata.version("mlx-lm")

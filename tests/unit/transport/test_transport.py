@@ -18,7 +18,7 @@ import pytest
 
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from mlxops.transport import HostResult, HostUnreachable, LocalConnection, Results, run_parallel
-from mlxops.transport.connection import TIMED_OUT, CommandResult
+from mlxops.transport.connection import TIMED_OUT
 from mlxops.transport.hostkeys import (
     ChangedHostKey,
     HostKeyPolicy,
@@ -27,7 +27,7 @@ from mlxops.transport.hostkeys import (
     fingerprint,
     lookup_name,
 )
-from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE
+from mlxops.transport.results import CHANGED, FAILED, OK, SKIPPED, UNREACHABLE, CommandResult
 
 
 def _keygen(tmp_path: Path, kind: str) -> tuple[Path, paramiko.PKey]:
