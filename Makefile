@@ -46,25 +46,20 @@ system-deps:
 demo: venv
 	$(VENV)/bin/mlxops launch --fresh jobs/demo.yml
 
-# The unit tests run on every core (pytest-xdist; --dist loadfile keeps a module on one
-# worker, so its module fixtures are made once); then the rest (trainer, fine-tuning and
-# integration tests) on REST_WORKERS workers, each with its own session sandboxes; a few
-# modules that must not overlap share one worker (SHARED_WORKER in tests/conftest.py,
-# which makes --dist loadfile group them). --durations
-# shows in the log where the time goes. Both always run; the exit code is the first
-# failure's.
+# The whole suite is one pytest on TEST_WORKERS workers (pytest-xdist; --dist loadfile keeps
+# a module on one worker, so its module fixtures are made once; each worker brings up its
+# own session sandboxes; a few modules that must not overlap share one worker:
+# SHARED_WORKER in tests/conftest.py, which makes --dist loadfile group them). Four on this
+# project's 2-core machine: the sandbox scenarios wait more than they compute (watchdog
+# polls, held jobs, sshd round trips: ~57% of two cores on three workers), and the unit
+# tests, collected last, fill the others' waits instead of running alone first
+# (docs/testing.md, "The suite's time"). --durations shows in the log where the time goes.
 PYTEST_WORKERS ?= auto
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
-# Three workers on this project's 2-core machine: the rest phase's tests wait more than they
-# compute (watchdog polls, held jobs, sshd round trips; ~50% CPU on two workers), and a third
-# worker fills those waits: 19 min 30 s against 29 min at the same load (docs/testing.md).
-REST_WORKERS ?= 3
-REST := -n $(REST_WORKERS) --dist loadfile --durations=30
+TEST_WORKERS ?= 4
 
 test: venv-test system-deps
-	@$(PY) -m pytest -q -ra tests/unit $(PARALLEL); unit=$$?; \
-	$(PY) -m pytest -q -ra --ignore=tests/unit $(REST); rest=$$?; \
-	if [ $$unit != 0 ]; then exit $$unit; fi; exit $$rest
+	$(PY) -m pytest -q -ra tests -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test-unit: venv-test
 	$(PY) -m pytest -q tests/unit -m "not tools" $(PARALLEL)
