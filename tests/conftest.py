@@ -35,6 +35,31 @@ SHARED_WORKER = {  # modules of tests/integration
 _GROUP_OF = {f"tests/integration/{module}": group
              for group, modules in SHARED_WORKER.items() for module in modules}
 
+# The units of work that take longest, longest first (a fresh clone's `make test` on this
+# project's 2-core machine, run D of docs/testing.md "The suite's time": the sums of their
+# tests' --durations). Workers take units in this order, then the other modules in
+# collection order, the unit tests last: many small units that fill the end. xdist's own
+# order (most tests first) started the 2-test memory-bound module (150 s) last, and one
+# worker ran it alone for the suite's last two minutes. A module missing here is only
+# started later; a unit that grew long belongs here.
+LONGEST_FIRST = (
+    "bench",                                    # selftest, bench, check: ~550 s
+    "tests/integration/test_supervisor.py",
+    "tests/integration/test_jobs.py",
+    "tests/integration/test_pipeline_job.py",
+    "mpi",
+    "tests/dataprep/test_memory_bound.py",
+    "tests/integration/test_init.py",
+    "tests/integration/test_serve.py",
+    "tests/finetune/test_pipeline_finetune.py",
+    "tests/finetune/test_plan_measured.py",
+    "tests/integration/test_monitor.py",
+    "tests/integration/test_zero_nodes.py",
+    "tests/finetune/test_resume.py",
+    "tests/integration/test_provision.py",
+    "tests/integration/test_collectives.py",
+)
+
 
 def scope_of(nodeid: str) -> str:
     """The unit a worker runs whole: the test's file (its path from the repository's
@@ -43,12 +68,30 @@ def scope_of(nodeid: str) -> str:
     return _GROUP_OF.get(path, path)
 
 
+def start_order(nodeid: str) -> tuple[int, int]:
+    """Where a test's unit comes in the workers' queue: the units of
+    :data:`LONGEST_FIRST` in that order, then the other modules, the unit tests last
+    (ties keep the collection's order)."""
+    scope = scope_of(nodeid)
+    if scope in LONGEST_FIRST:
+        return 0, LONGEST_FIRST.index(scope)
+    return (2 if nodeid.startswith("tests/unit/") else 1), 0
+
+
+@pytest.hookimpl(trylast=True)  # after tests/integration's own order (zsh cases last)
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: start_order(item.nodeid))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     # imported here: a run without workers never loads xdist's scheduling code
     from xdist.scheduler import LoadFileScheduling
+
+    # The queue in the collection's order (start_order), not xdist's most-tests-first.
+    config.option.loadscopereorder = False
 
     class FileOrGroupScheduling(LoadFileScheduling):
         """xdist's ``loadfile`` with the files of :data:`SHARED_WORKER` grouped."""

@@ -33,3 +33,20 @@ def test_a_group_is_one_unit_and_every_other_module_its_own():
         "tests/integration/test_jobs.py"
     # a unit module of the same name is not in the integration group
     assert scope_of("tests/unit/test_bench.py::test_x") == "tests/unit/test_bench.py"
+
+
+def test_the_longest_units_start_first_and_the_unit_tests_last():
+    suite = _suite_conftest()
+    for unit in suite.LONGEST_FIRST:  # each names a group or a module that exists
+        assert unit in suite.SHARED_WORKER or (TESTS.parent / unit).is_file(), unit
+    collected = ["tests/unit/jobs/test_job_record.py::test_a",
+                 "tests/integration/test_sandbox.py::test_b",
+                 "tests/dataprep/test_memory_bound.py::test_c",
+                 "tests/integration/test_selftest.py::test_d",
+                 "tests/integration/test_bench.py::test_e[zsh]"]
+    order = sorted(collected, key=suite.start_order)
+    assert order == ["tests/integration/test_selftest.py::test_d",   # the bench group
+                     "tests/integration/test_bench.py::test_e[zsh]",
+                     "tests/dataprep/test_memory_bound.py::test_c",
+                     "tests/integration/test_sandbox.py::test_b",
+                     "tests/unit/jobs/test_job_record.py::test_a"]
