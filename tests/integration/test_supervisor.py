@@ -91,7 +91,9 @@ def job(tmp_path: Path, inv: Path, name: str, env: dict, notify: dict | None = N
 def mlxops_processes_here() -> list[str]:
     """mlxops processes of this test's controller: those whose environment has its
     ``MLXOPS_HOME`` (the CLI runs here inherit it; a supervisor on a node has its own; other
-    people's mlxops on this machine have theirs), this process left out."""
+    people's mlxops on this machine have theirs), this process left out, and so are the
+    sandbox's own helpers (its nodes' mDNS responders run here, from mlxops/sandbox/, and
+    inherit the MLXOPS_HOME of the test during whose set-up the session sandbox came up)."""
     home = f"MLXOPS_HOME={os.environ['MLXOPS_HOME']}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -100,8 +102,10 @@ def mlxops_processes_here() -> list[str]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(pid) != os.getpid() and home in environ and b"mlxops" in b" ".join(argv):
-            found.append(b" ".join(argv).decode(errors="replace"))
+        command = b" ".join(argv)
+        if (int(pid) != os.getpid() and home in environ and b"mlxops" in command
+                and b"/mlxops/sandbox/" not in command):
+            found.append(command.decode(errors="replace"))
     return found
 
 
