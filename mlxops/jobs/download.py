@@ -8,23 +8,23 @@ files as a tar. Here both are read as they come off the connection
 time, never held whole, never as text (a 15 GB model costs the controller a few MB).
 
 What is accepted: exactly the files the answer named, each a regular file of the size it
-named, with a plain relative name (no ``..``, no absolute path, no link): anything else,
-or a stream that ends early, is :class:`DownloadError` and leaves nothing behind in the
-directory written into (the caller's temporary one, renamed into place only when whole).
+named, with a plain relative name (:mod:`mlxops.node.tarstream`, the nodes' reader too):
+anything else, or a stream that ends early, is :class:`DownloadError`, and the directory
+written into is the caller's temporary one, renamed into place only when whole.
 """
 
 from __future__ import annotations
 
-import shutil
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO
 
 from mlxops.errors import MlxopsError
 from mlxops.node import protocol
 from mlxops.node.protocol.send import SEND, SendAnswer
+from mlxops.node.tarstream import NotNamed, WrongSize, unpack_named
 from mlxops.transport import CommandResult, Connection
 from mlxops.transport.nodecmd import node_command
 from mlxops.transport.output import read_output
@@ -33,8 +33,6 @@ from mlxops.transport.output import read_output
 MAX_LINES_BEFORE = 20
 #: A line longer than this is no answer line (a binary stream gone wrong).
 MAX_LINE = 1 << 20
-#: Bytes read from the stream and written to disk at a time.
-CHUNK = 1 << 20
 #: Seconds without a byte after which a download is given up.
 IDLE_TIMEOUT = 600.0
 
@@ -53,11 +51,6 @@ class Downloaded:
 def send_command(python: str, code_dir: str, args: Sequence[str]) -> str:
     """The node's ``send`` command line (``args`` from :mod:`mlxops.node.protocol.send`)."""
     return node_command(python, code_dir, args)
-
-
-def _safe(name: str) -> bool:
-    path = PurePosixPath(name)
-    return bool(name) and not path.is_absolute() and ".." not in path.parts
 
 
 def receive(host: str, out: IO[bytes], into: Path) -> Downloaded:
@@ -81,23 +74,13 @@ def receive(host: str, out: IO[bytes], into: Path) -> Downloaded:
     if answer.missing:
         return got
     try:
-        with tarfile.open(fileobj=out, mode="r|", bufsize=CHUNK) as tar:
-            for member in tar:
-                name = member.name
-                if not member.isfile() or not _safe(name) or name not in answer.files \
-                        or name in got.written:
-                    raise DownloadError(f"{host}: the node sent {name!r}, not one of the "
-                                        "files it named")
-                if member.size != answer.files[name]:
-                    raise DownloadError(f"{host}: {name}: {member.size} bytes sent, "
-                                        f"{answer.files[name]} named")
-                target = into / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                assert source is not None  # a regular file
-                with open(target, "wb") as sink:
-                    shutil.copyfileobj(source, sink, CHUNK)
-                got.written[name] = target.stat().st_size
+        got.written = unpack_named(out, answer.files, into)
+    except NotNamed as exc:
+        raise DownloadError(f"{host}: the node sent {exc.name!r}, not one of the files it "
+                            "named") from None
+    except WrongSize as exc:
+        raise DownloadError(f"{host}: {exc.name}: {exc.sent} bytes sent, {exc.named} "
+                            "named") from None
     except tarfile.TarError as exc:
         raise DownloadError(f"{host}: the files came back damaged: {exc}") from None
     lacking = [name for name in answer.files if name not in got.written]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlxops.errors import MlxopsError, UserError
-from mlxops.jobs.download import DownloadError, download, send_command
+from mlxops.jobs.download import Downloaded, DownloadError, download, send_command
 from mlxops.jobs.record import JobRecord, inventory_hosts
 from mlxops.node import protocol
 from mlxops.node.protocol.send import send_checkpoint_args
@@ -119,19 +119,9 @@ def fetch(record: JobRecord, connector: Connector, out: Path, *, best: bool = Fa
     order = list(dict.fromkeys(r.host for r in sorted(record.ranks, key=lambda r: r.rank)))
     misses = []
     for name in order:
-        h = record.host(name)
-        paths = h.paths(record.name)
-        command = send_command(h.python, paths.code, send_checkpoint_args(
-            paths.run_dir, where, FETCHED, step=step))
         tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
         try:
-            try:
-                got, result = download(connector.connect(hosts[name]), command, tmp,
-                                       timeout=FETCH_TIMEOUT)
-            except DownloadError as exc:
-                raise FetchError(str(exc)) from None
-            if got.answer is None:
-                raise FetchError(f"{name}: fetching failed: {result.error_line()}")
+            got = _download(record, connector, hosts, name, where, step, tmp)
             if got.answer.missing:
                 misses.append(f"{name}: {got.answer.missing}")
                 continue
@@ -162,20 +152,10 @@ def _fetch_stages(record: JobRecord, connector: Connector, out: Path, step: int 
     try:
         files, config = [], b""
         for r in ranks:
-            h = record.host(r.host)
-            paths = h.paths(record.name)
-            where = f"{protocol.CKPT_DIR}/stage-{r.rank}"
-            command = send_command(h.python, paths.code, send_checkpoint_args(
-                paths.run_dir, where, FETCHED, step=step))
             part = tmp / f"stage-{r.rank}"
             part.mkdir()
-            try:
-                got, result = download(connector.connect(hosts[r.host]), command, part,
-                                       timeout=FETCH_TIMEOUT)
-            except DownloadError as exc:
-                raise FetchError(str(exc)) from None
-            if got.answer is None:
-                raise FetchError(f"{r.host}: fetching failed: {result.error_line()}")
+            got = _download(record, connector, hosts, r.host, f"{protocol.CKPT_DIR}/"
+                            f"stage-{r.rank}", step, part)
             if got.answer.missing:
                 raise FetchError(f"{r.host}: stage {r.rank}: {got.answer.missing}")
             if r.rank == 0:   # every stage takes the step stage 0 has
@@ -189,6 +169,26 @@ def _fetch_stages(record: JobRecord, connector: Connector, out: Path, step: int 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Fetched(ranks[0].host, first.answer.directory, step, written, out)
+
+
+def _download(record: JobRecord, connector: Connector, hosts: dict, name: str, where: str,
+              step: int | None, into: Path) -> Downloaded:
+    """Host ``name``'s checkpoint of ``step`` (its newest if None) under ``where`` of the
+    job's run directory, its adapters' files streamed into ``into``; a download that failed
+    or ended before the node's answer is :class:`FetchError`. The answer may still say the
+    host has no such checkpoint (``answer.missing``): the caller decides what that means."""
+    h = record.host(name)
+    paths = h.paths(record.name)
+    command = send_command(h.python, paths.code, send_checkpoint_args(
+        paths.run_dir, where, FETCHED, step=step))
+    try:
+        got, result = download(connector.connect(hosts[name]), command, into,
+                               timeout=FETCH_TIMEOUT)
+    except DownloadError as exc:
+        raise FetchError(str(exc)) from None
+    if got.answer is None:
+        raise FetchError(f"{name}: fetching failed: {result.error_line()}")
+    return got
 
 
 def _umask() -> int:

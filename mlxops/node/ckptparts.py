@@ -36,8 +36,7 @@ from mlxops.node.protocol.parts import (
     PartsAnswer,
     ReceiveAnswer,
 )
-
-CHUNK = 1 << 20
+from mlxops.node.tarstream import NotNamed, WrongSize, plain_name, unpack_named
 
 
 class ReceiveError(RuntimeError):
@@ -126,9 +125,9 @@ def list_parts(run_dir: Path) -> PartsAnswer:
 
 
 def _safe(name: str) -> bool:
-    path = PurePosixPath(name)
-    return bool(name) and not path.is_absolute() and ".." not in path.parts \
-        and not any(p.startswith(".") for p in path.parts)
+    """A plain relative name, none of whose parts is hidden (``.incoming-*`` and the like
+    are this module's own)."""
+    return plain_name(name) and not any(p.startswith(".") for p in PurePosixPath(name).parts)
 
 
 def receive(run_dir: Path, parts: list[str], files: dict[str, int], stream: BinaryIO
@@ -157,25 +156,12 @@ def receive(run_dir: Path, parts: list[str], files: dict[str, int], stream: Bina
 
 
 def _unpack(stream: BinaryIO, into: Path, files: dict[str, int]) -> int:
-    got: dict[str, int] = {}
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as tar:
-            for member in tar:
-                name = member.name
-                if not member.isfile() or name not in files or name in got:
-                    raise ReceiveError(f"the tar holds {name!r}, not one of the files named")
-                if member.size != files[name]:
-                    raise ReceiveError(f"{name}: {member.size} bytes sent, {files[name]} "
-                                       "named")
-                target = into / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                assert source is not None  # a regular file
-                with open(target, "wb") as sink:
-                    shutil.copyfileobj(source, sink, CHUNK)
-                    sink.flush()
-                    os.fsync(sink.fileno())
-                got[name] = member.size
+        got = unpack_named(stream, files, into, durable=True)
+    except NotNamed as exc:
+        raise ReceiveError(f"the tar holds {exc.name!r}, not one of the files named") from None
+    except WrongSize as exc:
+        raise ReceiveError(f"{exc.name}: {exc.sent} bytes sent, {exc.named} named") from None
     except tarfile.TarError as exc:
         raise ReceiveError(f"the files came damaged: {exc}") from None
     lacking = [name for name in files if name not in got]
