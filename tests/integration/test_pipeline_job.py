@@ -67,23 +67,31 @@ def write_job(tmp_path: Path, box, restart: dict | None = None, **train) -> Path
     return path
 
 
+def step_losses(metrics: Path) -> dict[int, float]:
+    """Step -> loss, from a run's metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in map(json.loads, metrics.read_text().splitlines())}
+
+
+def one_process(tmp_path: Path, module: str, config: dict) -> dict[int, float]:
+    """``python -m module --config`` (the trainer or fine-tuning) run here in one process,
+    into ``tmp_path/one``: its losses."""
+    (tmp_path / "one.json").write_text(json.dumps({**config, "out": str(tmp_path / "one")}))
+    subprocess.run([sys.executable, "-m", module, "--config", str(tmp_path / "one.json")],
+                   check=True, cwd=ROOT, timeout=300,
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                   capture_output=True)
+    return step_losses(tmp_path / "one" / "metrics.jsonl")
+
+
 def reference(tmp_path: Path, **train) -> dict[int, float]:
     """One process holding all 6 layers: the trainer with ``train.stages: [6]``."""
     cfg = json.loads(json.dumps(TRAINER))
     cfg["train"].update(train, stages=[6])
-    cfg["out"] = str(tmp_path / "one")
-    (tmp_path / "one.json").write_text(json.dumps(cfg))
-    subprocess.run([sys.executable, "-m", "mlxops.trainer", "--config",
-                    str(tmp_path / "one.json")], check=True, cwd=ROOT, timeout=300,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                   capture_output=True)
-    lines = (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+    return one_process(tmp_path, "mlxops.trainer", cfg)
 
 
 def losses(box) -> dict[int, float]:
-    lines = (run_dir(box, "node1", "t-pipe") / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+    return step_losses(run_dir(box, "node1", "t-pipe") / "metrics.jsonl")
 
 
 @pytest.mark.slow
@@ -221,18 +229,9 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
     final = watchdog.result(timeout=300)
     assert final.state == "finished", final.to_dict()
     assert len(load_record("ft-pipe").restarts) == (1 if kill else 0)
-    lines = (run_dir(box, "node1", "ft-pipe") / "metrics.jsonl").read_text().splitlines()
-    got = {r["step"]: r["loss"] for r in map(json.loads, lines)}
-
-    one = {**section, "train": {**section["train"], "stages": [6]},
-           "out": str(tmp_path / "one")}
-    (tmp_path / "one.json").write_text(json.dumps(one))
-    subprocess.run([sys.executable, "-m", "mlxops.finetune", "--config",
-                    str(tmp_path / "one.json")], check=True, cwd=ROOT, timeout=300,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                   capture_output=True)
-    lines = (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()
-    assert got == {r["step"]: r["loss"] for r in map(json.loads, lines)}
+    got = step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl")
+    one = {**section, "train": {**section["train"], "stages": [6]}}
+    assert got == one_process(tmp_path, "mlxops.finetune", one)
 
     out = tmp_path / "adapters"
     fetched = fetch(load_record("ft-pipe"), connector, out)
