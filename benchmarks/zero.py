@@ -7,12 +7,16 @@ time after ``--skip`` warm-up steps and every rank its peak (``mx.get_peak_memor
 beside the memory plan's (trainer/plan.py, ``estimate(..., shard=...)``).
 
 The extra ``all_gather`` is predicted as ``mlxops plan`` would from a bench: before the
-runs, a small all-reduce sweep on the same ranks (``all_sum`` at 64 KiB to 16 MiB, the
-median of 10 calls each) is fitted ``t(S) = a + b S`` (mlxops/bench/results.py's ``fit``)
-and ``all_gather_us`` (mlxops/planning.py) turns it into the gather of the weights; the
-same ranks then time that gather alone (median of 10). Printed: sharded minus unsharded
-step time, and the gather alone, against that prediction (target: within 20%), and each
-mode's measured peak against its plan (target: within 15%, never more than 10% below).
+runs, the bench's own sweep on the same ranks (mlxops/node/allreduce.py's ``sweep``:
+``all_sum`` and ``all_gather`` at 4 KiB to ``--sweep-to`` bytes, powers of two) is fitted
+``t(S) = a + b S`` per collective (mlxops/bench/results.py's ``fit``) and
+``all_gather_us`` turns it into the gather of the weights; the same ranks then time that
+gather alone (median of 10), in the run's dtype. Printed: sharded minus unsharded step
+time, and the gather alone, against that prediction (target: within 20%) and against the
+all-reduce fit's (the rule before the bench swept all_gather), and each mode's measured
+peak against its plan (target: within 15%, never more than 10% below). ``--save FILE``
+writes the sweep's rows, the fits and the gather alone as JSON (recorded numbers for
+tests).
 
     python benchmarks/zero.py                        # 2 ranks, float32
     python benchmarks/zero.py --ranks 3 --dtype bfloat16
@@ -29,15 +33,13 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
-
-SWEEP = [64 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2]
 
 
 def _config(args) -> dict:
@@ -49,7 +51,8 @@ def _config(args) -> dict:
                       "warmup": 0}}
 
 
-def rank_main(mode: str, config: str, steps: int, skip: int, out: str) -> None:
+def rank_main(mode: str, config: str, steps: int, skip: int, out: str,
+              sweep_to: int = 0) -> None:
     """One rank of one run (``mode``: plain, zero or sweep)."""
     import mlx.core as mx
     import numpy as np
@@ -62,16 +65,12 @@ def rank_main(mode: str, config: str, steps: int, skip: int, out: str) -> None:
 
     group = mx.distributed.init(strict=True)
     rank, world = group.rank(), group.size()
-    if mode == "sweep":  # the bench's all-reduce sizes, then the gather to predict
-        rows = []
-        for size in SWEEP:
-            x = mx.ones((size // 4,))
-            times = []
-            for _ in range(12):
-                t0 = time.perf_counter()
-                mx.eval(mx.distributed.all_sum(x, group=group))
-                times.append(time.perf_counter() - t0)
-            rows.append({"bytes": size, "time_us": statistics.median(times[2:]) * 1e6})
+    if mode == "sweep":  # the bench's own sweep (all_sum, all_gather), then the gather
+        from mlxops.node.allreduce import sweep
+
+        sizes = [4096 << i for i in range(max(1, (sweep_to // 4096).bit_length()))]
+        rows = sweep(sizes, group, target=0.3, min_iters=3, max_iters=200,
+                     beat=lambda *_: None)
         # ZeRO-1's all_gather alone, as the step makes it: every rank's slice of the
         # weights (its padded share), in the run's dtype.
         cfg = load_config(json.loads(config))
@@ -82,9 +81,9 @@ def rank_main(mode: str, config: str, steps: int, skip: int, out: str) -> None:
             t0 = time.perf_counter()
             mx.eval(mx.distributed.all_gather(piece, group=group))
             times.append(time.perf_counter() - t0)
-        if rank == 0:
-            Path(out).write_text(json.dumps({"rows": rows,
-                                             "gather_us": statistics.median(times[2:]) * 1e6}))
+        Path(f"{out}.{rank}").write_text(json.dumps({
+            **rows, "gather_bytes": piece.nbytes * world,
+            "gather_us": statistics.median(times[2:]) * 1e6}))
         return
     cfg = load_config(json.loads(config))
     compute = mx.bfloat16 if cfg.train.dtype == "bfloat16" else mx.float32
@@ -117,13 +116,13 @@ def rank_main(mode: str, config: str, steps: int, skip: int, out: str) -> None:
 def _run(args, mode: str, tmp: Path, config: str) -> list[dict]:
     out = tmp / mode
     cmd = [sys.executable, __file__, "--as-rank", mode, "--config", config,
-           "--steps", str(args.steps), "--skip", str(args.skip), "--out", str(out)]
+           "--steps", str(args.steps), "--skip", str(args.skip), "--out", str(out),
+           "--sweep-to", str(args.sweep_to)]
     proc = run_ranks(cmd, args.ranks, cwd=ROOT, timeout=1200,
-                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                     env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
     if proc.returncode:
         sys.exit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
-    if mode == "sweep":
-        return [json.loads(out.read_text())]
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(args.ranks)]
 
 
@@ -140,40 +139,54 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--sweep-to", type=int, default=64 << 20,
+                   help="the sweep's largest size, bytes (from 4 KiB, powers of two)")
+    p.add_argument("--save", help="write the sweep, its fits and the gather alone here")
     p.add_argument("--as-rank")
     p.add_argument("--config")
     p.add_argument("--out")
     args = p.parse_args()
     if args.as_rank:
-        rank_main(args.as_rank, args.config, args.steps, args.skip, args.out)
+        rank_main(args.as_rank, args.config, args.steps, args.skip, args.out, args.sweep_to)
         return
-    from mlxops.bench.results import fit
-    from mlxops.planning import all_gather_us
+    from mlxops.bench.results import all_gather_us, allreduce_rows, fit, gather_factor
 
     config = json.dumps(_config(args))
     with tempfile.TemporaryDirectory(prefix="mlxops-zero-bench-") as d:
         tmp = Path(d)
-        measured = _run(args, "sweep", tmp, config)[0]
-        params = fit([SimpleNamespace(**r) for r in measured["rows"]])
+        swept = _run(args, "sweep", tmp, config)   # as the bench: the slowest rank's
+        rows = allreduce_rows([r["results"] for r in swept], args.ranks)
+        gathers = allreduce_rows([r["all_gather"] for r in swept], args.ranks, gather_factor)
+        info = {"ranks": args.ranks, "fit": fit(rows), "all_gather_fit": fit(gathers)}
         got: dict[str, list[list[dict]]] = {"plain": [], "zero": []}
         for _ in range(args.repeat):
             for mode in ("plain", "zero"):
                 got[mode].append(_run(args, mode, tmp, config))
     step = {m: statistics.median(r[0]["step_s"] for r in runs) for m, runs in got.items()}
     p_count = got["plain"][0][0]["params"]
-    w = 2 if args.dtype == "bfloat16" else 4
-    predicted = all_gather_us({"fit": params, "ranks": args.ranks}, w * p_count,
-                              args.ranks) / 1e6
+    nbytes = swept[0]["gather_bytes"]  # every rank's padded slice, in the run's dtype
+    predicted = all_gather_us(info, nbytes, args.ranks) / 1e6
+    before = all_gather_us({**info, "all_gather_fit": None}, nbytes, args.ranks) / 1e6
     extra = step["zero"] - step["plain"]
+    gather = max(r["gather_us"] for r in swept) / 1e6
+    if args.save:
+        Path(args.save).write_text(json.dumps({
+            "ranks": args.ranks, "dtype": args.dtype, "params": p_count, **info,
+            "allreduce": [asdict(r) for r in rows], "all_gather": [asdict(r) for r in gathers],
+            "gather_bytes": nbytes, "gather_us": gather * 1e6,
+            "step_s": step}, indent=1) + "\n")
+    for name, params in (("all_sum", info["fit"]), ("all_gather", info["all_gather_fit"])):
+        print(f"bench {name} fit: a={params['a_us']:.0f} us, "
+              f"b={params['b_us_per_byte'] * 1e3:.3f} us/KB")
     print(f"{args.ranks} ranks, {args.dtype}, {p_count:,} parameters, micro {args.micro} x "
-          f"seq {args.seq}; bench fit a={params['a_us']:.0f} us, "
-          f"b={params['b_us_per_byte'] * 1e3:.3f} us/KB")
+          f"seq {args.seq}")
     print(f"step: unsharded {step['plain'] * 1e3:.1f} ms, sharded {step['zero'] * 1e3:.1f} ms"
           f" ({step['zero'] / step['plain']:.2f}x); extra {extra * 1e3:.1f} ms, all_gather "
           f"predicted {predicted * 1e3:.1f} ms (measured/predicted {extra / predicted:.2f})")
-    gather = measured["gather_us"] / 1e6
-    print(f"all_gather of the weights alone: measured {gather * 1e3:.1f} ms, predicted "
-          f"{predicted * 1e3:.1f} ms (measured/predicted {gather / predicted:.2f})")
+    print(f"all_gather of the weights alone ({nbytes / 1e6:.1f} MB): measured "
+          f"{gather * 1e3:.1f} ms; predicted {predicted * 1e3:.1f} ms from the all_gather "
+          f"sweep (measured/predicted {gather / predicted:.2f}), {before * 1e3:.1f} ms from "
+          f"the all-reduce's (measured/predicted {gather / before:.2f})")
     for mode, runs in got.items():
         peak = max(r["peak"] for run in runs for r in run)
         planned = runs[0][0]["planned"]

@@ -10,7 +10,9 @@ budget on a Mac is the recommended working set the node's MLX reported in those 
 Per step, beside the compute (6 x parameters x tokens, per rank; attention's scores, which
 ``model.window`` bounds, apart: trainer/plan.py), the all-reduce of the
 gradients as the newest ``mlxops bench`` of the same hosts predicts it (its fit
-t(S) = a + b*S, docs/formats.md, "mlxops bench --json").
+t(S) = a + b*S, docs/formats.md, "mlxops bench --json"); for a sharded job, the
+all_gather of its weights from the same bench's all_gather sweep
+(:func:`mlxops.bench.results.all_gather_us`).
 
 A trainer job with ``train.shard_optimizer: auto`` is planned as launch decides it over all
 its nodes (:mod:`mlxops.jobs.sharding`): sharded or not, with the other plan beside it
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mlxops.bench.results import bus_factor, latest_for, predict_us
+from mlxops.bench.results import all_gather_us, gather_source, latest_for, predict_us
 from mlxops.errors import UserError
 from mlxops.finetune.plan import FinetunePlan
 from mlxops.jobs.balance import BalancePlan
@@ -131,7 +133,7 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
     if plans[0].sharded is not None or getattr(m, "sharded", False):
         # The job runs sharded, or sharding is shown as what would make it fit.
         gathered = planner.gathered_bytes(m.world_size)
-        out["all_gather"] = {"bytes": gathered, "predicted_us": None}
+        out["all_gather"] = {"bytes": gathered, "predicted_us": None, "fit_of": None}
     attention = planner.attention(tokens)
     if attention is not None:
         # The bundled model's attention (its window included); a fine-tuned model's is
@@ -145,20 +147,7 @@ def step_estimate(spec: JobSpec, plans: list[NodePlan]) -> dict[str, Any] | None
                             "fit": info["fit"],
                             "predicted_us": predict_us(info, nbytes, m.world_size)}
         if gathered is not None:
-            out["all_gather"]["predicted_us"] = all_gather_us(info, gathered, m.world_size)
+            out["all_gather"].update(
+                predicted_us=all_gather_us(info, gathered, m.world_size),
+                fit_of=gather_source(info))
     return out
-
-
-def all_gather_us(info: dict[str, Any], nbytes: int, world: int) -> float | None:
-    """ZeRO-1's ``all_gather`` of ``nbytes`` (the weights, every step) over ``world``
-    ranks, predicted from a bench's all-reduce fit ``t(S) = a + b S`` (``info``: its
-    ``allreduce_info``). A ring all_gather carries ``(n - 1) / n`` of the bytes over each
-    link, half an all-reduce's bus factor ``2 (n - 1) / n``, in one call (one ``a``):
-    ``a + b S (n - 1) / n / busfactor(bench ranks)``. None without a fit; 0 on one rank."""
-    params, ranks = info.get("fit"), info.get("ranks")
-    if world < 2:
-        return 0.0
-    if not params or not ranks or ranks < 2:
-        return None
-    return params["a_us"] + params["b_us_per_byte"] * nbytes * (bus_factor(world) / 2) \
-        / bus_factor(ranks)

@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mlxops.bench.results import AllreduceRow, allreduce_rows
+from mlxops.bench.results import AllreduceRow, allreduce_rows, gather_factor
 from mlxops.errors import MlxopsError, UserError
 from mlxops.jobs.internal import read_rank_files, wait_until_ended
 from mlxops.jobs.jobdirs import job_dir
@@ -74,9 +74,10 @@ def clear_earlier(connector: Connector, on_event: OnEvent) -> None:
 
 
 def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
-          on_event: OnEvent = lambda _: None) -> tuple[list[AllreduceRow], int]:
-    """Run the sweep; ``(rows, ranks)``. Raises MlxopsError when it could not be run (the
-    ranks are stopped and everything removed first)."""
+          on_event: OnEvent = lambda _: None
+          ) -> tuple[list[AllreduceRow], list[AllreduceRow], int]:
+    """Run the sweep; ``(all_sum rows, all_gather rows, ranks)``. Raises MlxopsError when
+    it could not be run (the ranks are stopped and everything removed first)."""
     clear_earlier(connector, on_event)
     on_event(f"all-reduce: starting {BENCH_JOB} ({spec.backend})")
     record = launch(spec, connector, exclude=exclude, fresh=True)
@@ -91,10 +92,12 @@ def sweep(spec: JobSpec, connector: Connector, *, exclude: Sequence[str] = (),
             raise LeftRunning(f"{BENCH_JOB}: ranks may still run ({_why(stopped)}); "
                               f"run 'mlxops stop {BENCH_JOB}'")
         _forget(record, connector)
-    return allreduce_rows(per_rank, record.world_size), record.world_size
+    n = record.world_size
+    return (allreduce_rows([d["results"] for d in per_rank], n),
+            allreduce_rows([d.get("all_gather", []) for d in per_rank], n, gather_factor), n)
 
 
-def _read(record: JobRecord, connector: Connector) -> list[list[dict]]:
+def _read(record: JobRecord, connector: Connector) -> list[dict]:
     """Every rank's ``allreduce-rank-<r>.json``, by rank."""
     def parse(_host: str, stdout: str) -> dict[int, dict]:
         try:
@@ -108,7 +111,7 @@ def _read(record: JobRecord, connector: Connector) -> list[list[dict]]:
     missing = [r.rank for r in record.ranks if r.rank not in by_rank]
     if missing:
         raise MlxopsError(f"no all-reduce results from ranks {missing}")
-    return [by_rank[r.rank]["results"] for r in record.ranks]
+    return [by_rank[r.rank] for r in record.ranks]
 
 
 def _forget(record: JobRecord, connector: Connector) -> None:

@@ -1,6 +1,7 @@
 """What a bench found, as ``--json`` prints it and ``~/.mlxops/bench/<time>.json`` keeps it
 (docs/formats.md, "mlxops bench --json"), and what later commands read back from it: the
-ring order (``mlxops hostfile --order``) and the all-reduce fit (``mlxops plan``).
+ring order (``mlxops hostfile --order``) and the all-reduce and all_gather fits
+(``mlxops plan``).
 
 Units: bandwidth in Gbit/s, decimal (1e9 bit/s) everywhere, all-reduce bandwidths too;
 latency and times in microseconds; sizes in bytes. Hosts by inventory name.
@@ -13,6 +14,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,10 +64,12 @@ class LoopbackResult:
 
 @dataclass
 class AllreduceRow:
-    bytes: int
+    """One size of the collective sweep (``all_sum``; ``all_gather`` rows too)."""
+
+    bytes: int                    # summed; an all_gather's: gathered (all ranks' blocks)
     time_us: float                # per call, the slowest rank's average
     algbw_gbps: float             # bytes / time
-    busbw_gbps: float             # algbw * 2(n-1)/n
+    busbw_gbps: float             # algbw * 2(n-1)/n; an all_gather's: algbw * (n-1)/n
     wrong: int                    # elements not n(n+1)/2, summed over ranks
     iterations: int
 
@@ -91,6 +95,7 @@ class BenchResult:
     loopback: list[LoopbackResult] = field(default_factory=list)
     allreduce: list[AllreduceRow] = field(default_factory=list)
     allreduce_info: dict[str, Any] = field(default_factory=dict)
+    all_gather: list[AllreduceRow] = field(default_factory=list)  # fit: allreduce_info's
     ring: RingResult | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
@@ -107,20 +112,25 @@ class BenchResult:
                 "loopback": [asdict(x) for x in self.loopback],
                 "allreduce": [asdict(r) for r in self.allreduce],
                 "allreduce_info": self.allreduce_info,
+                "all_gather": [asdict(r) for r in self.all_gather],
                 "ring": asdict(self.ring) if self.ring else None,
                 "findings": self.findings, "unreachable": self.unreachable,
                 "failures": self.failures, "seconds": self.seconds}
 
 
-def allreduce_rows(per_rank: list[list[dict[str, Any]]], ranks: int) -> list[AllreduceRow]:
-    """nccl-tests' figures from every rank's results: time is the slowest rank's."""
+def allreduce_rows(per_rank: list[list[dict[str, Any]]], ranks: int,
+                   factor: Callable[[int], float] | None = None) -> list[AllreduceRow]:
+    """nccl-tests' figures from every rank's results: time is the slowest rank's; the
+    bus bandwidth by ``factor`` (the all-reduce's :func:`bus_factor`; an all_gather's
+    :func:`gather_factor`)."""
+    factor = factor or bus_factor
     rows = []
     for sizes in zip(*per_rank, strict=True):
         size = sizes[0]["bytes"]
         t = max(s["time_us"] for s in sizes)
         algbw = size * 8 / (t / 1e6) / 1e9 if t > 0 else 0.0
         rows.append(AllreduceRow(bytes=size, time_us=t, algbw_gbps=algbw,
-                                 busbw_gbps=algbw * bus_factor(ranks),
+                                 busbw_gbps=algbw * factor(ranks),
                                  wrong=sum(s["wrong"] for s in sizes),
                                  iterations=sizes[0]["iterations"]))
     return rows
@@ -129,6 +139,11 @@ def allreduce_rows(per_rank: list[list[dict[str, Any]]], ranks: int) -> list[All
 def bus_factor(ranks: int) -> float:
     """nccl-tests' all-reduce bus factor 2(n-1)/n: what each link carries per byte."""
     return 2 * (ranks - 1) / ranks if ranks > 0 else 0.0
+
+
+def gather_factor(ranks: int) -> float:
+    """nccl-tests' all_gather bus factor (n-1)/n: what each link carries per byte gathered."""
+    return (ranks - 1) / ranks if ranks > 0 else 0.0
 
 
 def average_busbw(rows: list[AllreduceRow]) -> float | None:
@@ -165,6 +180,44 @@ def predict_us(info: dict[str, Any], nbytes: int, world: int) -> float | None:
     groups = max(1, math.ceil(nbytes / GRADIENT_GROUP))
     scale = bus_factor(world) / bus_factor(ranks)
     return groups * params["a_us"] + params["b_us_per_byte"] * nbytes * scale
+
+
+def all_gather_us(info: dict[str, Any], nbytes: int, world: int) -> float | None:
+    """ZeRO-1's ``all_gather`` of ``nbytes`` gathered (the weights, every step) over
+    ``world`` ranks, from a bench's ``allreduce_info`` (its ranks ``m``).
+
+    From the bench's own all_gather sweep (``all_gather_fit``: ``t(S) = a + b S`` fitted
+    as the all-reduce's, :func:`fit`, ``S`` the bytes gathered): a ring all_gather is one
+    call (one ``a``) whose every link carries ``S (n - 1) / n``, so at ``world = n``
+
+        t = a + b S g(n) / g(m),   g(n) = (n - 1) / n   (nccl-tests' all_gather factor)
+
+    The all-reduce's fit is not used for it where that sweep exists: measured, it predicted
+    2.2 to 3.6 times the gather (benchmarks/README.md, "zero.py": its ``a`` is the small
+    sizes' latency, its ``b`` pays for the sum). A bench saved before the gather sweep
+    (no ``all_gather_fit``) still predicts, from its all-reduce fit, at half its bus
+    factor: ``a + b S g(n) / (2 g(m))`` (:func:`gather_source` says which). None without
+    a fit; 0 on one rank."""
+    ranks = info.get("ranks")
+    if world < 2:
+        return 0.0
+    if not ranks or ranks < 2:
+        return None
+    if info.get("all_gather_fit"):
+        params, scale = info["all_gather_fit"], gather_factor(world) / gather_factor(ranks)
+    elif info.get("fit"):
+        params, scale = info["fit"], gather_factor(world) / bus_factor(ranks)
+    else:
+        return None
+    return params["a_us"] + params["b_us_per_byte"] * nbytes * scale
+
+
+def gather_source(info: dict[str, Any]) -> str | None:
+    """Which sweep :func:`all_gather_us` predicts from: ``all_gather`` (the bench's own),
+    ``all_sum`` (a bench saved before it had one), None (no fit)."""
+    if info.get("all_gather_fit"):
+        return "all_gather"
+    return "all_sum" if info.get("fit") else None
 
 
 # --- files -------------------------------------------------------------------------------

@@ -242,19 +242,21 @@ def _ring(req: Request, result: BenchResult, names: list[str]) -> RingResult | N
 
 def _sweep(req: Request, result: BenchResult, spec: JobSpec, left_out: list[str],
            ranks: int, connector: Connector, on_event: OnEvent) -> bool:
-    """The all-reduce sweep, when asked for and there are two ranks; True when its ranks
+    """The all-reduce (and all_gather) sweep, when asked for and there are two ranks; True
+    when its ranks
     could not be stopped (its run directories must then stay for 'mlxops stop')."""
     if not req.sizes:
         return False
     info = result.allreduce_info
     info.update({"backend": spec.backend, "ranks": ranks, "avg_busbw_gbps": None,
-                 "fit": None, "error": None})
+                 "fit": None, "all_gather_fit": None, "error": None})
     if ranks < 2:
         info["error"] = "one rank: nothing to all-reduce"
         return False
     mark = time.monotonic()
     try:
-        rows, ranks = allreduce.sweep(spec, connector, exclude=left_out, on_event=on_event)
+        rows, gathered, ranks = allreduce.sweep(spec, connector, exclude=left_out,
+                                                on_event=on_event)
     except MlxopsError as exc:
         if isinstance(exc, GroupError):
             for name in exc.results.unreachable:
@@ -264,13 +266,15 @@ def _sweep(req: Request, result: BenchResult, spec: JobSpec, left_out: list[str]
         return isinstance(exc, allreduce.LeftRunning)
     finally:
         result.seconds["allreduce"] = time.monotonic() - mark
-    result.allreduce = rows
-    info.update({"ranks": ranks, "avg_busbw_gbps": average_busbw(rows), "fit": fit(rows)})
+    result.allreduce, result.all_gather = rows, gathered
+    info.update({"ranks": ranks, "avg_busbw_gbps": average_busbw(rows), "fit": fit(rows),
+                 "all_gather_fit": fit(gathered)})
     if rows and len(rows) < len(req.sizes):  # the budget stopped it growing
         info["largest"] = rows[-1].bytes
-    wrong = sum(r.wrong for r in rows)
-    if wrong:
-        result.failures.append(f"all-reduce: {wrong} wrong element(s)")
+    for what, got in (("all-reduce", rows), ("all_gather", gathered)):
+        wrong = sum(r.wrong for r in got)
+        if wrong:
+            result.failures.append(f"{what}: {wrong} wrong element(s)")
     return False
 
 

@@ -149,8 +149,12 @@ def gather_notes(step: dict | None) -> list[str]:
     gather = (step or {}).get("all_gather")
     if not gather:
         return []
+    # A bench saved before its all_gather sweep predicts from its all-reduce fit, which
+    # measured 2.2-3.6x the gather (benchmarks/README.md, "zero.py"): said, to rerun it.
+    source = ("the bench" if gather.get("fit_of") != "all_sum" else
+              "the bench's all-reduce: no all_gather sweep in it, rerun 'mlxops bench'")
     cost = ("no 'mlxops bench' of these hosts yet" if gather["predicted_us"] is None
-            else f"~{gather['predicted_us'] / 1e3:.3g} ms a step (from the bench)")
+            else f"~{gather['predicted_us'] / 1e3:.3g} ms a step (from {source})")
     return [f"  + weights all_gather {gather['bytes'] / 1e6:.3g} MB: {cost}"]
 
 

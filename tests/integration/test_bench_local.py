@@ -1,7 +1,7 @@
 """``mlxops bench`` on inventory/local.yml through the real CLI: no SSH, no root needed.
 
-One host, three slots: the loopback run and a real all-reduce over three ranks started as
-a job, and nothing of it left behind (no rank, no server, no run directory, no record).
+One host, three slots: the loopback run and a real all-reduce and all_gather sweep over
+three ranks started as a job, and nothing of it left behind (no rank, no server, no run directory, no record).
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ def test_local_bench_measures_loopback_and_all_reduces_then_leaves_nothing(tmp_p
     assert [r["bytes"] for r in doc["allreduce"]] == [4096, 1 << 20]
     assert all(r["wrong"] == 0 and r["busbw_gbps"] > 0 for r in doc["allreduce"])
     assert doc["allreduce_info"]["ranks"] == 3 and doc["allreduce_info"]["fit"]
+    # the all_gather beside it (what 'mlxops plan' predicts a sharded step's gather from):
+    # each rank's block rounded up to a whole float per rank, its order checked
+    assert [r["bytes"] for r in doc["all_gather"]] == [4104, 1048584]
+    assert all(r["wrong"] == 0 and r["busbw_gbps"] > 0 for r in doc["all_gather"])
+    assert doc["allreduce_info"]["all_gather_fit"]
     assert Path(doc["file"]).parent == tmp_path / "home" / "bench"
     assert json.loads(Path(doc["file"]).read_text())["allreduce"] == doc["allreduce"]
     assert not (node_root / "runs" / "mlxops-bench").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from trainer_procs import TINY
 
-from mlxops.planning import all_gather_us
+from mlxops.bench.results import all_gather_us, gather_source
 from mlxops.trainer import plan
 from mlxops.trainer.config import load_config
 
@@ -47,13 +47,21 @@ def test_a_job_that_fits_only_sharded_is_planned_to_fit_sharded():
     assert plan.plan_memory(cfg, memory, 8, shard=True).fits
 
 
-def test_the_all_gather_is_predicted_from_the_bench_at_half_the_all_reduce_bus_factor():
-    info = {"fit": {"a_us": 100.0, "b_us_per_byte": 0.001}, "ranks": 2}
-    # over 2 ranks an all_gather moves half the bytes a link that the all-reduce moves
-    assert all_gather_us(info, 1_000_000, 2) == 100.0 + 1000 * 0.5
-    assert all_gather_us(info, 1_000_000, 4) == 100.0 + 1000 * 0.75
-    assert all_gather_us(info, 10, 1) == 0.0
+def test_the_all_gather_is_predicted_from_the_bench_s_own_gather_sweep():
+    old = {"fit": {"a_us": 100.0, "b_us_per_byte": 0.001}, "ranks": 2}
+    new = {**old, "all_gather_fit": {"a_us": 40.0, "b_us_per_byte": 0.0004}}
+    # its own fit, b scaled by what a link carries per byte gathered, (n-1)/n against the
+    # bench's 1/2; one call, one a
+    assert all_gather_us(new, 1_000_000, 2) == 40.0 + 400
+    assert all_gather_us(new, 1_000_000, 4) == 40.0 + 400 * 0.75 / 0.5
+    assert gather_source(new) == "all_gather"
+    # a bench saved before the gather sweep: from its all-reduce fit, half its bus factor
+    assert all_gather_us(old, 1_000_000, 2) == 100.0 + 1000 * 0.5
+    assert all_gather_us(old, 1_000_000, 4) == 100.0 + 1000 * 0.75
+    assert gather_source(old) == "all_sum"
+    assert all_gather_us(new, 10, 1) == 0.0
     assert all_gather_us({"fit": None, "ranks": 2}, 10, 2) is None
+    assert gather_source({"fit": None, "ranks": 2}) is None
 
 
 def _job(tmp_path, dims: int) -> object:
@@ -105,21 +113,32 @@ def test_mlxops_plan_says_sharding_makes_a_job_fit_and_what_its_all_gather_costs
     assert not any(p.plan.fits for p in plans)
     assert all(p.sharded.fits and p.sharded.sharded for p in plans)
     step = step_estimate(spec, plans)
-    assert step["all_gather"] == {"bytes": 4 * plans[0].plan.params, "predicted_us": None}
+    assert step["all_gather"] == {"bytes": 4 * plans[0].plan.params, "predicted_us": None,
+                                  "fit_of": None}
     notes = sharded_notes(plans, step)
     assert notes[0].startswith("fits with the optimizer state sharded over the ranks "
                                "(ZeRO-1): rank peak "), notes
     assert "no 'mlxops bench' of these hosts yet" in notes[1]
-    # with a bench of these hosts, the gather's time from its all-reduce fit
+    # with a bench of these hosts saved before its gather sweep: from its all-reduce fit,
+    # and the note says to rerun it
     from types import SimpleNamespace
-    bench = SimpleNamespace(hosts=list("abcd"), allreduce_info={
-        "ranks": 4, "fit": {"a_us": 100.0, "b_us_per_byte": 0.001}})
-    _save_bench(bench, save)
+    info = {"ranks": 4, "fit": {"a_us": 100.0, "b_us_per_byte": 0.001}}
+    _save_bench(SimpleNamespace(hosts=list("abcd"), allreduce_info=info), save)
     step = step_estimate(spec, plans)
-    want = all_gather_us({"ranks": 4, "fit": {"a_us": 100.0, "b_us_per_byte": 0.001}},
-                         4 * plans[0].plan.params, 4)
+    want = all_gather_us(info, 4 * plans[0].plan.params, 4)
     assert step["all_gather"]["predicted_us"] == want
-    assert f"~{want / 1e3:.3g} ms a step (from the bench)" in sharded_notes(plans, step)[1]
+    assert step["all_gather"]["fit_of"] == "all_sum"
+    assert (f"~{want / 1e3:.3g} ms a step (from the bench's all-reduce: no all_gather sweep "
+            "in it, rerun 'mlxops bench')") in sharded_notes(plans, step)[1]
+    # a newer bench with its all_gather sweep: from that
+    info = {**info, "all_gather_fit": {"a_us": 50.0, "b_us_per_byte": 0.0004}}
+    _save_bench(SimpleNamespace(hosts=list("abcd"), allreduce_info=info), save)
+    step = step_estimate(spec, plans)
+    want = all_gather_us(info, 4 * plans[0].plan.params, 4)
+    assert step["all_gather"] == {"bytes": 4 * plans[0].plan.params, "predicted_us": want,
+                                  "fit_of": "all_gather"}
+    assert sharded_notes(plans, step)[1].endswith(f"~{want / 1e3:.3g} ms a step (from the "
+                                                  "bench)")
     doc = plans[0].to_dict()
     assert doc["sharded"] is False and doc["sharded_plan"]["sharded"] is True
 

@@ -187,3 +187,21 @@ def test_the_synced_node_modules_import_only_the_standard_library():
                 assert ok or (path.name in ("preflight.py", "memory.py", *rank_programs)
                           and top == "mlx"), (
                 path.name, name)
+
+
+def test_the_sweep_times_all_sum_and_all_gather_and_checks_the_gather_s_order():
+    import mlx.core as mx
+
+    from mlxops.node.allreduce import AllGather, AllSum, sweep
+
+    one = mx.distributed.init()  # no backend here: a group of one, as a lone rank
+    rows = sweep([4096, 8192], one, target=0.01, min_iters=1, max_iters=2,
+                 beat=lambda *_: None)
+    assert [r["bytes"] for r in rows["results"]] == [4096, 8192]
+    assert [r["bytes"] for r in rows["all_gather"]] == [4096, 8192]
+    assert all(r["wrong"] == 0 and r["time_us"] > 0 for got in rows.values() for r in got)
+    # three ranks' blocks: in rank order right, two swapped wrong (values alone would pass)
+    assert AllGather().wrong(mx.array([1.0, 1, 2, 2, 3, 3]), 3) == 0
+    assert AllGather().wrong(mx.array([2.0, 2, 1, 1, 3, 3]), 3) == 4
+    assert AllGather().nbytes(AllGather().operand(4096, 0, 3), 3) == 4104  # ceil(4096/12)
+    assert AllSum().wrong(mx.array([6.0, 6, 7]), 3) == 1
