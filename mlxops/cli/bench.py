@@ -87,16 +87,22 @@ def loopback_table(result: BenchResult) -> Table:
 
 
 def allreduce_table(result: BenchResult) -> Table:
+    """The sweep, one row a size: the all-reduce's figures, then the all_gather's time at
+    that size (``mlxops plan`` predicts a sharded step's gather from it); ``wrong``: both."""
     info = result.allreduce_info
     t = console.table(console.column("size", right=True), console.column("time us", right=True),
                       console.column("algbw Gbit/s", right=True),
                       console.column("busbw Gbit/s", right=True),
+                      console.column("gather us", right=True),
                       console.column("wrong", right=True),
                       title=f"all-reduce (all_sum, float32, {info.get('ranks')} ranks, "
-                            f"{info.get('backend')})")
-    for r in result.allreduce:
+                            f"{info.get('backend')}); gather: all_gather of that size")
+    gathers = {i: g for i, g in enumerate(result.all_gather)}
+    for i, r in enumerate(result.allreduce):
+        g = gathers.get(i)
+        wrong = r.wrong + (g.wrong if g else 0)
         t.add_row(_size(r.bytes), _num(r.time_us, 4), _num(r.algbw_gbps), _num(r.busbw_gbps),
-                  f"[bold red]{r.wrong}[/]" if r.wrong else "0")
+                  _num(g.time_us, 4) if g else "", f"[bold red]{wrong}[/]" if wrong else "0")
     return t
 
 

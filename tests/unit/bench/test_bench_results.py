@@ -306,13 +306,18 @@ def test_bench_tables_fit_80_columns():
     doc.pairs[0].bidir_gbps = 9.3
     doc.pairs[1].error = "node dead"
     doc.allreduce_info = {"ranks": 8, "backend": "ring"}
+    doc.all_gather = rows({4096: 30.0, 1 << 20: 480.0, 256 << 20: 105000.0}, ranks=8,
+                          wrong=1)
     assert_readable(render(pairs_table(doc)), ["from", "to", "rtt p50 us", "rtt p99 us",
                                                "1x Gbit/s", "4x Gbit/s", "both Gbit/s"])
     assert_readable(render(loopback_table(doc)), ["host", "rtt p50 us", "rtt p99 us",
                                                   "Gbit/s"])
     text = render(allreduce_table(doc))
-    assert_readable(text, ["size", "time us", "algbw Gbit/s", "busbw Gbit/s", "wrong"])
+    assert_readable(text, ["size", "time us", "algbw Gbit/s", "busbw Gbit/s", "gather us",
+                           "wrong"])
     assert "256 MiB" in text and "4 KiB" in text
+    big = next(line.split() for line in text.splitlines() if line.startswith("256 MiB"))
+    assert big[-2:] == ["112350", "8"]   # the gather's time (its slowest rank), its wrong
 
 
 def test_plan_predicts_the_gradients_all_reduce_from_the_last_bench(tmp_path, monkeypatch):
