@@ -193,11 +193,11 @@ def all_gather_us(info: dict[str, Any], nbytes: int, world: int) -> float | None
         t = a + b S g(n) / g(m),   g(n) = (n - 1) / n   (nccl-tests' all_gather factor)
 
     The all-reduce's fit is not used for it where that sweep exists: measured, it predicted
-    2.2 to 3.6 times the gather (benchmarks/README.md, "zero.py": its ``a`` is the small
-    sizes' latency, its ``b`` pays for the sum). A bench saved before the gather sweep
-    (no ``all_gather_fit``) still predicts, from its all-reduce fit, at half its bus
-    factor: ``a + b S g(n) / (2 g(m))`` (:func:`gather_source` says which). None without
-    a fit; 0 on one rank."""
+    1.1 to 1.6 times the gather on a quiet machine, up to 3.6 times under load
+    (benchmarks/README.md, "zero.py"); the gather's own fit, 0.78 to 1.02 of it. A bench
+    saved before the gather sweep (no ``all_gather_fit``) still predicts, from its
+    all-reduce fit at half its bus factor: ``a + b S g(n) / (2 g(m))``
+    (:func:`gather_source` says which). None without a fit; 0 on one rank."""
     ranks = info.get("ranks")
     if world < 2:
         return 0.0

@@ -140,7 +140,7 @@ class Cluster:
         # No bytecode on the nodes: the check leaves their files as it found them.
         spec = replace(spec, env={**spec.env, "PYTHONDONTWRITEBYTECODE": "1"})
         try:
-            rows, ranks = allreduce.sweep(spec, self.connector)
+            rows, _gathered, ranks = allreduce.sweep(spec, self.connector)
         except MlxopsError as exc:
             self.all_sum = str(exc)
             return

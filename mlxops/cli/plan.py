@@ -150,7 +150,8 @@ def gather_notes(step: dict | None) -> list[str]:
     if not gather:
         return []
     # A bench saved before its all_gather sweep predicts from its all-reduce fit, which
-    # measured 2.2-3.6x the gather (benchmarks/README.md, "zero.py"): said, to rerun it.
+    # measured 1.1-1.6x the gather on a quiet machine, up to 3.6x under load
+    # (benchmarks/README.md, "zero.py"): said, so that it is rerun.
     source = ("the bench" if gather.get("fit_of") != "all_sum" else
               "the bench's all-reduce: no all_gather sweep in it, rerun 'mlxops bench'")
     cost = ("no 'mlxops bench' of these hosts yet" if gather["predicted_us"] is None

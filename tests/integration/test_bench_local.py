@@ -1,7 +1,8 @@
 """``mlxops bench`` on inventory/local.yml through the real CLI: no SSH, no root needed.
 
 One host, three slots: the loopback run and a real all-reduce and all_gather sweep over
-three ranks started as a job, and nothing of it left behind (no rank, no server, no run directory, no record).
+three ranks started as a job, and nothing of it left behind (no rank, no server, no run
+directory, no record).
 """
 
 from __future__ import annotations

@@ -70,11 +70,15 @@ def test_the_sweep_stops_growing_when_the_next_size_would_not_fit():
     sizes = list(parse_sizes("4K..64K"))
     beats: list[int] = []
     every = sweep(sizes, group, target=0.001, min_iters=1, max_iters=2, beat=beats.append)
-    assert [r["bytes"] for r in every] == sizes
+    # each size: all_sum ("results"), then all_gather of that size (one rank: its block)
+    assert [r["bytes"] for r in every["results"]] == sizes
+    assert [r["bytes"] for r in every["all_gather"]] == sizes
     stopped = sweep(sizes, group, target=0.001, min_iters=1, max_iters=2, beat=beats.append,
                     budget=1e-6)
-    assert [r["bytes"] for r in stopped] == sizes[:1]   # the largest size reached: the first
-    assert all(r["wrong"] == 0 for r in every + stopped)
+    for rows in stopped.values():   # the largest size reached: the first, for both
+        assert [r["bytes"] for r in rows] == sizes[:1]
+    assert all(r["wrong"] == 0 for got in (every, stopped) for rows in got.values()
+               for r in rows)
 
 
 def test_a_slow_round_measured_shortens_the_runs_not_the_budget():

@@ -189,17 +189,11 @@ def test_the_synced_node_modules_import_only_the_standard_library():
                 path.name, name)
 
 
-def test_the_sweep_times_all_sum_and_all_gather_and_checks_the_gather_s_order():
+def test_the_sweep_s_gather_checks_the_blocks_order_and_counts_the_bytes_gathered():
     import mlx.core as mx
 
-    from mlxops.node.allreduce import AllGather, AllSum, sweep
+    from mlxops.node.allreduce import AllGather, AllSum
 
-    one = mx.distributed.init()  # no backend here: a group of one, as a lone rank
-    rows = sweep([4096, 8192], one, target=0.01, min_iters=1, max_iters=2,
-                 beat=lambda *_: None)
-    assert [r["bytes"] for r in rows["results"]] == [4096, 8192]
-    assert [r["bytes"] for r in rows["all_gather"]] == [4096, 8192]
-    assert all(r["wrong"] == 0 and r["time_us"] > 0 for got in rows.values() for r in got)
     # three ranks' blocks: in rank order right, two swapped wrong (values alone would pass)
     assert AllGather().wrong(mx.array([1.0, 1, 2, 2, 3, 3]), 3) == 0
     assert AllGather().wrong(mx.array([2.0, 2, 1, 1, 3, 3]), 3) == 4
