@@ -16,10 +16,12 @@ Standard library only (synced to nodes with the other helpers).
 from __future__ import annotations
 
 import functools
-import platform
-import shutil
-import subprocess
 from pathlib import Path
+
+# subprocess and platform are imported where they are used: ``status``, ``stop`` and
+# ``watch`` (the commands the watchdog and ``mlxops status`` ask for every few seconds) only
+# look at /proc on Linux, and the two cost ~5 of a status's ~70 ms of CPU on this
+# project's machine (tests/unit/node/test_node_startup.py holds it).
 
 PROC_SELF = Path("/proc/self/stat")
 
@@ -27,6 +29,9 @@ PROC_SELF = Path("/proc/self/stat")
 @functools.lru_cache(maxsize=1)
 def system() -> str:
     """``Darwin``, ``Linux``, ...: the node's ``uname -s``."""
+    import platform
+    import subprocess
+
     try:
         done = subprocess.run(["uname", "-s"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
@@ -41,4 +46,6 @@ def has_proc() -> bool:
 
 
 def has_tool(name: str) -> bool:
+    import shutil
+
     return shutil.which(name) is not None

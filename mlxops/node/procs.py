@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 from mlxops.node.host import has_proc
@@ -30,6 +29,8 @@ def process_table() -> Table:
             table.append((int(entry.name), int(fields[1]), int(fields[2]), fields[0],
                           head.split("(", 1)[1]))
         return table
+    import subprocess  # only without /proc (macOS): see mlxops/node/host.py
+
     out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,pgid=,stat=,comm="],
                          capture_output=True, text=True, check=False).stdout
     for line in out.splitlines():

@@ -46,7 +46,12 @@ def losses(sandbox, name: str) -> dict[int, float]:
 
 
 def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
-    """Until every rank reached ``step``; a job that ended first fails with its logs."""
+    """Until every rank reached ``step``; a job that ended first fails with its logs.
+
+    A look every second: each is a ``status`` command on every host (a Python start on
+    each node, all on this machine's cores, where the ranks train), and a rank writes its
+    heartbeat at most every ``HEARTBEAT_EVERY`` (0.5 s) anyway. At 0.3 s these waits were
+    a large share of the suite's node commands."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = job_status(record, connector)
@@ -55,7 +60,7 @@ def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
             raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
         if (status.step or 0) >= step:
             return
-        time.sleep(0.3)
+        time.sleep(1.0)
     raise AssertionError(f"job {record.name} did not reach step {step}")
 
 

@@ -100,3 +100,40 @@ def test_the_bundle_leaves_the_bytecode_a_node_writes_beside_the_package(tmp_pat
     again = sync_files(conn, files, dest, roots=roots, ignore=ignore, python=sys.executable)
     assert not again.has_changes, again.diff()
     assert (cache / "__init__.cpython-311.pyc").exists()
+
+
+def test_a_sync_that_brings_the_helpers_compiles_them_where_the_helpers_read_them(tmp_path):
+    """The helpers' bytecode goes to ``<root>/pycache`` (not beside the code), compiled by
+    the sync that sent them; a helper then imports from it and writes nothing: ``code/``
+    stays what was synced, and the helper leaves the node's files as it found them."""
+    import importlib.util
+    import subprocess
+
+    from mlxops.node import protocol
+    from mlxops.transport.nodecmd import node_command
+
+    files, roots, ignore = bundle()
+    conn = LocalConnection("local")
+    root = tmp_path / "node root"
+    dest = str(root / protocol.CODE_DIR)
+    sync_files(conn, files, dest, roots=roots, ignore=ignore, python=sys.executable)
+    status_py = Path(dest) / "mlxops" / "node" / "status.py"
+    compiled = Path(protocol.pycache_path(dest) + str(status_py.parent)) / \
+        Path(importlib.util.cache_from_source(str(status_py))).name
+    assert compiled.is_file()
+    assert not list(Path(dest).rglob("__pycache__"))
+
+    def tree_now() -> dict[str, int]:
+        return {str(p): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+    before = tree_now()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    # PYTHONVERBOSE: the interpreter names the file each module's code came from.
+    done = subprocess.run(
+        node_command(sys.executable, dest, ["status", "--run-dir", str(root / "runs/x")]),
+        shell=True, env={**env, "PYTHONVERBOSE": "1"}, capture_output=True, text=True,
+        cwd=tmp_path)  # as a node's helper runs: `-m` puts the cwd first on the path
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
+    assert f"code object from '{compiled}'" in done.stderr, [
+        line for line in done.stderr.splitlines() if "status" in line]
+    assert tree_now() == before  # read, never written

@@ -47,6 +47,19 @@ def test_a_status_imports_no_other_commands_module(tmp_path: Path):
     assert modules & OTHER_COMMANDS == set(), modules & OTHER_COMMANDS
 
 
+#: What the commands asked every few seconds (status, stop, the watch channel) leave out:
+#: a Linux node answers them from /proc (mlxops/node/host.py). (shutil is not here:
+#: argparse's help formatter imports it while the command line is parsed.)
+NOT_FOR_PROC = {"subprocess", "platform"}
+
+
+def test_a_status_on_a_node_with_proc_starts_no_tool_module(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "job"
+    run_dir.mkdir(parents=True)
+    assert imported_by("status", "--run-dir", str(run_dir)) & NOT_FOR_PROC == set()
+    assert imported_by("stop", "--run-dir", str(run_dir)) & NOT_FOR_PROC == set()
+
+
 def test_a_sample_imports_no_other_commands_module(tmp_path: Path):
     modules = imported_by("sample")
     assert "mlxops.node.sample" in modules
