@@ -164,6 +164,10 @@ class Terms:
     logits_bf16: float = LOGITS_BF16
     embed_left: float = EMBED_LEFT
     logits_left: float = LOGITS_LEFT
+    # Terms a CPU does not need (0 there); the CUDA build's comment below says why:
+    x_hd: float = 0.0          # D-wide arrays of the pass weighing head_dim / 64 each
+    g_checkpoint: float = 0.0  # with grad_checkpoint: gradients made when its pass peaks
+    u_layer: float = 0.0       # the update, a parameter, each layer of the model
 
 
 #: The backends the plan has terms for. ``metal`` (a job's hosts are Macs) and ``cpu`` share
@@ -197,11 +201,13 @@ TERMS: dict[tuple[str, str], Terms] = {
 # 1.14 of the peak; bfloat16 0.87 to 1.15, 3 runs below 0.90 (1280/10/10, 1536/12/12 and
 # 2048/16/16 at seq 512); checkpointing as above.
 TERMS[("cuda", "float32")] = Terms(
-    g=2.01, bf16=0.0, accumulate=0.0, u=15.98, u_bf16=0.0, a_d=0.0, a_f=8.58, a_s=0.93,
-    checkpoint=7.54, x_d=78.95, x_f=5.5, x_s=3.74, logits=0.64, logits_bf16=0.0)
+    g=0.0, bf16=0.0, accumulate=4.07, u=7.33, u_bf16=0.0, u_layer=1.17, a_d=0.0, a_f=8.24,
+    a_s=1.28, checkpoint=0.0, g_checkpoint=10.19, x_d=0.0, x_f=38.58, x_s=0.0, x_hd=0.0,
+    logits=0.11, logits_bf16=0.0)
 TERMS[("cuda", "bfloat16")] = Terms(
-    g=0.0, bf16=0.0, accumulate=0.03, u=26.46, u_bf16=0.0, a_d=33.12, a_f=6.61, a_s=0.0,
-    checkpoint=65.49, x_d=63.3, x_f=4.24, x_s=0.0, logits=16.85, logits_bf16=0.0)
+    g=0.0, bf16=0.0, accumulate=1.02, u=20.65, u_bf16=0.0, u_layer=0.61, a_d=49.53, a_f=0.0,
+    a_s=0.0, checkpoint=15.42, g_checkpoint=20.34, x_d=44.5, x_f=0.0, x_s=0.0, x_hd=43.96,
+    logits=17.23, logits_bf16=0.0)
 
 
 @dataclass(frozen=True)
@@ -290,6 +296,7 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
     ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     p, d, f, v = count_params(cfg), m.dims, m.hidden(), m.vocab_size
     n, ht = micro * m.seq_len, m.heads * m.seq_len
+    hd = d // m.heads
     bf16, accumulating = t.dtype == "bfloat16", accumulation > 1
     w = 2 if bf16 else 4
     vd = v * d if m.tie_embeddings else 0
@@ -299,10 +306,11 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
                   + m.layers * w * n * d * k.checkpoint)
     else:
         layers = m.layers * layer
-    compute = ((k.g + k.bf16 * bf16 + k.accumulate * accumulating) * p + layers
-               + w * n * (k.x_d * d + k.x_f * f + k.x_s * ht)
+    compute = ((k.g + k.bf16 * bf16 + k.accumulate * accumulating
+                + k.g_checkpoint * ckpt) * p + layers
+               + w * n * (k.x_d * d + k.x_f * f + k.x_s * ht + k.x_hd * d * hd / 64)
                + (k.logits + k.logits_bf16 * bf16) * n * v)
-    update = (k.u + k.u_bf16 * bf16) * p
+    update = (k.u + k.u_bf16 * bf16 + k.u_layer * m.layers) * p
     if world > 1:
         side_by_side = min(1.0, MLX_BFS_WIDTH / weight_arrays(cfg)) ** 2
         update += (k.r_bf16 if t.grad_reduce_dtype == "bfloat16" else k.r) * side_by_side * p
