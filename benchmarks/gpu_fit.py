@@ -108,10 +108,12 @@ def basis(s: dict, names: list[str]) -> tuple[np.ndarray, np.ndarray, float, flo
 
 def solve(rows: list, at_update: list[bool], names: list[str]) -> tuple[np.ndarray, float]:
     """Two linear programs over the weights x >= 0. Every run's plan is the larger of its two
-    moments, so it is within the band when both are at most ``HIGH - t`` of its peak and the
-    one said to be larger (``at_update``) at least ``LOW + t``: the first maximises the
-    margin t; the second keeps half of it and brings the runs' plans nearest the band's
-    middle (the sum of |plan / peak - CENTRE|). Returns the weights and the margin."""
+    moments, so it is at least ``LOW`` of its peak when the one said to be larger
+    (``at_update``) is, and at most ``HIGH - t`` when both are. The floor is kept in every
+    run (a plan below a peak says a job fits that does not); the first program maximises t
+    (t < 0: some runs above ``HIGH``, by at most -t), the second keeps that ceiling (plus
+    half a percent) and brings the runs' plans nearest the band's middle (the sum of
+    |plan / peak - CENTRE|). Returns the weights and t."""
     from scipy.optimize import linprog  # benchmarks only: pip install scipy
 
     k, m = len(names), len(rows)
@@ -120,16 +122,16 @@ def solve(rows: list, at_update: list[bool], names: list[str]) -> tuple[np.ndarr
         upper += [(comp / peak, HIGH - c0 / peak), (up / peak, HIGH - u0 / peak)]
         lower.append(((up if moved else comp) / peak, (u0 if moved else c0) / peak))
     # 1: maximise t. Variables [x, t].
-    a = [np.append(v, 1.0) for v, _ in upper] + [np.append(-v, 1.0) for v, _ in lower]
+    a = [np.append(v, 1.0) for v, _ in upper] + [np.append(-v, 0.0) for v, _ in lower]
     b = [h for _, h in upper] + [c - LOW for _, c in lower]
     r = linprog(np.append(np.zeros(k), -1.0), A_ub=a, b_ub=b,
                 bounds=[(0, None)] * k + [(None, 1.0)], method="highs")
     margin = float(r.x[-1])
-    # 2: within half that margin, the least total distance to the middle. Variables [x, e].
-    keep = margin / 2 if margin > 0 else margin
+    # 2: under that ceiling, the least total distance to the middle. Variables [x, e].
+    keep = margin - 0.005
     a2 = [np.concatenate([v, np.zeros(m)]) for v, _ in upper] + \
          [np.concatenate([-v, np.zeros(m)]) for v, _ in lower]
-    b2 = [h - keep for _, h in upper] + [c - LOW - keep for _, c in lower]
+    b2 = [h - keep for _, h in upper] + [c - LOW for _, c in lower]
     for i, (v, c) in enumerate(lower):  # e_i >= |v x + c - CENTRE|
         e = np.zeros(m)
         e[i] = -1.0

@@ -62,6 +62,17 @@ FRESH = [
     (1280, 10, 20, 512, 16, {"grad_checkpoint": True}),
     (2048, 12, 16, 1024, 4, {"grad_checkpoint": True}),
 ]
+#: A third set, for the terms refitted to the grid, CHECK and FRESH (all 60 runs).
+THIRD = [
+    (640, 5, 10, 1024, 16, {}),
+    (1152, 9, 18, 512, 16, {}),
+    (1280, 20, 10, 512, 8, {}),
+    (2304, 10, 18, 512, 4, {}),
+    (1536, 10, 12, 256, 32, {"vocab_size": 4096}),
+    (1024, 10, 16, 512, 64, {"micro": 16}),
+    (1792, 8, 28, 512, 8, {"grad_checkpoint": True}),
+    (896, 12, 7, 1024, 8, {"grad_checkpoint": True}),
+]
 TINY = [(64, 2, 4, 32, 4, {}), (64, 2, 4, 64, 4, {"micro": 2}),
         (64, 2, 4, 32, 4, {"grad_checkpoint": True})]
 
@@ -73,13 +84,15 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--check", action="store_true", help="the configs the fit did not see")
     p.add_argument("--fresh", action="store_true", help="a second set it did not see")
+    p.add_argument("--third", action="store_true", help="a third (after the refit to 60)")
     p.add_argument("--jsonl", type=Path, help="append every run's record here")
     p.add_argument("--options", type=json.loads, default={},
                    help="switches of the trainer's Steps, as JSON (gpu_runs.VariantSteps)")
     a = p.parse_args()
     for dtype in a.dtypes.split(","):
         for dims, layers, heads, seq, batch, keys in (
-                TINY if a.tiny else CHECK if a.check else FRESH if a.fresh else GRID):
+                TINY if a.tiny else CHECK if a.check else FRESH if a.fresh
+                else THIRD if a.third else GRID):
             row = Row(dims, layers, heads, seq, batch, dtype, **keys, options=a.options)
             r = measure("trainer", row, a.steps, 0)
             if a.jsonl:
