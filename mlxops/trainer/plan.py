@@ -201,12 +201,12 @@ TERMS: dict[tuple[str, str], Terms] = {
 # 1.14 of the peak; bfloat16 0.87 to 1.15, 3 runs below 0.90 (1280/10/10, 1536/12/12 and
 # 2048/16/16 at seq 512); checkpointing as above.
 TERMS[("cuda", "float32")] = Terms(
-    g=0.0, bf16=0.0, accumulate=0.0, u=11.07, u_bf16=0.0, u_layer=0.7, a_d=21.77, a_f=0.0,
-    a_s=1.01, checkpoint=0.0, g_checkpoint=0.27, x_d=152.31, x_f=0.0, x_s=0.0, x_hd=0.0,
+    g=0.0, bf16=0.0, accumulate=0.0, u=16.69, u_bf16=0.0, u_layer=0.0, a_d=21.77, a_f=0.0,
+    a_s=1.01, checkpoint=0.0, g_checkpoint=0.28, x_d=152.32, x_f=0.0, x_s=0.0, x_hd=0.0,
     logits=0.0, logits_bf16=0.0)
 TERMS[("cuda", "bfloat16")] = Terms(
-    g=0.0, bf16=0.0, accumulate=0.0, u=24.86, u_bf16=0.0, u_layer=0.55, a_d=54.64, a_f=0.0,
-    a_s=0.0, checkpoint=28.34, g_checkpoint=19.42, x_d=30.87, x_f=0.0, x_s=0.0, x_hd=29.01,
+    g=0.0, bf16=0.0, accumulate=0.0, u=24.86, u_bf16=0.0, u_layer=0.55, a_d=54.65, a_f=0.0,
+    a_s=0.0, checkpoint=28.35, g_checkpoint=19.43, x_d=30.88, x_f=0.0, x_s=0.0, x_hd=29.01,
     logits=16.46, logits_bf16=0.0)
 
 
