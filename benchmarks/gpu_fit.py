@@ -1,24 +1,18 @@
 """Fit the memory plan's CUDA terms (mlxops/trainer/plan.py) to the peaks measured on a GPU.
 
-Reads the runs kept in ``benchmarks/gpu_data/`` (gpu_memory.py's grid, and the trainer's
-runs of gpu_bf16.py / gpu_profile.py with the trainer's defaults), then for each compute
-dtype fits the weights of the plan's terms by least squares on the relative error, with
-every weight kept >= 0:
+Reads the runs kept in ``benchmarks/gpu_data/`` (gpu_memory.py's grid, --check and --fresh,
+and the trainer's runs of gpu_bf16.py with the trainer's defaults), then for each compute
+dtype fits the weights of the plan's terms (``FITTED``; in bfloat16 ``a_s = x_s = 0``: MLX's
+CUDA build runs bfloat16 attention through cuDNN's fused kernel, which keeps no H x T
+probabilities) to every run at once. The plan is linear in the weights at either of a
+step's two moments (:func:`basis`), so the fit is two linear programs (:func:`solve`):
+every run's plan at least 0.90 of its peak, the largest excess over 1.15 minimised, then
+the plans nearest the band's middle under that ceiling; which moment each run peaks in is
+found by alternating (:func:`fit`). Weights are rounded up to 2 decimals. ``CHECKS`` (runs
+made to check a fit: issue 33's final table, gpu_memory.py --third) is left out.
 
-- the backward pass's peak above the state (12 P), over the runs without checkpointing or
-  accumulation: ``g P + L w N (a_d D + a_f F + a_s H T) + w N (x_d D + x_f F + x_s H T)
-  + logits N V``. In bfloat16 ``a_s = x_s = 0``: MLX's CUDA build runs attention through
-  cuDNN's fused kernel there, which keeps no H x T probabilities (the peak does not grow
-  with the sequence at equal tokens: 1024/8/16 at 512x16, 1024x8, 2048x4 in the grid);
-  float32 takes MLX's unfused path, which materialises them as on a CPU;
-- which runs peak in the update (a large model in bfloat16) and ``u`` by alternating
-  (:func:`fit`);
-- then ``accumulate`` and ``checkpoint``, the other weights fixed: the largest any run with
-  accumulation / checkpointing needs (the plan over rather than under a peak).
-  ``CHECKS`` (the final table, run with the fitted terms) is left out.
-
-Prints the fitted terms and plan / peak for every run. Run on any machine (it measures
-nothing)::
+Prints the fitted terms and plan / peak for every run. Needs scipy (``pip install
+scipy``); run on any machine (it measures nothing)::
 
     python benchmarks/gpu_fit.py
 """
