@@ -126,12 +126,14 @@ def run_trainer(row: Row, steps: int, skip: int) -> dict:
         tokens = row.batch * row.seq_len
         seconds: list[float] = []
         peaks: list[int] = []
+        active: list[int] = []  # what stays allocated between steps
         real = loop._progress
 
         def progress(loss: Any, tps: float, state: str) -> None:
             if state == protocol.RUNNING:
                 seconds.append(tokens / tps)
                 peaks.append(mx.get_peak_memory())
+                active.append(mx.get_active_memory())
             real(loss, tps, state)
 
         loop._progress = progress  # type: ignore[method-assign]
@@ -140,7 +142,7 @@ def run_trainer(row: Row, steps: int, skip: int) -> dict:
                  "micro": work.micro, "accumulation": work.accum,
                  "working_copy": work.steps.copy is not None,
                  "grads_first": work.steps.grads_first,
-                 "setup_peak": setup_peak, "step_peaks": peaks}
+                 "setup_peak": setup_peak, "step_peaks": peaks, "step_active": active}
         if split:
             metrics = [json.loads(x) for x in (Path(out) / protocol.METRICS).open()]
             extra["compute_ms"] = statistics.median(
@@ -243,7 +245,7 @@ def run_loop(row: Row, steps: int, skip: int) -> dict:
     batches = [mx.random.randint(0, m.vocab_size, (row.batch, m.seq_len + 1))
                for _ in range(4)]
     mx.eval(model.parameters(), batches)
-    seconds, computes = [], []
+    seconds, computes, peaks, active = [], [], [], []
     for i in range(steps):
         t0 = time.perf_counter()
         tokens = batches[i % len(batches)]
@@ -254,7 +256,9 @@ def run_loop(row: Row, steps: int, skip: int) -> dict:
         del grads
         mx.eval(state, loss)
         seconds.append(time.perf_counter() - t0)
-    extra: dict[str, Any] = {"loss": loss.item()}
+        peaks.append(mx.get_peak_memory())
+        active.append(mx.get_active_memory())
+    extra: dict[str, Any] = {"loss": loss.item(), "step_peaks": peaks, "step_active": active}
     if split:
         extra["compute_ms"] = statistics.median(computes[skip:]) * 1e3
         extra["update_ms"] = (statistics.median(seconds[skip:]) - extra["compute_ms"] / 1e3) * 1e3
