@@ -1,24 +1,18 @@
 """Fit the memory plan's CUDA terms (mlxops/trainer/plan.py) to the peaks measured on a GPU.
 
-Reads the runs kept in ``benchmarks/gpu_data/`` (gpu_memory.py's grid, and the trainer's
-runs of gpu_bf16.py / gpu_profile.py with the trainer's defaults), then for each compute
-dtype fits the weights of the plan's terms by least squares on the relative error, with
-every weight kept >= 0:
+Reads the runs kept in ``benchmarks/gpu_data/`` (gpu_memory.py's grid, --check and --fresh,
+and the trainer's runs of gpu_bf16.py with the trainer's defaults), then for each compute
+dtype fits the weights of the plan's terms (``FITTED``; in bfloat16 ``a_s = x_s = 0``: MLX's
+CUDA build runs bfloat16 attention through cuDNN's fused kernel, which keeps no H x T
+probabilities) to every run at once. The plan is linear in the weights at either of a
+step's two moments (:func:`basis`), so the fit is two linear programs (:func:`solve`):
+every run's plan at least 0.90 of its peak, the largest excess over 1.15 minimised, then
+the plans nearest the band's middle under that ceiling; which moment each run peaks in is
+found by alternating (:func:`fit`). Weights are rounded up to 2 decimals. ``CHECKS`` (runs
+made to check a fit: issue 33's final table, gpu_memory.py --third) is left out.
 
-- the backward pass's peak above the state (12 P), over the runs without checkpointing or
-  accumulation: ``g P + L w N (a_d D + a_f F + a_s H T) + w N (x_d D + x_f F + x_s H T)
-  + logits N V``. In bfloat16 ``a_s = x_s = 0``: MLX's CUDA build runs attention through
-  cuDNN's fused kernel there, which keeps no H x T probabilities (the peak does not grow
-  with the sequence at equal tokens: 1024/8/16 at 512x16, 1024x8, 2048x4 in the grid);
-  float32 takes MLX's unfused path, which materialises them as on a CPU;
-- which runs peak in the update (a large model in bfloat16) and ``u`` by alternating
-  (:func:`fit`);
-- then ``accumulate`` and ``checkpoint``, the other weights fixed: the largest any run with
-  accumulation / checkpointing needs (the plan over rather than under a peak).
-  ``CHECKS`` (the final table, run with the fitted terms) is left out.
-
-Prints the fitted terms and plan / peak for every run. Run on any machine (it measures
-nothing)::
+Prints the fitted terms and plan / peak for every run. Needs scipy (``pip install
+scipy``); run on any machine (it measures nothing)::
 
     python benchmarks/gpu_fit.py
 """
@@ -42,10 +36,7 @@ from mlxops.trainer.config import load_config  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "gpu_data"
 #: Runs made with the fitted terms in plan.py, after the fit: what checks it, not fits it.
-CHECKS = ("h200-final-table.json",)
-#: How strongly the fit keeps the CPU's weights where the runs do not tell (relative).
-REGULARISE = 0.005
-MAIN = ["g", "a_d", "a_f", "a_s", "x_d", "x_f", "x_s", "logits"]
+CHECKS = ("h200-final-table.json", "h200-third-memory.jsonl")
 
 
 def records() -> list[dict]:
@@ -84,84 +75,88 @@ def shape(r: dict) -> dict:
             "v": m.vocab_size, "L": m.layers}
 
 
-def features(s: dict) -> dict[str, float]:
-    wn, L = s["w"] * s["n"], s["L"]
-    return {"g": s["p"], "a_d": L * wn * s["d"], "a_f": L * wn * s["f"],
-            "a_s": L * wn * s["ht"], "x_d": wn * s["d"], "x_f": wn * s["f"],
-            "x_s": wn * s["ht"], "logits": s["n"] * s["v"]}
+#: The weights fitted for each dtype; the others keep the CPU's (``recomputed``, the
+#: all-reduce's, the update's leftovers) or are folded into these (``bf16``, ``u_bf16``,
+#: ``logits_bf16``: the terms are per dtype here). In bfloat16 ``a_s = x_s = 0``: cuDNN.
+FITTED = ("g", "accumulate", "u", "u_layer", "a_d", "a_f", "a_s", "checkpoint",
+          "g_checkpoint", "x_d", "x_f", "x_s", "x_hd", "logits")
+#: The plan's band (0.90 to 1.15 of the peak) and its middle.
+LOW, HIGH = 0.90, 1.15
+CENTRE = (LOW + HIGH) / 2
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0 (active set: drop the negative, refit)."""
-    keep = list(range(a.shape[1]))
-    while True:
-        x = np.zeros(a.shape[1])
-        x[keep] = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
-        if (x >= 0).all():
-            return x
-        keep = [i for i in keep if x[i] > 0]
+def basis(s: dict, names: list[str]) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The plan for run ``s`` is linear in the fitted weights at either moment: each weight's
+    bytes at the pass's peak and at the update's (one per unit of weight), and what the
+    fixed weights and the state give."""
+    zero = {n: 0.0 for n in FITTED} | {"bf16": 0.0, "u_bf16": 0.0, "logits_bf16": 0.0}
+    fixed = plan.Terms(**{**plan.CPU_TERMS.__dict__, **zero})
+    base = plan_peak(s, fixed)
+    comp, upd = [], []
+    for n in names:
+        one = plan_peak(s, plan.Terms(**{**fixed.__dict__, n: 1.0}))
+        comp.append(one.compute - base.compute)
+        upd.append(one.update - base.update)
+    return np.array(comp, float), np.array(upd, float), base.compute, base.update
+
+
+def solve(rows: list, at_update: list[bool], names: list[str]) -> tuple[np.ndarray, float]:
+    """Two linear programs over the weights x >= 0. Every run's plan is the larger of its two
+    moments, so it is at least ``LOW`` of its peak when the one said to be larger
+    (``at_update``) is, and at most ``HIGH - t`` when both are. The floor is kept in every
+    run (a plan below a peak says a job fits that does not); the first program maximises t
+    (t < 0: some runs above ``HIGH``, by at most -t), the second keeps that ceiling (plus
+    half a percent) and brings the runs' plans nearest the band's middle (the sum of
+    |plan / peak - CENTRE|). Returns the weights and t."""
+    from scipy.optimize import linprog  # benchmarks only: pip install scipy
+
+    k, m = len(names), len(rows)
+    upper, lower = [], []
+    for (peak, comp, up, c0, u0), moved in zip(rows, at_update, strict=True):
+        upper += [(comp / peak, HIGH - c0 / peak), (up / peak, HIGH - u0 / peak)]
+        lower.append(((up if moved else comp) / peak, (u0 if moved else c0) / peak))
+    # 1: maximise t. Variables [x, t].
+    a = [np.append(v, 1.0) for v, _ in upper] + [np.append(-v, 0.0) for v, _ in lower]
+    b = [h for _, h in upper] + [c - LOW for _, c in lower]
+    r = linprog(np.append(np.zeros(k), -1.0), A_ub=a, b_ub=b,
+                bounds=[(0, None)] * k + [(None, 1.0)], method="highs")
+    margin = float(r.x[-1])
+    # 2: under that ceiling, the least total distance to the middle. Variables [x, e].
+    keep = margin - 0.005
+    a2 = [np.concatenate([v, np.zeros(m)]) for v, _ in upper] + \
+         [np.concatenate([-v, np.zeros(m)]) for v, _ in lower]
+    b2 = [h - keep for _, h in upper] + [c - LOW for _, c in lower]
+    for i, (v, c) in enumerate(lower):  # e_i >= |v x + c - CENTRE|
+        e = np.zeros(m)
+        e[i] = -1.0
+        a2 += [np.concatenate([v, e]), np.concatenate([-v, e])]
+        b2 += [CENTRE - c, c - CENTRE]
+    r2 = linprog(np.concatenate([np.zeros(k), np.ones(m)]), A_ub=a2, b_ub=b2,
+                 bounds=[(0, None)] * (k + m), method="highs")
+    return (r2.x[:k] if r2.success else r.x[:k]), margin
 
 
 def fit(dtype: str, runs: list[dict]) -> plan.Terms:
-    """The terms for one dtype. A step peaks in its backward pass or in its update
-    (plan.py); which one, for each run, is found by alternating: fit the backward pass's
-    weights on the runs it peaks in and ``u`` on the others, assign each run to the moment
-    the fit says is larger, again until the assignment holds."""
-    base = plan.CPU_TERMS
-    names = [n for n in MAIN if not (dtype == "bfloat16" and n in ("a_s", "x_s"))]
-    main = [(r, s) for r, s in runs if s["acc"] == 1 and not s["row"].grad_checkpoint]
-    # Start: the update where the state's parameters outweigh a step's activations.
-    at_update = {id(r) for r, s in main if (r["peak"] - plan.STATE * s["p"]) / s["p"] < 40}
-    terms = base
-    for _ in range(10):
-        backward = [(r, s) for r, s in main if id(r) not in at_update] or main
-        a = np.array([[features(s)[n] / r["peak"] for n in names] for r, s in backward])
-        b = np.array([(r["peak"] - plan.STATE * s["p"]) / r["peak"] for r, s in backward])
-        # Pulled towards the CPU's weights (relative): the grid is small, and a term the
-        # runs barely tell apart from another keeps the CPU's share, not all or nothing.
-        cpu = np.array([max(getattr(base, n), 0.5) for n in names])
-        a = np.vstack([a, np.diag(REGULARISE / cpu)])
-        b = np.concatenate([b, np.full(len(names), REGULARISE)])
-        x = dict(zip(names, nnls(a, b), strict=True))
-        terms = plan.Terms(**{**base.__dict__, "bf16": 0.0, "logits_bf16": 0.0, "u_bf16": 0.0,
-                              "a_s": 0.0, "x_s": 0.0,
-                              **{k: round(float(v), 2) for k, v in x.items()}})
-        update = [(r, s) for r, s in main if id(r) in at_update]
-        if update:  # u: the mean bytes per parameter above the state and what is left over
-            left = [plan_peak(s, plan.Terms(**{**terms.__dict__, "u": 0.0})).update
-                    for r, s in update]
-            u = float(np.mean([(r["peak"] - lo) / s["p"] for (r, s), lo in zip(update, left,
-                                                                               strict=True)]))
-            terms = plan.Terms(**{**terms.__dict__, "u": round(u, 2)})
-        moved = {id(r) for r, s in main
-                 if plan_peak(s, terms).update > plan_peak(s, terms).compute}
+    """The terms for one dtype, fitted to every run at once (:func:`solve`). Which moment
+    is larger in each run is found by alternating: start from plan.py's CUDA terms, solve,
+    take the moments the solution says are larger, again until they hold."""
+    names = [n for n in FITTED if not (dtype == "bfloat16" and n in ("a_s", "x_s"))]
+    rows = [(r["peak"], *basis(s, names)) for r, s in runs]
+    now = [plan.estimate(s["cfg"], s["micro"], s["acc"], 1, backend="cuda") for _, s in runs]
+    at_update = [e.update > e.compute for e in now]
+    best, best_margin = None, -np.inf
+    for _ in range(8):
+        x, margin = solve(rows, at_update, names)
+        x = np.maximum(np.ceil(x * 100 - 1e-6) / 100, 0.0) + 0.0  # up: the floor holds
+        if margin > best_margin:
+            best, best_margin = x, margin
+        moved = [u0 + up @ x > c0 + comp @ x for _, comp, up, c0, u0 in rows]
         if moved == at_update:
             break
         at_update = moved
-
-    # Least squares centres the runs on 1; the plan's band is 0.90 to 1.15: lift the
-    # backward pass's weights where that keeps every run of the fit inside it.
-    ratios = [plan_peak(s, terms).compute / r["peak"] for r, s in main]
-    lift = min(1.15 / max(ratios), max(1.0, 0.92 / min(ratios)))
-    if lift > 1.0:
-        terms = plan.Terms(**{**terms.__dict__, **{n: round(getattr(terms, n) * lift, 2)
-                                                   for n in names}})
-
-    def above_state(r: dict, s: dict, t: plan.Terms) -> float:
-        return plan_peak(s, t).compute - r["peak"]
-
-    # One weight each, the others fixed: the largest any of its runs needs (a plan may be
-    # above a peak, less so below it).
-    acc = [-above_state(r, s, terms) / s["p"] for r, s in runs if s["acc"] > 1]
-    if acc:
-        terms = plan.Terms(**{**terms.__dict__,
-                              "accumulate": round(max(0.0, terms.accumulate + max(acc)), 2)})
-    ckpt = [-above_state(r, s, terms) / (s["L"] * s["w"] * s["n"] * s["d"])
-            for r, s in runs if s["row"].grad_checkpoint]
-    if ckpt:
-        terms = plan.Terms(**{**terms.__dict__,
-                              "checkpoint": round(max(0.0, terms.checkpoint + max(ckpt)), 2)})
-    return terms
+    zero = {"bf16": 0.0, "u_bf16": 0.0, "logits_bf16": 0.0, "a_s": 0.0, "x_s": 0.0}
+    return plan.Terms(**{**plan.CPU_TERMS.__dict__, **zero,
+                         **{n: float(v) for n, v in zip(names, best, strict=True)}})
 
 
 def plan_peak(s: dict, t: plan.Terms) -> plan.Peak:

@@ -47,6 +47,32 @@ CHECK = [
     (1024, 12, 8, 512, 32, {"micro": 16}),
     (2560, 8, 20, 512, 4, {}),
 ]
+#: A second set the terms were not fitted to (issue 33's refit of the bfloat16 and
+#: checkpointing terms): head dims 64 and 128, depths 6 to 16, accumulation, a vocabulary,
+#: checkpointing at both head dims.
+FRESH = [
+    (896, 7, 14, 512, 16, {}),
+    (1536, 16, 24, 512, 8, {}),
+    (1792, 14, 14, 512, 8, {}),
+    (1024, 16, 8, 1024, 8, {}),
+    (2048, 8, 16, 512, 8, {}),
+    (3072, 6, 24, 256, 8, {}),
+    (1024, 6, 16, 512, 16, {"vocab_size": 16384}),
+    (768, 12, 12, 512, 32, {"micro": 8}),
+    (1280, 10, 20, 512, 16, {"grad_checkpoint": True}),
+    (2048, 12, 16, 1024, 4, {"grad_checkpoint": True}),
+]
+#: A third set, for the terms refitted to the grid, CHECK and FRESH (all 60 runs).
+THIRD = [
+    (640, 5, 10, 1024, 16, {}),
+    (1152, 9, 18, 512, 16, {}),
+    (1280, 20, 10, 512, 8, {}),
+    (2304, 10, 18, 512, 4, {}),
+    (1536, 10, 12, 256, 32, {"vocab_size": 4096}),
+    (1024, 10, 16, 512, 64, {"micro": 16}),
+    (1792, 8, 28, 512, 8, {"grad_checkpoint": True}),
+    (896, 12, 7, 1024, 8, {"grad_checkpoint": True}),
+]
 TINY = [(64, 2, 4, 32, 4, {}), (64, 2, 4, 64, 4, {"micro": 2}),
         (64, 2, 4, 32, 4, {"grad_checkpoint": True})]
 
@@ -57,13 +83,16 @@ def main() -> int:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--check", action="store_true", help="the configs the fit did not see")
+    p.add_argument("--fresh", action="store_true", help="a second set it did not see")
+    p.add_argument("--third", action="store_true", help="a third (after the refit to 60)")
     p.add_argument("--jsonl", type=Path, help="append every run's record here")
     p.add_argument("--options", type=json.loads, default={},
                    help="switches of the trainer's Steps, as JSON (gpu_runs.VariantSteps)")
     a = p.parse_args()
     for dtype in a.dtypes.split(","):
-        for dims, layers, heads, seq, batch, keys in (TINY if a.tiny else
-                                                      CHECK if a.check else GRID):
+        for dims, layers, heads, seq, batch, keys in (
+                TINY if a.tiny else CHECK if a.check else FRESH if a.fresh
+                else THIRD if a.third else GRID):
             row = Row(dims, layers, heads, seq, batch, dtype, **keys, options=a.options)
             r = measure("trainer", row, a.steps, 0)
             if a.jsonl:

@@ -3,7 +3,7 @@ benchmarks (gpu_bf16.py, gpu_profile.py, gpu_memory.py) start once per row.
 
 A run is one of:
 
-- ``trainer``: the bundled trainer itself (:class:`mlxops.trainer.train.Trainer`, its
+- ``trainer``: the bundled trainer itself (:func:`mlxops.trainer.train.trainer_loop`, its
   ``run()`` as ``python -m mlxops.trainer`` runs it, synthetic corpus, one rank), each
   step's time taken from the per-step progress record it makes (``tokens/s`` of that step);
 - ``loop``: a plain mlx-lm loop: mlx-lm's ``llama`` model at the same shape, everything in
@@ -103,35 +103,46 @@ def summary(row: Row, kind: str, seconds: list[float], skip: int, extra: dict) -
 def run_trainer(row: Row, steps: int, skip: int) -> dict:
     """The bundled trainer's ``run()`` for ``steps`` steps; each step's seconds from its
     progress records (the trainer times every step: tokens per step over its seconds)."""
+    import mlx.core as mx
+
     from mlxops.node import protocol
-    from mlxops.trainer import train
+    from mlxops.trainer import bundled, train
     from mlxops.trainer.config import load_config
 
     options = dict(row.options)
     split = options.pop("split", False)
     if options:  # a variant: the trainer's Steps with other switches (gpu_profile.py)
-        train.Steps = partial(VariantSteps, **options)
+        bundled.Steps = partial(VariantSteps, **options)
     with tempfile.TemporaryDirectory() as out:
         config = row.config(steps, out)
         if split:  # every step logged: its compute / all-reduce+update split measured
             config["train"]["log_every"] = 1
         cfg = load_config(config)
-        trainer = train.Trainer(cfg, resume=False)
+        loop = train.trainer_loop(cfg, resume=False)
+        work = loop.workload
+        # MLX's peak once the model and optimizer exist, and after each step: which step
+        # (or the set-up) the run's peak is in.
+        setup_peak = mx.get_peak_memory()
         tokens = row.batch * row.seq_len
         seconds: list[float] = []
-        real = trainer._progress
+        peaks: list[int] = []
+        active: list[int] = []  # what stays allocated between steps
+        real = loop._progress
 
         def progress(loss: Any, tps: float, state: str) -> None:
             if state == protocol.RUNNING:
                 seconds.append(tokens / tps)
+                peaks.append(mx.get_peak_memory())
+                active.append(mx.get_active_memory())
             real(loss, tps, state)
 
-        trainer._progress = progress
-        trainer.run()
-        extra = {"plan": plans(cfg, trainer.micro, trainer.accum),
-                 "micro": trainer.micro, "accumulation": trainer.accum,
-                 "working_copy": trainer.steps.copy is not None,
-                 "grads_first": trainer.steps.grads_first}
+        loop._progress = progress  # type: ignore[method-assign]
+        loop.run()
+        extra = {"plan": plans(cfg, work.micro, work.accum),
+                 "micro": work.micro, "accumulation": work.accum,
+                 "working_copy": work.steps.copy is not None,
+                 "grads_first": work.steps.grads_first,
+                 "setup_peak": setup_peak, "step_peaks": peaks, "step_active": active}
         if split:
             metrics = [json.loads(x) for x in (Path(out) / protocol.METRICS).open()]
             extra["compute_ms"] = statistics.median(
@@ -234,7 +245,7 @@ def run_loop(row: Row, steps: int, skip: int) -> dict:
     batches = [mx.random.randint(0, m.vocab_size, (row.batch, m.seq_len + 1))
                for _ in range(4)]
     mx.eval(model.parameters(), batches)
-    seconds, computes = [], []
+    seconds, computes, peaks, active = [], [], [], []
     for i in range(steps):
         t0 = time.perf_counter()
         tokens = batches[i % len(batches)]
@@ -245,7 +256,9 @@ def run_loop(row: Row, steps: int, skip: int) -> dict:
         del grads
         mx.eval(state, loss)
         seconds.append(time.perf_counter() - t0)
-    extra: dict[str, Any] = {"loss": loss.item()}
+        peaks.append(mx.get_peak_memory())
+        active.append(mx.get_active_memory())
+    extra: dict[str, Any] = {"loss": loss.item(), "step_peaks": peaks, "step_active": active}
     if split:
         extra["compute_ms"] = statistics.median(computes[skip:]) * 1e3
         extra["update_ms"] = (statistics.median(seconds[skip:]) - extra["compute_ms"] / 1e3) * 1e3

@@ -64,9 +64,18 @@ the optimizer update after the last micro-batch::
 
 **Backends.** The weights above were fitted on MLX's CPU build and are the plan for
 ``metal`` and ``cpu``; MLX's CUDA build keeps other amounts (:data:`TERMS`, fitted by
-``benchmarks/gpu_fit.py`` to an H200's runs in ``benchmarks/gpu_data/``; the comment there
-says what differs and why). :func:`estimate` takes the backend; the controller plans for
-``metal`` (a job's hosts are Macs), the trainer for the one it computes on.
+``benchmarks/gpu_fit.py`` to an H200's runs in ``benchmarks/gpu_data/``), and three more
+terms, 0 on a CPU::
+
+  + G_CHECKPOINT P   (grad_checkpoint)  the checkpointed pass peaks late in the backward
+                     pass, with most of the gradients made
+  + w N X_HD D hd / 64  (hd = D / H, the head's width)  the pass keeps more per token at
+                     head width 128 than at 64 (bfloat16; cuDNN's attention, not traced)
+  + U_LAYER L P      (at the update)  the update holds more per parameter in a deeper
+                     model (bfloat16: 36.7 P at 8 layers, 44.3 P at 16)
+
+:func:`estimate` takes the backend; the controller plans for ``metal`` (a job's hosts are
+Macs), the trainer for the one it computes on.
 
 **Sharded optimizer state** (ZeRO-1, :mod:`mlxops.trainer.zero`; ``shard=True``, n ranks):
 AdamW's moments are ``8 P / n`` and, in bfloat16, the model holds bfloat16 weights (``2
@@ -164,6 +173,10 @@ class Terms:
     logits_bf16: float = LOGITS_BF16
     embed_left: float = EMBED_LEFT
     logits_left: float = LOGITS_LEFT
+    # Terms a CPU does not need (0 there; the module's docstring, Backends):
+    x_hd: float = 0.0          # D-wide arrays of the pass weighing head_dim / 64 each
+    g_checkpoint: float = 0.0  # with grad_checkpoint: gradients made when its pass peaks
+    u_layer: float = 0.0       # the update, a parameter, each layer of the model
 
 
 #: The backends the plan has terms for. ``metal`` (a job's hosts are Macs) and ``cpu`` share
@@ -175,33 +188,20 @@ CPU_TERMS = Terms()
 #: Per backend and compute dtype (``train.dtype``); see :func:`terms`.
 TERMS: dict[tuple[str, str], Terms] = {
     (b, dtype): CPU_TERMS for b in ("metal", "cpu") for dtype in ("float32", "bfloat16")}
-# MLX's CUDA build, fitted by benchmarks/gpu_fit.py to the runs in benchmarks/gpu_data/ (an
-# NVIDIA H200, MLX 0.32.4; the step as it runs there: gradients launched first, and the
-# bfloat16 working copy). Where it differs from a CPU, and why:
-# - bfloat16 attention runs in cuDNN's fused kernel (MLX's CUDA SDPA takes it for
-#   bfloat16/float16 and head dims up to 128), which keeps no H x T probabilities: a_s = x_s
-#   = 0 (the peak stays flat from seq 512 to 2048 at equal tokens); float32 takes MLX's
-#   unfused attention, which materialises them as on a CPU (a_s);
-# - a layer's activations weigh more per token than on a CPU, most of it in the layer being
-#   differentiated (x_d); the grid does not tell a_d from x_d apart well, their sum is what
-#   it measured;
-# - gradient checkpointing saves far less than on a CPU (bfloat16: 7.9 GB with it against
-#   9.7 without at issue 33's first row; the CPU's terms would say 3.9), and its two runs
-#   per dtype disagree on how much: its weight is the larger they need, so the plan is 1.0
-#   to 1.6 times their peaks, over rather than under;
-# - in bfloat16 the update is the peak of a large model: old and new weights and moments,
-#   bfloat16 and float32 gradients, the old and the new working copy (u = 27.4 above the
-#   state, from 16 + 1.2 on a CPU); the working copy and bfloat16 gradients of the backward
-#   pass are in its other weights (bf16 = 0).
-# Over the 40 runs fitted (gpu_memory.py's grid and its --check configs): float32 0.92 to
-# 1.14 of the peak; bfloat16 0.87 to 1.15, 3 runs below 0.90 (1280/10/10, 1536/12/12 and
-# 2048/16/16 at seq 512); checkpointing as above.
+# MLX's CUDA build (an NVIDIA H200, MLX 0.32.4; the step as it runs there: gradients launched
+# first, the bfloat16 working copy), fitted by benchmarks/gpu_fit.py to 60 runs: never below
+# 0.90 of a peak, at most 1.20 (no weights of these terms hold all 60 within 1.15: peaks
+# grow over a run's first steps on CUDA, unmodelled). Why the weights differ from a CPU's
+# (bfloat16 attention in cuDNN keeps no H x T probabilities: a_s = x_s = 0; checkpointing
+# saves far less) and what they hold out of sample: docs/trainer.md, benchmarks/README.md.
 TERMS[("cuda", "float32")] = Terms(
-    g=2.01, bf16=0.0, accumulate=0.0, u=15.98, u_bf16=0.0, a_d=0.0, a_f=8.58, a_s=0.93,
-    checkpoint=7.54, x_d=78.95, x_f=5.5, x_s=3.74, logits=0.64, logits_bf16=0.0)
+    g=0.0, bf16=0.0, accumulate=0.0, u=16.69, u_bf16=0.0, u_layer=0.0, a_d=21.77, a_f=0.0,
+    a_s=1.01, checkpoint=0.0, g_checkpoint=0.28, x_d=152.32, x_f=0.0, x_s=0.0, x_hd=0.0,
+    logits=0.0, logits_bf16=0.0)
 TERMS[("cuda", "bfloat16")] = Terms(
-    g=0.0, bf16=0.0, accumulate=0.03, u=26.46, u_bf16=0.0, a_d=33.12, a_f=6.61, a_s=0.0,
-    checkpoint=65.49, x_d=63.3, x_f=4.24, x_s=0.0, logits=16.85, logits_bf16=0.0)
+    g=0.0, bf16=0.0, accumulate=0.0, u=24.86, u_bf16=0.0, u_layer=0.55, a_d=54.65, a_f=0.0,
+    a_s=0.0, checkpoint=28.35, g_checkpoint=19.43, x_d=30.88, x_f=0.0, x_s=0.0, x_hd=29.01,
+    logits=16.46, logits_bf16=0.0)
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,7 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
     ckpt = t.grad_checkpoint if grad_checkpoint is None else grad_checkpoint
     p, d, f, v = count_params(cfg), m.dims, m.hidden(), m.vocab_size
     n, ht = micro * m.seq_len, m.heads * m.seq_len
+    hd = d // m.heads
     bf16, accumulating = t.dtype == "bfloat16", accumulation > 1
     w = 2 if bf16 else 4
     vd = v * d if m.tie_embeddings else 0
@@ -299,10 +300,11 @@ def estimate(cfg: TrainerConfig, micro: int, accumulation: int = 1, world: int =
                   + m.layers * w * n * d * k.checkpoint)
     else:
         layers = m.layers * layer
-    compute = ((k.g + k.bf16 * bf16 + k.accumulate * accumulating) * p + layers
-               + w * n * (k.x_d * d + k.x_f * f + k.x_s * ht)
+    compute = ((k.g + k.bf16 * bf16 + k.accumulate * accumulating
+                + k.g_checkpoint * ckpt) * p + layers
+               + w * n * (k.x_d * d + k.x_f * f + k.x_s * ht + k.x_hd * d * hd / 64)
                + (k.logits + k.logits_bf16 * bf16) * n * v)
-    update = (k.u + k.u_bf16 * bf16) * p
+    update = (k.u + k.u_bf16 * bf16 + k.u_layer * m.layers) * p
     if world > 1:
         side_by_side = min(1.0, MLX_BFS_WIDTH / weight_arrays(cfg)) ** 2
         update += (k.r_bf16 if t.grad_reduce_dtype == "bfloat16" else k.r) * side_by_side * p
