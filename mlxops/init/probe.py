@@ -49,6 +49,11 @@ def _python_read(candidates: Sequence[str]) -> str:
             "done; true")
 
 
+# On a Mac, whether sudo asks no password; false elsewhere. The facts command has the system
+# in ``$mlxops_os`` (no ``uname`` of its own); run alone, the read asks ``uname``.
+_SUDO = 'if [ "${mlxops_os-$(uname -s)}" = Darwin ]; then sudo -n true; else false; fi'
+
+
 # Runs in the facts' interpreter after the facts' probe: when that imported mlx.core, the
 # facts say so already; else the other candidates, in turn, each in its own process.
 _FIND = (
@@ -92,7 +97,7 @@ def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) ->
     candidates = list(dict.fromkeys([*own, *pythons, *CANDIDATES]))
     reads: dict[str, str | PythonRead] = {
         "init.python": PythonRead(_FIND, tuple(candidates[1:])),
-        "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
+        "init.sudo": _SUDO}
     if peers:
         reads["init.reach"] = PythonRead(_REACH, tuple(peers))
     # gather()'s steps, keeping the sections: the addresses are the facts' own section
