@@ -90,16 +90,22 @@ class Probed:
     reached: frozenset[str] = frozenset()  # ... and those that answered
 
 
+def probe_reads(candidates: Sequence[str], peers: Sequence[str]
+                ) -> dict[str, str | PythonRead]:
+    """init's reads, riding along in the facts command that runs in ``candidates[0]``."""
+    reads: dict[str, str | PythonRead] = {
+        "init.python": PythonRead(_FIND, tuple(candidates[1:])), "init.sudo": _SUDO}
+    if peers:
+        reads["init.reach"] = PythonRead(_REACH, tuple(peers))
+    return reads
+
+
 def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) -> Probed:
     """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
     raises RuntimeError when the facts command does not answer."""
     own = [host.python] if host.is_set("mlxops_python") else []
     candidates = list(dict.fromkeys([*own, *pythons, *CANDIDATES]))
-    reads: dict[str, str | PythonRead] = {
-        "init.python": PythonRead(_FIND, tuple(candidates[1:])),
-        "init.sudo": _SUDO}
-    if peers:
-        reads["init.reach"] = PythonRead(_REACH, tuple(peers))
+    reads = probe_reads(candidates, peers)
     # gather()'s steps, keeping the sections: the addresses are the facts' own section
     result = conn.run(facts_script(candidates[0], host.root, reads), timeout=60)
     sections = split_sections(result.stdout)
