@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from mlxops.init.probe import CANDIDATES, probe_reads
@@ -50,9 +51,16 @@ class CpuGroup:
         stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines())
         return int(stat["usage_usec"]) / 1e6
 
-    def remove(self, pid: int) -> None:
-        (self.path.parent / "cgroup.procs").write_text(str(pid))
-        self.path.rmdir()
+    def remove(self) -> None:
+        """After the node's sshd is gone: a session still exiting keeps the group busy
+        (EBUSY) for a moment."""
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+        print(f"left behind: {self.path} (remove it with rmdir)", file=sys.stderr)
 
 
 def main() -> None:
@@ -88,8 +96,8 @@ def main() -> None:
                                    stdin=subprocess.DEVNULL)
                 per_run[name].append((group.seconds() - before) / opts.runs * 1000)
     finally:
-        group.remove(pid)
         box.down()
+        group.remove()
         shutil.rmtree(work, ignore_errors=True)
     login = statistics.median(per_run["login (true)"])
     both = statistics.median(per_run["login + facts"])
