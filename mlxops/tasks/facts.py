@@ -92,13 +92,10 @@ PROBE = (
 )
 
 # The constant part of the script. `$py`, `$root` and `$venv` are set before it from quoted
-# values. Every process it starts is CPU on the node (on 16 sandbox nodes, all on the
-# controller's cores), so it starts as few as the answers allow: one ``uname`` for the three
-# fields (POSIX prints them in the order s, n, m whatever the options' order; a node name
-# has no space), kept in ``$mlxops_os`` for the branch (and for reads that ask); on Linux
-# the files of /proc and /sys read by the shell's own ``read`` rather than grep/cat/getconf
-# (the online CPUs counted from /sys/devices/system/cpu/online's ranges, as glibc's
-# ``getconf _NPROCESSORS_ONLN`` counts them; getconf where that file is not there).
+# values. Every process it starts costs the node CPU, so it starts few: one ``uname`` for
+# three fields (POSIX prints them in the order s n m; a node name has no space), the system
+# kept in ``$mlxops_os`` (the branch, reads); Linux's /proc and /sys read by the shell's own
+# ``read``, not grep/cat/getconf (online CPUs counted from the ranges as glibc counts them).
 _BODY = r"""
 probe() { p=$(command -v "$1" 2>/dev/null) || return 0
   case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
