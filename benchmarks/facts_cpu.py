@@ -14,6 +14,7 @@ The facts command's own CPU is the second less the first. On a real cluster each
 this on its own cores; in the sandbox 16 nodes pay it on the controller's.
 
     sudo .venv/bin/python benchmarks/facts_cpu.py [--runs 20] [--repeat 3] [--login-shell bash]
+                                                  [--flavour linux|macos]
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--login-shell", choices=("bash", "zsh"), default="bash")
+    parser.add_argument("--flavour", choices=("linux", "macos"), default="linux",
+                        help="macos: a Mac-like node, whose macOS tools are Python shims")
     parser.add_argument("--subnet", default="10.244.33.0/24")
     opts = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlxops-bench-facts-"))
     work.chmod(0o755)
     box = Sandbox(work / "sandbox", prefix="mxfcpu", subnet=opts.subnet,
-                  login_shell=opts.login_shell)
+                  login_shell=opts.login_shell, flavour=opts.flavour)
     box.up(1)
     state = json.loads((work / "sandbox" / "state.json").read_text())
     pid = state["nodes"][0]["sshd_pid"]
@@ -101,7 +104,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     login = statistics.median(per_run["login (true)"])
     both = statistics.median(per_run["login + facts"])
-    print(f"\nCPU on the node per login, ms ({opts.login_shell} node, median of "
+    print(f"\nCPU on the node per login, ms ({opts.flavour} {opts.login_shell} node, median of "
           f"{opts.repeat} rounds of {opts.runs})")
     print(f"  login (true)     {login:6.1f}")
     print(f"  login + facts    {both:6.1f}  ({both / login:.2f}x the login)")
