@@ -49,6 +49,11 @@ def _python_read(candidates: Sequence[str]) -> str:
             "done; true")
 
 
+# On a Mac, whether sudo asks no password; false elsewhere. The facts command has the system
+# in ``$mlxops_os`` (no ``uname`` of its own); run alone, the read asks ``uname``.
+_SUDO = 'if [ "${mlxops_os-$(uname -s)}" = Darwin ]; then sudo -n true; else false; fi'
+
+
 # Runs in the facts' interpreter after the facts' probe: when that imported mlx.core, the
 # facts say so already; else the other candidates, in turn, each in its own process.
 _FIND = (
@@ -85,16 +90,22 @@ class Probed:
     reached: frozenset[str] = frozenset()  # ... and those that answered
 
 
+def probe_reads(candidates: Sequence[str], peers: Sequence[str]
+                ) -> dict[str, str | PythonRead]:
+    """init's reads, riding along in the facts command that runs in ``candidates[0]``."""
+    reads: dict[str, str | PythonRead] = {
+        "init.python": PythonRead(_FIND, tuple(candidates[1:])), "init.sudo": _SUDO}
+    if peers:
+        reads["init.reach"] = PythonRead(_REACH, tuple(peers))
+    return reads
+
+
 def probe(conn, host, pythons: Sequence[str] = (), peers: Sequence[str] = ()) -> Probed:
     """Read ``host`` over ``conn`` (a trusted connection), trying ``peers`` (addresses);
     raises RuntimeError when the facts command does not answer."""
     own = [host.python] if host.is_set("mlxops_python") else []
     candidates = list(dict.fromkeys([*own, *pythons, *CANDIDATES]))
-    reads: dict[str, str | PythonRead] = {
-        "init.python": PythonRead(_FIND, tuple(candidates[1:])),
-        "init.sudo": 'if [ "$(uname -s)" = Darwin ]; then sudo -n true; else false; fi'}
-    if peers:
-        reads["init.reach"] = PythonRead(_REACH, tuple(peers))
+    reads = probe_reads(candidates, peers)
     # gather()'s steps, keeping the sections: the addresses are the facts' own section
     result = conn.run(facts_script(candidates[0], host.root, reads), timeout=60)
     sections = split_sections(result.stdout)

@@ -49,7 +49,7 @@ from mlxops.tasks.base import (
 # no version in its name (an ``.egg-info``): it imports the email parser and reads every
 # distribution's metadata, 40 ms of CPU a node where the listing takes under one.
 PROBE = (
-    "import json, os, sys\n"
+    "import os, sys\n"
     "v = '%d.%d.%d' % sys.version_info[:3]\n"
     "w = None\n"
     "lm = None\n"
@@ -82,21 +82,32 @@ PROBE = (
     "    w = int(info.get('max_recommended_working_set_size') or 0) or None\n"
     "except Exception:\n"
     "    pass\n"
-    "print(json.dumps({'version': v, 'mlx': m, 'working_set': w, 'mlx_lm': lm}))\n"
+    "def j(x):\n"
+    "    if x is None or isinstance(x, int):\n"
+    "        return 'null' if x is None else str(x)\n"
+    "    return '\"%s\"' % ''.join(c if ' ' <= c <= '~' and c not in '\"\\\\' else\n"
+    "                           '\\\\u%04x' % min(ord(c), 0xfffd) for c in x)\n"
+    "print('{\"version\": %s, \"mlx\": %s, \"working_set\": %s, \"mlx_lm\": %s}'\n"
+    "      % (j(v), j(m), j(w), j(lm)))\n"
 )
 
 # The constant part of the script. `$py`, `$root` and `$venv` are set before it from quoted
-# values.
+# values. Every process it starts costs the node CPU, so it starts few: one ``uname`` for
+# three fields (POSIX prints them in the order s n m; a node name has no space), the system
+# kept in ``$mlxops_os`` (the branch, reads); Linux's /proc and /sys read by the shell's own
+# ``read``, not grep/cat/getconf (online CPUs counted from the ranges as glibc counts them).
 _BODY = r"""
 probe() { p=$(command -v "$1" 2>/dev/null) || return 0
   case "$p" in /*) ;; *) p="$PWD/$p" ;; esac
   printf '%s\n' "$p"; "$p" -c "$2" 2>/dev/null; }
-echo '@@mlxops:uname'; uname -s; uname -m; uname -n
+mlxops_u=$(uname -s -n -m 2>/dev/null); mlxops_os=${mlxops_u%% *}
+mlxops_arch=${mlxops_u##* }; mlxops_u=${mlxops_u#* }
+echo '@@mlxops:uname'; printf '%s\n' "$mlxops_os" "$mlxops_arch" "${mlxops_u% *}"
 echo '@@mlxops:home'; printf '%s\n' "$HOME"
 echo '@@mlxops:python'; probe "$py" "$PROBE$PYREADS"
 echo '@@mlxops:venv'; [ -x "$root/$venv" ] && probe "$root/$venv" "$PROBE"
 echo '@@mlxops:df'; df -Pk "$HOME" 2>/dev/null
-if [ "$(uname -s)" = Darwin ]; then
+if [ "$mlxops_os" = Darwin ]; then
   echo '@@mlxops:sw_vers'; sw_vers 2>/dev/null
   echo '@@mlxops:sysctl'; sysctl hw.memsize hw.ncpu hw.perflevel0.physicalcpu \
     machdep.cpu.brand_string iogpu.wired_limit_mb 2>/dev/null
@@ -104,7 +115,10 @@ if [ "$(uname -s)" = Darwin ]; then
   echo '@@mlxops:ifconfig'; ifconfig 2>/dev/null
   echo '@@mlxops:pmset'; pmset -g 2>/dev/null
 @MACNET@else
-  echo '@@mlxops:meminfo'; grep MemTotal /proc/meminfo
+  echo '@@mlxops:meminfo'
+  while IFS= read -r l; do
+    case "$l" in MemTotal:*) printf '%s\n' "$l"; break ;; esac
+  done < /proc/meminfo
   echo '@@mlxops:cgroupmem'
   while IFS=: read -r hid ctl cg; do
     case "$ctl" in
@@ -112,10 +126,22 @@ if [ "$(uname -s)" = Darwin ]; then
       memory|memory,*|*,memory|*,memory,*) f="/sys/fs/cgroup/memory$cg/memory.limit_in_bytes" ;;
       *) continue ;;
     esac
-    if [ -r "$f" ]; then cat "$f"; fi
+    if [ -r "$f" ] && IFS= read -r l < "$f"; then printf '%s\n' "$l"; fi
   done < /proc/self/cgroup
-  echo '@@mlxops:nproc'; getconf _NPROCESSORS_ONLN
-  echo '@@mlxops:cpuinfo'; grep -m1 'model name' /proc/cpuinfo
+  echo '@@mlxops:nproc'
+  f=/sys/devices/system/cpu/online
+  if [ -r "$f" ] && IFS= read -r l < "$f"; then
+    n=0
+    while [ -n "$l" ]; do
+      r=${l%%,*}; l=${l#"$r"}; l=${l#,}
+      case "$r" in *-*) n=$((n + ${r#*-} - ${r%-*} + 1)) ;; *) n=$((n + 1)) ;; esac
+    done
+    echo "$n"
+  else getconf _NPROCESSORS_ONLN; fi
+  echo '@@mlxops:cpuinfo'
+  while IFS= read -r l; do
+    case "$l" in 'model name'*) printf '%s\n' "$l"; break ;; esac
+  done < /proc/cpuinfo
   echo '@@mlxops:ip'; ip -4 -o addr show 2>/dev/null
 fi
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,6 +92,39 @@ def test_script_quotes_inventory_values(tmp_path: Path) -> None:
     assert out.returncode == 0 and not marker.exists()
     facts = F.build_facts(F.split_sections(out.stdout), "~/.mlxops")
     assert facts.python.path is None and facts.system in ("Linux", "Darwin")
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").exists(), reason="the Linux branch")
+@pytest.mark.parametrize("sh", [s for s in ("sh", "zsh") if shutil.which(s)])
+def test_linux_sections_are_what_the_tools_print(sh: str) -> None:
+    # The script reads /proc and /sys with the shell's own `read` and starts one `uname`
+    # (fewer processes on every node): each section must be what the tools it replaced
+    # print, under sh and under zsh (a Mac's and many a node's login shell).
+    out = subprocess.run([sh, "-c", F.facts_script("python3", "~/x")], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and out.stderr == ""
+    got = F.split_sections(out.stdout)
+
+    def tool(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True).stdout.rstrip("\n")
+
+    assert got["uname"] == "\n".join(tool("uname", flag) for flag in ("-s", "-m", "-n"))
+    assert got["meminfo"] == tool("grep", "MemTotal", "/proc/meminfo")
+    assert got["nproc"] == tool("getconf", "_NPROCESSORS_ONLN")
+    assert got["cpuinfo"] == tool("grep", "-m1", "model name", "/proc/cpuinfo")
+    assert F.parse_cgroup_memory(got["cgroupmem"]) == F.parse_cgroup_memory(
+        tool("sh", "-c", _CGROUP_BY_CAT))
+
+
+# The cgroup section as the script read it before it used the shell's `read`: cat.
+_CGROUP_BY_CAT = r"""while IFS=: read -r hid ctl cg; do
+  case "$ctl" in
+    '') f="/sys/fs/cgroup$cg/memory.max" ;;
+    memory|memory,*|*,memory|*,memory,*) f="/sys/fs/cgroup/memory$cg/memory.limit_in_bytes" ;;
+    *) continue ;;
+  esac
+  if [ -r "$f" ]; then cat "$f"; fi
+done < /proc/self/cgroup"""
 
 
 def test_cache_roundtrip(tmp_path: Path, monkeypatch) -> None:
