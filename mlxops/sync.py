@@ -4,10 +4,7 @@ Two commands per host and nothing else: (1) the node prints a manifest (relative
 sha256, mode) of every file under the managed roots of ``dest`` — with the node's python
 when we know it, else a POSIX pipeline of ``find`` + ``sha256sum``/``shasum -a 256`` +
 ``stat``; (2) one command deletes the stale files (paths passed quoted) and unpacks, from
-stdin, a tar archive of just the new and changed files, then (when the node helpers
-changed and the node's interpreter is known) compiles the helpers into
-``<mlxops_root>/pycache``, the bytecode they read (:func:`compile_helpers_command`).
-Nothing differs: no step 2.
+stdin, a tar archive of just the new and changed files. Nothing differs: no step 2.
 
 Excluded on both sides: ``.git``, ``__pycache__``, ``*.pyc``, ``.DS_Store`` and the
 patterns of every ``.gitignore`` in the source (the rules of :mod:`mlxops.ignore`). Node
@@ -37,7 +34,7 @@ from mlxops import archive as archive_files
 from mlxops import paths, shell
 from mlxops.errors import MlxopsError
 from mlxops.ignore import Ignore
-from mlxops.node.protocol.layout import job_code_path, pycache_path
+from mlxops.node.protocol.layout import job_code_path
 from mlxops.transport.connection import Connection
 
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".DS_Store")
@@ -227,24 +224,8 @@ def remote_manifest(conn: Connection, dest: str, roots: Sequence[str], python: s
         raise SyncError(f"{conn.name}: unreadable manifest of {dest}: {exc}") from None
 
 
-#: What the node helpers import (``python -m mlxops.node``): compiled after a sync that
-#: changed them, into ``<mlxops_root>/pycache`` (:func:`mlxops.transport.nodecmd.helper_env`).
-HELPER_SOURCES = ("mlxops/__init__.py", "mlxops/node")
-
-
-def compile_helpers_command(dest: str, python: str) -> str:
-    """Compile the node helpers under ``dest`` (the code directory, the cwd) into the
-    bytecode tree the helpers read. Best effort: a helper without bytecode compiles in
-    memory, as it did before, so a failure here never fails the sync."""
-    prefix = shell.path_word(pycache_path(dest))
-    return (f"{{ PYTHONPYCACHEPREFIX={prefix} {shell.quote(python)} -m compileall -q "
-            f"{shell.join(HELPER_SOURCES)} >/dev/null 2>&1; true; }}")
-
-
 def apply_command(dest: str, deleted: Sequence[str], empty_dirs: Sequence[str],
-                  unpack: bool, compile_with: str | None = None) -> str:
-    """Delete, unpack from stdin, then (``compile_with``: the node's interpreter) compile
-    the helpers."""
+                  unpack: bool) -> str:
     steps = ["umask 022", f"mkdir -p {shell.path_word(dest)}", f"cd {shell.path_word(dest)}"]
     if deleted:
         steps.append(f"rm -f -- {shell.join(deleted)}")
@@ -254,8 +235,6 @@ def apply_command(dest: str, deleted: Sequence[str], empty_dirs: Sequence[str],
     if unpack:
         # bsdtar (macOS) and GNU tar both take these; -p keeps the file modes we send.
         steps.append("tar -xpf - --no-same-owner")
-    if compile_with:
-        steps.append(compile_helpers_command(dest, compile_with))
     return shell.and_then(steps)
 
 
@@ -301,9 +280,7 @@ def sync_files(conn: Connection, files: Mapping[str, Path], dest: str, *,
         report.bytes_sent = archive.tell()
         archive.seek(0)
     try:
-        helpers = python if any(rel.startswith(HELPER_SOURCES) for rel in send) else None
-        result = conn.run(apply_command(dest, report.deleted, empty, bool(send), helpers),
-                          stdin=archive)
+        result = conn.run(apply_command(dest, report.deleted, empty, bool(send)), stdin=archive)
     finally:
         if archive is not None:
             archive.close()

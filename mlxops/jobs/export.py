@@ -28,7 +28,7 @@ from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.node.protocol.send import SEND
 from mlxops.node.protocol.serve import EXPORT_ARCHES, ExportAnswer, export_args
 from mlxops.transport import Connector
-from mlxops.transport.nodecmd import helper_env
+from mlxops.transport.nodecmd import HELPER_ENV
 
 #: Seconds without a byte (the conversion prints nothing until done) before giving up.
 EXPORT_TIMEOUT = 3600.0
@@ -40,7 +40,7 @@ def export_command(python: str, code_dir: str, run_dir: str, *, step: int | None
     the directory; the directory is removed whatever the exit."""
     convert = shell.with_env(
         [python, *export_args(run_dir=run_dir, step=step, best=best, arch=arch)],
-        helper_env(code_dir)) + ' --out "$tmp"'
+        {"PYTHONPATH": code_dir, **HELPER_ENV}) + ' --out "$tmp"'
     send = send_command(python, code_dir, [SEND]) + ' --dir "$tmp"'
     return (f'tmp=$(mktemp -d) || exit 1; {{ {convert} && {send}; }}; '
             'code=$?; rm -rf "$tmp"; exit "$code"')

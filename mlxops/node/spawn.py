@@ -10,6 +10,19 @@ from pathlib import Path
 from mlxops.node import protocol, tempdir
 from mlxops.node.rundir import clear_stopped, process_path
 
+#: What the controller runs every helper with (transport/nodecmd.py: a helper leaves no
+#: bytecode beside the synced code) and a rank must not inherit from ``spawn``: the job's
+#: programs then compiled the trainer's modules from source at every start (~100 ms of CPU
+#: a rank on this project's machine) instead of once into ``code/``'s ``__pycache__``,
+#: which every sync and check leaves alone. A job that wants it sets it in its ``env:``
+#: (its rank script exports that after this), as the collectives check does.
+HELPER_ONLY_ENV = ("PYTHONDONTWRITEBYTECODE",)
+
+
+def rank_environment(helper: dict[str, str]) -> dict[str, str]:
+    """The environment a rank's script starts in: the helper's, less its own settings."""
+    return {k: v for k, v in helper.items() if k not in HELPER_ONLY_ENV}
+
 
 def spawn(run_dir: Path, rank: int | str) -> int:
     """Start ``rank-<r>.sh`` (or ``launcher.sh``) in its own session, detached from this
@@ -25,6 +38,7 @@ def spawn(run_dir: Path, rank: int | str) -> int:
     pidfile = process_path(run_dir, rank, protocol.PID)
     for stale in (pidfile, process_path(run_dir, rank, protocol.EXIT)):
         stale.unlink(missing_ok=True)
+    env = rank_environment(dict(os.environ))
     pid = os.fork()
     if pid == 0:  # child
         try:
@@ -41,7 +55,7 @@ def spawn(run_dir: Path, rank: int | str) -> int:
             tmp = pidfile.with_name(pidfile.name + ".tmp")
             tmp.write_text(f"{os.getpid()}\n")
             os.replace(tmp, pidfile)
-            os.execv("/bin/sh", ["/bin/sh", str(script)])
+            os.execve("/bin/sh", ["/bin/sh", str(script)], env)
         finally:
             os._exit(127)
     # Parent: wait (briefly) until the child has recorded itself, so status sees it.

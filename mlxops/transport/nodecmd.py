@@ -20,19 +20,12 @@ class NodeCommandError(MlxopsError):
 
 
 SECTION = "@@mlxops-section@@"
-
-
-def helper_env(code_dir: str) -> dict[str, str]:
-    """A node helper's environment: ``PYTHONPATH`` the synced code; its bytecode read from
-    ``<mlxops_root>/pycache`` (``PYTHONPYCACHEPREFIX``), where the sync that brought the
-    helpers compiled them (:mod:`mlxops.sync`), and never written: a helper leaves the
-    node's files as it found them (``mlxops check`` runs helpers and must change nothing),
-    and ``code/`` stays exactly what was synced. The watchdog and ``status`` ask nodes for
-    an answer every few seconds: compiling the modules a helper imports was ~13 of its
-    ~85 ms of CPU on this project's machine (a node's CPU that its ranks train with).
-    """
-    return {"PYTHONPATH": code_dir, "PYTHONPYCACHEPREFIX": protocol.pycache_path(code_dir),
-            "PYTHONDONTWRITEBYTECODE": "1"}
+#: The node helpers write no bytecode beside the synced code: they are short-lived, and a
+#: node's ``code/`` then stays exactly what was synced (``mlxops check`` reads it as such).
+#: (Not ``PYTHONPYCACHEPREFIX``: under a prefix the interpreter looks for the standard
+#: library's bytecode there too, finds none and compiles argparse, json, dataclasses...
+#: at every start: a status took 246 ms of CPU instead of 96 in the sandbox's venv.)
+HELPER_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def preflight_command(root: str, python: str, manifest_args: str,
@@ -53,9 +46,7 @@ def preflight_command(root: str, python: str, manifest_args: str,
     )
     ask = shell.join(["-m", "mlxops.node", *preflight_args])
     return (f"{resolve} && echo {SECTION} && \"$P\" {manifest_args} && echo && echo {SECTION}"
-            # helper_env(), the bytecode's absolute path spelt by the shell (cwd is <root>)
-            f" && {{ PYTHONPATH={protocol.CODE_DIR}"
-            f" PYTHONPYCACHEPREFIX=\"$PWD\"/{protocol.PYCACHE_DIR} PYTHONDONTWRITEBYTECODE=1"
+            f" && {{ PYTHONPATH={protocol.CODE_DIR} {shell.env_assignments(HELPER_ENV)}"
             f" \"$P\" {ask} 2>/dev/null || true; }}")
 
 
@@ -78,9 +69,9 @@ def parse_preflight(host: str, result: CommandResult, python: str
 
 
 def node_command(python: str, code_dir: str, args: Sequence[object]) -> str:
-    """``PYTHONPATH=<code> PYTHONPYCACHEPREFIX=<root>/pycache <python> -m mlxops.node
-    ARGS`` (:func:`helper_env`)."""
-    return shell.with_env([python, "-m", "mlxops.node", *args], helper_env(code_dir))
+    """``PYTHONPATH=<code> PYTHONDONTWRITEBYTECODE=1 <python> -m mlxops.node ARGS``."""
+    return shell.with_env([python, "-m", "mlxops.node", *args],
+                          {"PYTHONPATH": code_dir, **HELPER_ENV})
 
 
 def run_node(conn: Connection, python: str, code_dir: str, args: Sequence[str], *,

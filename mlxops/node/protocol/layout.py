@@ -126,10 +126,6 @@ def newest_checkpoint(ckpt_dir: PurePath) -> Path | None:
 
 #: The synced code (``PYTHONPATH``; ``tasks/sync.py``) and the jobs' run directories.
 CODE_DIR, RUNS_DIR = "code", "runs"
-#: The node helpers' bytecode (``PYTHONPYCACHEPREFIX``): a tree of ``.pyc`` files that
-#: mirrors the code's paths, written when a sync changed the helpers (``mlxops/sync.py``),
-#: read by every helper (transport/nodecmd.py), so that ``code/`` stays what was synced.
-PYCACHE_DIR = "pycache"
 #: Under ``code/``: a job's synced ``workdir``, ``code/jobs/<name>``.
 JOB_CODE_DIR = "jobs"
 #: The managed environment every rank sources (``tasks/env.py``), mode 0600.
@@ -173,12 +169,6 @@ CONTENT_HASHES = f"{DATA_DIR}/.content-hashes.json"
 def run_path(name: str) -> str:
     """``runs/<name>``: a job's run directory, relative to ``mlxops_root``."""
     return f"{RUNS_DIR}/{name}"
-
-
-def pycache_path(code_dir: str) -> str:
-    """``<mlxops_root>/pycache`` of the code directory ``<mlxops_root>/code``."""
-    parent = code_dir.rsplit("/", 1)[0] if "/" in code_dir else ""
-    return f"{parent}/{PYCACHE_DIR}" if parent else PYCACHE_DIR
 
 
 def job_code_path(name: str) -> str:
