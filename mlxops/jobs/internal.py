@@ -3,27 +3,23 @@ all-reduce sweep, :mod:`mlxops.bench.allreduce`; the collectives check,
 :mod:`mlxops.jobs.collectives`) run through the job machinery and each rank writes one
 result file in its run directory.
 
-Followed over the job's watch channels (:mod:`mlxops.jobs.channel`: one long-lived node
-helper a host, which speaks when a rank starts or ends) until it has finished: any other
-state (failed, stalled, stopped) or an unreachable host ends the wait with the caller's
-error, naming the state and why (the job's problem, which carries the line of a failed
-rank's log that says why, else its message, else the unreachable hosts). A `status`
-command a host every poll cost a Python start on every node each time (the check of a
-3-host cluster asked ~100 of them), and heard a rank's end up to a poll late. Then every
-rank's file is read, one ``cat`` a host, all hosts at once, and parsed by the caller into
-results by rank.
+Followed by status until it has finished: any other state (failed, stalled, stopped) or an
+unreachable host ends the wait with the caller's error, naming the state and why (the
+job's problem, which carries the line of a failed rank's log that says why, else its
+message, else the unreachable hosts). Then every rank's file is read, one ``cat`` a host,
+all hosts at once, and parsed by the caller into results by rank.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from mlxops import shell
 from mlxops.errors import MlxopsError
-from mlxops.jobs.channel import ASK_TIMEOUT, Channels
 from mlxops.jobs.record import JobRecord, inventory_hosts
-from mlxops.jobs.status import classify
+from mlxops.jobs.status import job_status
 from mlxops.node.protocol import FINISHED, RUNNING
 from mlxops.transport import Connector, run_parallel
 
@@ -34,23 +30,20 @@ def wait_until_ended(record: JobRecord, connector: Connector, *, poll: float,
                      failed: Callable[[str], MlxopsError],
                      on_step: Callable[[int], None] = lambda _: None) -> None:
     """Return once the job has finished; raise ``failed("<state>: <why>")`` once it is
-    anything but running or a host is unreachable. ``on_step`` hears each new step. The
-    channels wake the wait when a host speaks; ``poll`` bounds the wait between looks."""
+    anything but running or a host is unreachable. ``on_step`` hears each new step."""
     last = -1
-    with Channels(record, connector, inventory_hosts(record), retry=poll) as channels:
-        channels.wait_all(ASK_TIMEOUT + poll)
-        while True:
-            status = classify(record, channels.answers(), dict(channels.unreachable))
-            if status.state == FINISHED:
-                return
-            if status.state != RUNNING or status.unreachable:
-                why = status.problem or status.message or ", ".join(
-                    f"{h}: {r}" for h, r in status.unreachable.items()) or status.state
-                raise failed(f"{status.state}: {why}")
-            if status.step is not None and status.step != last:
-                last = status.step
-                on_step(last)
-            channels.wait(poll)
+    while True:
+        status = job_status(record, connector)
+        if status.state == FINISHED:
+            return
+        if status.state != RUNNING or status.unreachable:
+            why = status.problem or status.message or ", ".join(
+                f"{h}: {r}" for h, r in status.unreachable.items()) or status.state
+            raise failed(f"{status.state}: {why}")
+        if status.step is not None and status.step != last:
+            last = status.step
+            on_step(last)
+        time.sleep(poll)
 
 
 def read_rank_files(record: JobRecord, connector: Connector,
