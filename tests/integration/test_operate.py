@@ -128,7 +128,10 @@ def test_a_killed_rank_is_restarted_on_the_timeline_notified_once_and_scraped(ru
         hook.close()
     assert launch.returncode == 0, out[-3000:]
     timeline = json.loads(mlxops("events", NAME, "--json").stdout)["events"]
-    kinds = [e["kind"] for e in timeline if e["kind"] not in ("notified", "notify_failed")]
+    # Alerts are left out: whether a step is slow or a heartbeat late depends on the
+    # machine's load (a CI run put a heartbeat alert between started and restarted).
+    kinds = [e["kind"] for e in timeline
+             if e["kind"] not in ("notified", "notify_failed", "alert")]
     assert kinds == ["started", "restarted", "finished"], timeline
     restarted = next(e for e in timeline if e["kind"] == "restarted")
     assert "rank 1 on localhost" in restarted["message"] and restarted["attempt"] == 1
