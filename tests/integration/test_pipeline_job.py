@@ -1,14 +1,20 @@
-"""A ``trainer.stages: auto`` job on three sandbox nodes made unequal by memory limits
-(mlxops/sandbox/cgroups.py): launch reads each node's memory from its facts (the limit),
-splits the layers by budget (the middle node, half the others' memory, gets fewer), the
-ranks train as pipeline stages through the run loop, stop at ``stop_at`` and resume; the
-losses equal one process holding every layer (the same trainer, ``train.stages: [6]``)
-bit for bit. On bash and zsh nodes.
+"""A ``trainer.stages: auto`` job on three sandbox nodes whose memory limits
+(mlxops/sandbox/cgroups.py) forbid one node to hold the run: launch reads each node's
+memory from its facts (the limit), refuses the job on the largest node alone (exit 2, the
+plan's numbers; nothing trained), splits the layers by budget over the three (the middle
+node, the smallest, gets fewer), the ranks train as pipeline stages through the run loop,
+stop at ``stop_at`` and resume, and resume on the two large nodes; the losses equal one
+process holding every layer (the same trainer, ``train.stages: [6]``) bit for bit. On bash
+and zsh nodes.
 
-The limits here are large beside the tiny model (a rank's own memory is ~110 MB above
-MLX's peak): they make the split unequal, they do not forbid one node to hold the run.
-A model one limited node cannot hold takes minutes a step on this shared 2-core machine
-(docs/pipeline.md, "Not done yet").
+The model is sized to the limits and kept cheap a step (trainer/plan.py, float32): 384
+wide, 6 layers, vocabulary 8192, 8 tokens a sequence, 4 micro-batches of one sequence:
+16.9M parameters (AdamW's state with them) and few tokens. Planned: 0.44 GiB on one
+node, more than the 460 MiB node's budget (80%: 0.36 GiB; one process measured a 479 MiB
+MLX peak and 567 MiB resident at this config, above that node's limit too); 3 stages
+``[2, 1, 3]`` plan 179, 47 and 226 MiB against budgets of 304, 144 and 368 MiB; the two
+large nodes ``[3, 3]`` 226 MiB each. A rank's process holds ~110 MiB beside MLX's arrays,
+which each limit leaves room for.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import pytest
 import yaml
 from job_helpers import BackgroundWatchdog, Hold, run_dir, wait_for_step
 
+from mlxops.errors import UserError
 from mlxops.jobs.export import export_run
 from mlxops.jobs.launch import launch
 from mlxops.jobs.record import load_record
@@ -35,12 +42,12 @@ from mlxops.sandbox import cgroups
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
-LIMITS = {"node1": 1200 * MiB, "node2": 600 * MiB, "node3": 1200 * MiB}
+LIMITS = {"node1": 380 * MiB, "node2": 180 * MiB, "node3": 460 * MiB}
 TRAINER = {
-    "model": {"dims": 64, "layers": 6, "heads": 2, "vocab_size": 256, "seq_len": 32,
+    "model": {"dims": 384, "layers": 6, "heads": 4, "vocab_size": 8192, "seq_len": 8,
               "tie_embeddings": False},
     "data": {"source": "synthetic", "seed": 0},
-    "train": {"steps": 6, "global_batch": 8, "micro_batch": 2, "lr": 1e-2,
+    "train": {"steps": 6, "global_batch": 4, "micro_batch": 1, "lr": 1e-2,
               "checkpoint_every": 3, "log_every": 1},
 }
 
@@ -52,12 +59,13 @@ def memory_cgroups():
         pytest.skip(f"memory limits: {why}")
 
 
-def write_job(tmp_path: Path, box, restart: dict | None = None, **train) -> Path:
+def write_job(tmp_path: Path, box, restart: dict | None = None,
+              hosts: str = "node1,node2,node3", **train) -> Path:
     trainer = json.loads(json.dumps(TRAINER))
     trainer["train"].update(train)
     trainer["stages"] = "auto"
     job = {"name": "t-pipe", "inventory": str(box.inventory_path),
-           "hosts": "node1,node2,node3", "backend": "ring", "trainer": trainer,
+           "hosts": hosts, "backend": "ring", "trainer": trainer,
            # MLX's own BLAS, as the reference process has: OpenBLAS's kernels sum in
            # another order (the losses then differ from step 2 by ~1e-6)
            "blas": "off",
@@ -97,14 +105,21 @@ def losses(box) -> dict[int, float]:
 @pytest.mark.slow
 def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
         login_sandbox_mut, tmp_path, connector):
-    """Stopped at 3 and resumed on the same split to 6 (nothing copied), then resumed
-    without node2 on 2 stages: node2's stage checkpoint is copied to node1 and node3
-    before the ranks start (jobs/ckptmove.py) and the 9 steps are one process's losses bit
-    for bit."""
+    """Refused on node3 alone (the largest node), then on three nodes stopped at 3 and
+    resumed on the same split to 6 (nothing copied), then resumed without node2 on 2
+    stages: node2's stage checkpoint is copied to node1 and node3 before the ranks start
+    (jobs/ckptmove.py) and the 9 steps are one process's losses bit for bit."""
     box = login_sandbox_mut
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
     steps = {"steps": 9}
+    alone = write_job(tmp_path, box, hosts="node3", **steps)
+    with pytest.raises(UserError) as refused:
+        launch(load_job(alone), connector, fresh=True)
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"{alone}: trainer.stages: the model does not fit on 1 hosts even split by memory: "
+        "node3: layers 0-5 0.44 of 0.36 GiB"), refused.value
     spec = load_job(write_job(tmp_path, box, stop_at=3, **steps))
     record = launch(spec, connector, fresh=True)
     split = record.workload.config.train.stages   # what the ranks were given
@@ -166,7 +181,7 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     record = launch(load_job(path), connector, fresh=True)
     watchdog = BackgroundWatchdog(record, connector)
     with hold:
-        wait_for_step(record, connector, 7)
+        wait_for_step(record, connector, 7, timeout=240)
         # The middle stage's trainer (the rank's process group leads its wrapper).
         pgid = int((run_dir(box, "node2", "t-pipe") / "rank-1.pid").read_text())
         child = subprocess.run(["pgrep", "-P", str(pgid)], capture_output=True, text=True)
