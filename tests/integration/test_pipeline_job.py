@@ -15,6 +15,10 @@ MLX peak and 567 MiB resident at this config, above that node's limit too); 3 st
 ``[2, 1, 3]`` plan 179, 47 and 226 MiB against budgets of 304, 144 and 368 MiB; the two
 large nodes ``[3, 3]`` 226 MiB each. A rank's process holds ~110 MiB beside MLX's arrays,
 which each limit leaves room for.
+
+The fine-tuning scenario's limits (2000, 1000, 2000 MiB) only make its split unequal: a
+LoRA model one node cannot hold costs seconds a step here (docs/pipeline.md, "Not done
+yet").
 """
 
 from __future__ import annotations
