@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -95,11 +96,35 @@ def one_process(tmp_path: Path, module: str, config: dict) -> dict[int, float]:
     return step_losses(tmp_path / "one" / "metrics.jsonl")
 
 
-def reference(tmp_path: Path, **train) -> dict[int, float]:
-    """One process holding all 6 layers: the trainer with ``train.stages: [6]``."""
-    cfg = json.loads(json.dumps(TRAINER))
-    cfg["train"].update(train, stages=[6])
-    return one_process(tmp_path, "mlxops.trainer", cfg)
+@pytest.fixture
+def reference(tmp_path):
+    """Starts one process holding all 6 layers (the trainer with ``train.stages: [6]``)
+    beside the job, which waits on its nodes more than it computes: ``reference(**train)``
+    returns a call that waits for it and gives its losses. Killed at teardown if left."""
+    procs: list[subprocess.Popen] = []
+
+    def start(**train) -> Callable[[], dict[int, float]]:
+        cfg = json.loads(json.dumps(TRAINER))
+        cfg["train"].update(train, stages=[6])
+        (tmp_path / "one.json").write_text(json.dumps({**cfg, "out": str(tmp_path / "one")}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxops.trainer", "--config", str(tmp_path / "one.json")],
+            cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+
+        def losses() -> dict[int, float]:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-2000:]
+            return step_losses(tmp_path / "one" / "metrics.jsonl")
+
+        return losses
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def losses(box) -> dict[int, float]:
@@ -108,7 +133,7 @@ def losses(box) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
-        login_sandbox_mut, tmp_path, connector):
+        login_sandbox_mut, tmp_path, connector, reference):
     """Refused on node3 alone (the largest node), then on three nodes stopped at 3 and
     resumed on the same split to 6 (nothing copied), then resumed without node2 on 2
     stages: node2's stage checkpoint is copied to node1 and node3 before the ranks start
@@ -117,6 +142,7 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
     steps = {"steps": 9}
+    one = reference(**steps)
     alone = write_job(tmp_path, box, hosts="node3", **steps)
     with pytest.raises(UserError) as refused:
         launch(load_job(alone), connector, fresh=True)
@@ -151,7 +177,7 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
     assert copied == ["checkpoint part stage-1/step-00000006: node2 -> node1, node3 "
                       "(copied before the ranks start)"]
     assert supervise(two, connector).state == "finished"
-    assert losses(box) == reference(tmp_path, **steps)
+    assert losses(box) == one()
     for node in ("node1", "node3"):
         ckpt = run_dir(box, node, "t-pipe") / "ckpt"
         assert (ckpt / "stage-1" / "step-00000006" / "state.json").is_file()
@@ -169,7 +195,7 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
 
 
 def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, tmp_path,
-                                                           connector):
+                                                           connector, reference):
     """The middle stage's trainer killed with SIGKILL while the job is held after step 7
     (a checkpoint every 5): one restart of the job, from step 5, and the losses of one
     process holding every layer bit for bit."""
@@ -177,6 +203,7 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
     longer = {"steps": 10, "checkpoint_every": 5}
+    one = reference(**longer)
     hold = Hold(box, "t-pipe", list(LIMITS), at=7)
     path = write_job(tmp_path, box, restart={"max_restarts": 1, "stall_timeout": 180},
                      **longer)
@@ -196,7 +223,7 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     restarts = load_record("t-pipe").restarts
     # Its neighbours fail too (their send/recv lost the peer): one restart of the job.
     assert len(restarts) == 1, restarts
-    assert losses(box) == reference(tmp_path, **longer)
+    assert losses(box) == one()
 
 
 FINETUNE = {
