@@ -196,15 +196,15 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
 
 def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, tmp_path,
                                                            connector, reference):
-    """The middle stage's trainer killed with SIGKILL while the job is held after step 7
-    (a checkpoint every 5): one restart of the job, from step 5, and the losses of one
+    """The middle stage's trainer killed with SIGKILL while the job is held after step 5
+    (a checkpoint every 3): one restart of the job, from step 3, and the losses of one
     process holding every layer bit for bit."""
     box = login_sandbox_mut
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
-    longer = {"steps": 10, "checkpoint_every": 5}
+    longer = {"steps": 6, "checkpoint_every": 3}
     one = reference(**longer)
-    hold = Hold(box, "t-pipe", list(LIMITS), at=7)
+    hold = Hold(box, "t-pipe", list(LIMITS), at=5)
     path = write_job(tmp_path, box, restart={"max_restarts": 1, "stall_timeout": 180},
                      **longer)
     doc = yaml.safe_load(path.read_text())
@@ -212,7 +212,7 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     record = launch(load_job(path), connector, fresh=True)
     watchdog = BackgroundWatchdog(record, connector)
     with hold:
-        wait_for_step(record, connector, 7, timeout=240)
+        wait_for_step(record, connector, 5, timeout=240)
         # The middle stage's trainer (the rank's process group leads its wrapper).
         pgid = int((run_dir(box, "node2", "t-pipe") / "rank-1.pid").read_text())
         child = subprocess.run(["pgrep", "-P", str(pgid)], capture_output=True, text=True)
