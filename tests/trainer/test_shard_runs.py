@@ -101,6 +101,11 @@ def test_kill_9_of_a_rank_then_resume_is_bitwise(shard_runs):
     out = tmp / "killed"
     cfg = config(tmp, out, corpus)
     killed: list[int] = []
+    # The ranks wait after step 20 (its checkpoint written) while this file says 20 (the
+    # trainer's hold hook): the kill lands mid-run however fast the machine is (a quick
+    # run once logged step 30 before it landed).
+    hold = tmp / "hold-killed"
+    hold.write_text("20\n")
 
     def kill_after_checkpoint_20() -> None:
         deadline = time.time() + 120
@@ -111,11 +116,15 @@ def test_kill_9_of_a_rank_then_resume_is_bitwise(shard_runs):
         if pids:
             os.kill(pids[-1], signal.SIGKILL)
             killed.append(pids[-1])
+        hold.unlink()  # the other rank goes on, and fails at its peer's absence
 
     killer = threading.Thread(target=kill_after_checkpoint_20)
     killer.start()
-    proc = run_trainer(cfg, ranks=2, timeout=180)
-    killer.join()
+    try:
+        proc = run_trainer(cfg, ranks=2, timeout=180, env={"MLXOPS_TRAINER_HOLD": str(hold)})
+    finally:
+        killer.join()
+        hold.unlink(missing_ok=True)
     assert killed and proc.returncode != 0
     assert max(losses(out)) < 30
     ok(run_trainer(cfg, "--resume", ranks=2))
