@@ -16,6 +16,7 @@ Standard library only (synced to nodes with the other helpers).
 from __future__ import annotations
 
 import functools
+import shutil
 from pathlib import Path
 
 # subprocess and platform are imported where they are used: ``status``, ``stop`` and
@@ -46,6 +47,4 @@ def has_proc() -> bool:
 
 
 def has_tool(name: str) -> bool:
-    import shutil
-
     return shutil.which(name) is not None
