@@ -32,6 +32,12 @@ from mlxops.transport.forward import http_exchange
 
 CANARY_TOKENS = 16
 CANARY_EVERY = 30.0  # seconds
+# Timeouts in a row with the request count read and unchanged that make a server hung.
+# Two, not one: mlx-lm's handler writes a request's log line (what the node counts) only
+# once the request's answer starts, so a long request just taken on by a slow node is
+# not counted yet at the first timeout behind it (a CI run restarted such a server
+# mid-request); a stopped server is still restarted at the second probe.
+UNCHANGED_TIMEOUTS = 2
 
 
 def serve_address(serve: ServeSpec) -> str:
@@ -113,6 +119,7 @@ class ProbeWatch:
     timeouts: int = 0
     # At the last timeout: True the count moved (busy), False it did not, None not known.
     moved: bool | None = None
+    unchanged: int = 0                  # timeouts in a row with the count read and unchanged
 
     def look(self, conn: Connection, now: float | None = None,
              count: Callable[[], int | None] = lambda: None) -> str | None:
@@ -164,22 +171,26 @@ class ProbeWatch:
         ``seed`` alone) is busy, not hung, until ``serve.hung_probes`` time out in a row.
         A count not known (its node too busy to say within the watchdog's wait, as a node
         generating for a long request is) says nothing either way: such timeouts are
-        judged by ``serve.hung_probes`` in a row alone. Only a count read and unchanged
-        makes one timeout hung (a stopped server: its node answers at once)."""
+        judged by ``serve.hung_probes`` in a row alone. Only a count read and unchanged at
+        :data:`UNCHANGED_TIMEOUTS` timeouts in a row is hung sooner (a stopped server: its
+        node answers at once)."""
         self.last = result
         if result.ok:
             self.answered += 1
-            self.timeouts = 0
+            self.timeouts = self.unchanged = 0
             return None
         server = f"the server on {self.host}"
         if result.hung:
             self.timeouts += 1
             known = requests is not None and self.counted is not None
             self.moved = (requests > self.counted) if known else None
-            if self.moved is not False and self.timeouts < self.serve.hung_probes:
+            self.unchanged = self.unchanged + 1 if self.moved is False else 0
+            if (self.unchanged < UNCHANGED_TIMEOUTS
+                    and self.timeouts < self.serve.hung_probes):
                 return None   # busy (or not known yet): requests ahead of the probe
             why = (f"{self.timeouts} probes in a row" if self.moved is not False else
-                   "and its request count has not moved since the last answer")
+                   f"{self.unchanged} in a row, and its request count has not moved since "
+                   f"the last answer")
             return (f"{server} did not answer a one-token completion in "
                     f"{self.serve.probe_timeout:g}s, {why} (hung)")
         if self.answered:

@@ -16,8 +16,8 @@ Checked when the job file loads, every key (one line naming the file and the key
   ``mlxops serve``'s forward; another address exposes the server on the network);
 * the server's own options, passed as its flags (:data:`SERVER_OPTIONS`);
 * ``probe_timeout``: seconds the watchdog's one-token completion may wait for its answer;
-  the server counts as hung when one waits that long and its request count has not moved
-  since the last answered probe, or ``hung_probes`` (3) do so in a row however it moves
+  the server counts as hung when two in a row wait that long and its request count has not
+  moved since the last answered probe, or ``hung_probes`` (3) do so in a row however it moves
   (:mod:`mlxops.jobs.serveprobe`); ``start_timeout``: seconds a new server may take to
   answer at all (loading the model).
 """
