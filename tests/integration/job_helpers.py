@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 
 import yaml
 
+from mlxops import shell
 from mlxops.errors import UserError
 from mlxops.inventory import variables
 from mlxops.jobs.logs import fetch, prefixed
-from mlxops.jobs.record import JobRecord, load_record
+from mlxops.jobs.record import JobRecord, inventory_hosts, load_record
 from mlxops.jobs.status import JobStatus, job_status
 from mlxops.jobs.watch import supervise
 from mlxops.monitor.mirror import Feeder
 from mlxops.node import protocol
 from mlxops.node.protocol import RUNNING, STALLED
 from mlxops.node.protocol.metrics import read_lines
+from mlxops.transport import run_parallel
 
 
 def run_dir(sandbox, node: str, name: str) -> Path:
@@ -45,21 +48,62 @@ def losses(sandbox, name: str) -> dict[int, float]:
     return {rec.step: rec.loss for rec in read_lines(text)}
 
 
+def heartbeat_steps(record: JobRecord, connector) -> int | None:
+    """The lowest step the ranks' heartbeats (``progress/rank-<r>.json``) name, read with
+    one ``cat`` a host: no Python on the nodes. None while a rank has written none (or a
+    host did not answer). A heartbeat of an attempt before is read too: a caller confirms
+    with a ``status``, which leaves those out."""
+    hosts = inventory_hosts(record)
+
+    def work(host) -> list[int | None]:
+        paths = record.host(host.name).paths(record.name)
+        files = [paths.run_file(protocol.progress_file(r.rank))
+                 for r in record.ranks_on(host.name)]
+        got = connector.connect(host).run(
+            "; ".join(f"{{ cat {shell.quote(f)} 2>/dev/null; echo; }}" for f in files),
+            timeout=30)
+        steps = []
+        for line in got.stdout.splitlines()[:len(files)]:
+            try:
+                steps.append(protocol.Progress.from_dict(json.loads(line)).step)
+            except (ValueError, TypeError, KeyError, protocol.ProtocolError):
+                steps.append(None)
+        return steps + [None] * (len(files) - len(steps))
+
+    results = run_parallel([hosts[h.name] for h in record.hosts], work)
+    answered = results.succeeded_values()
+    steps = [s for h in record.hosts for s in answered.get(h.name, [None])]
+    return None if None in steps else min(steps)
+
+
+#: Every this many looks, wait_for_step asks the nodes' ``status`` (a job that ended).
+STATUS_EVERY = 5
+
+
 def wait_for_step(record, connector, step: int, timeout: float = 90) -> None:
     """Until every rank reached ``step``; a job that ended first fails with its logs.
 
-    A look every second: each is a ``status`` command on every host (a Python start on
-    each node, all on this machine's cores, where the ranks train), and a rank writes its
-    heartbeat at most every ``HEARTBEAT_EVERY`` (0.5 s) anyway. At 0.3 s these waits were
-    a large share of the suite's node commands."""
+    A look every second, most of them the heartbeats alone (:func:`heartbeat_steps`, a
+    ``cat`` on each host); every :data:`STATUS_EVERY`-th look, and once the heartbeats say
+    ``step``, a ``status`` on every host (a Python start on each node, on this machine's
+    cores where the ranks train), which says whether the job still runs and leaves an
+    attempt's old heartbeats out. Status alone at every look had been a large share of
+    the suite's node commands."""
     deadline = time.monotonic() + timeout
+    looks = 0
     while time.monotonic() < deadline:
-        status = job_status(record, connector)
-        if status.state not in (RUNNING, STALLED):
-            logs = "\n".join(prefixed(fetch(record, connector, {})))
-            raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
-        if (status.step or 0) >= step:
-            return
+        looks += 1
+        ask = looks % STATUS_EVERY == 1
+        if not ask:
+            seen = heartbeat_steps(record, connector)
+            ask = seen is not None and seen >= step
+        if ask:
+            status = job_status(record, connector)
+            if status.state not in (RUNNING, STALLED):
+                logs = "\n".join(prefixed(fetch(record, connector, {})))
+                raise AssertionError(f"{status.to_dict()}\n{logs[-3000:]}")
+            if (status.step or 0) >= step:
+                return
         time.sleep(1.0)
     raise AssertionError(f"job {record.name} did not reach step {step}")
 
