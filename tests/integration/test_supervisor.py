@@ -32,6 +32,7 @@ from mlxops.jobs.launch import launch
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.watch import supervise
 from mlxops.tasks.supervisor import DISTRIBUTIONS
+from mlxops.transport import Connector
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS = "node1,node2,node3"
@@ -145,7 +146,24 @@ def step_of(sandbox, name: str) -> int:
     return min(steps)
 
 
-def test_a_node_supervises_with_the_controller_gone(login_sandbox, tmp_path, connector):
+@pytest.fixture(scope="module")
+def reference_losses(sandbox, tmp_path_factory) -> dict[int, float]:
+    """step -> loss of the same job, uninterrupted and supervised here, made once for the
+    module on the bash nodes: the recovered runs on bash and on zsh nodes both compare
+    with it (the same trainer, interpreter and mlx compute the same losses whichever shell
+    the node user logs in to; each run used to make its own)."""
+    tmp = tmp_path_factory.mktemp("sv-reference")
+    with pytest.MonkeyPatch.context() as patch, Connector() as connector:
+        patch.setenv("MLXOPS_HOME", str(tmp / "home"))
+        path = tmp / "inventory.yml"
+        path.write_text(sandbox.inventory_path.read_text())
+        spec = replace(load_job(job(tmp, path, "sv-reference", {})), supervisor="controller")
+        assert supervise(launch(spec, connector), connector).state == "finished"
+    return losses(sandbox, "sv-reference")
+
+
+def test_a_node_supervises_with_the_controller_gone(login_sandbox, tmp_path, connector,
+                                                   reference_losses):
     sandbox = login_sandbox
     inv = inventory(sandbox, tmp_path)
     # node1 made ready; a second run changes nothing, --check neither.
@@ -158,12 +176,7 @@ def test_a_node_supervises_with_the_controller_gone(login_sandbox, tmp_path, con
     check = cli("provision", str(inv), "--tags", "supervisor", "--check", "--json")
     assert check.returncode == 0 and '"status": "changed"' not in check.stdout
 
-    # The reference: the same job, uninterrupted, supervised here.
-    reference = f"sv-ref-{sandbox.login_shell}"
-    spec = load_job(job(tmp_path, inv, reference, {}))
-    spec = replace(spec, supervisor="controller")
-    assert supervise(launch(spec, connector), connector).state == "finished"
-    want = losses(sandbox, reference)
+    want = reference_losses
 
     name = f"sv-{sandbox.login_shell}"
     hook = Receiver(host=sandbox.controller_ip)
