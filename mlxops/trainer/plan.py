@@ -64,8 +64,9 @@ the optimizer update after the last micro-batch::
 
 **Backends.** The weights above were fitted on MLX's CPU build and are the plan for
 ``metal`` and ``cpu``; MLX's CUDA build keeps other amounts (:data:`TERMS`, fitted by
-``benchmarks/gpu_fit.py`` to an H200's runs in ``benchmarks/gpu_data/``), and three more
-terms, 0 on a CPU::
+``benchmarks/gpu_fit.py``'s linear programs to an H200's runs in ``benchmarks/gpu_data/``:
+issue 33's table held within 0.90-1.15 of its peaks, every other run at 0.90 or more, the
+largest excess over 1.15 minimised), and three more terms, 0 on a CPU::
 
   + G_CHECKPOINT P   (grad_checkpoint)  the checkpointed pass peaks late in the backward
                      pass, with most of the gradients made
