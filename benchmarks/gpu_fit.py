@@ -5,11 +5,13 @@ and the trainer's runs of gpu_bf16.py with the trainer's defaults), then for eac
 dtype fits the weights of the plan's terms (``FITTED``; in bfloat16 ``a_s = x_s = 0``: MLX's
 CUDA build runs bfloat16 attention through cuDNN's fused kernel, which keeps no H x T
 probabilities) to every run at once. The plan is linear in the weights at either of a
-step's two moments (:func:`basis`), so the fit is two linear programs (:func:`solve`):
-every run's plan at least 0.90 of its peak, the largest excess over 1.15 minimised, then
-the plans nearest the band's middle under that ceiling; which moment each run peaks in is
-found by alternating (:func:`fit`). Weights are rounded up to 2 decimals. ``CHECKS`` (runs
-made to check a fit: issue 33's final table, gpu_memory.py --third) is left out.
+step's two moments (:func:`basis`), so the fit is linear programs (:func:`solve`): issue
+33's table (``TABLES``: its four rows, 50-step runs) held within 0.90-1.15 of its peaks,
+every other run's plan at least 0.90 of its peak, the largest excess over 1.15 of those
+minimised; then the table's margin inside the band; then the plans nearest the band's
+middle. Which moment each run peaks in is found by alternating (:func:`fit`). Weights are
+rounded up to 2 decimals. ``CHECKS`` (runs made to check a fit: gpu_memory.py --third,
+gpu_growth.py, the table measured again after the fit) are printed, not fitted.
 
 Prints the fitted terms and plan / peak for every run. Needs scipy (``pip install
 scipy``); run on any machine (it measures nothing)::
