@@ -9,7 +9,7 @@ moments included, is bfloat16) run ``--steps`` steps each, one fresh process per
 (gpu_runs.py). tokens/s is the median step after ``--skip``; the ratio is ours over the
 loop's; plan / peak is the trainer's memory plan for the backend it ran on
 (mlxops/trainer/plan.py) over ``mx.get_peak_memory()`` of its run. ``--repeat`` runs the
-pair again, in the other order (ABBA), for the spread.
+table again, each pair in the other order (ABBA), for the spread.
 
 On a CUDA machine (MLX's CUDA build: ``pip install mlx-cuda-13==<mlx's version>``
 ``mlx-lm``; /work/shared/GPU.md says how to bring it to a machine with no network)::
@@ -83,18 +83,20 @@ def main() -> int:
     header = ("| config (dims/layers/heads, seq, batch) | dtype | mlxops tok/s | loop tok/s | "
               "ratio | ms/step ours / loop | peak GB ours / loop | plan / peak |\n"
               "|---|---|---|---|---|---|---|---|")
-    for dtype in a.dtypes.split(","):
-        for text in rows:
-            row = parse_row(text, dtype)
-            row.options = a.options
-            for r in range(a.repeat):
-                order = ["trainer", "loop"] if r % 2 == 0 else ["loop", "trainer"]
+    # Every row once, then again (the pair in the other order): a run cut short by a time
+    # limit keeps whole tables, and the JSON is rewritten after every pair for that reason.
+    for r in range(a.repeat):
+        order = ["trainer", "loop"] if r % 2 == 0 else ["loop", "trainer"]
+        for dtype in a.dtypes.split(","):
+            for text in rows:
+                row = parse_row(text, dtype)
+                row.options = a.options
                 got = {kind: measure(kind, row, a.steps, a.skip) for kind in order}
                 records.extend(got.values())
                 lines.append(line(got["trainer"], got["loop"]))
                 print(lines[-1], flush=True)
-    if a.json:
-        a.json.write_text(json.dumps(records, indent=1))
+                if a.json:
+                    a.json.write_text(json.dumps(records, indent=1))
     device = next((r["backend"] for r in records if "backend" in r), "?")
     print(f"\n{a.steps} steps, median after {a.skip}; backend {device}\n{header}")
     print("\n".join(lines))

@@ -175,23 +175,48 @@ def h200_runs(*names: str) -> list[dict]:
     return out
 
 
-def test_the_cuda_plan_is_never_more_than_10_percent_below_a_peak_measured_on_an_h200():
-    """Every run the CUDA terms were fitted to (benchmarks/gpu_fit.py: the grid, --check and
-    --fresh, 60 runs) and issue 33's table run after the fit: the plan at least 0.90 of the
-    measured peak (a plan below says a job fits that does not) and at most 1.20 (the 15%
-    the issue asks is missed by 12 of them: no weights of these terms hold all 60 within
-    0.90-1.15, benchmarks/README.md). The CPU's terms were 0.32 to 1.31 of them."""
-    runs = h200_runs("h200-grads-first-memory.jsonl", "h200-check-memory.jsonl",
-                     "h200-fresh-memory.jsonl", "h200-grads-first-table.json",
-                     "h200-final-table.json")
+#: Issue 33's table (its four rows, 50 steps, median after 12): the two runs the CUDA terms
+#: were fitted to and the run made with them after the fit (h200-refit-table.json).
+TABLES = ("h200-grads-first-table.json", "h200-final-table.json", "h200-refit-table.json")
+#: The other runs the terms were fitted to: gpu_memory.py's grid, --check and --fresh.
+FITTED = ("h200-grads-first-memory.jsonl", "h200-check-memory.jsonl", "h200-fresh-memory.jsonl")
+#: The fitted runs the plan overestimates by more than 20% (benchmarks/README.md names
+#: them): (dtype, dims, layers, heads, seq_len, batch, grad_checkpoint) -> plan / peak.
+OVER = {("float32", 512, 4, 8, 512, 16, False): 1.25,
+        ("float32", 1024, 8, 16, 512, 16, True): 1.32,
+        ("bfloat16", 1024, 24, 16, 512, 8, False): 1.20}
+
+
+def cuda_ratio(r: dict) -> float:
+    row = r["row"]
+    cfg = row_config(row["dims"], row["layers"], row["heads"], row["seq_len"], row["batch"],
+                     row["dtype"], row["vocab_size"], grad_checkpoint=row["grad_checkpoint"])
+    return plan.estimate(cfg, r["micro"], r["accumulation"], backend="cuda").total / r["peak"]
+
+
+def test_the_cuda_plan_holds_issue_33s_table_in_the_band_measured_on_an_h200():
+    """Issue 33's four rows, 50-step runs on an H200 (two sessions the CUDA terms were
+    fitted to, one after): the plan within 0.90-1.15 of every measured peak."""
+    runs = h200_runs(*TABLES)
+    assert len(runs) == 4 + 8 + 8
+    for r in runs:
+        assert 0.90 <= cuda_ratio(r) <= 1.15, (r["row"], r["peak"], cuda_ratio(r))
+
+
+def test_the_cuda_plan_is_never_more_than_10_percent_below_a_fitted_peak():
+    """Every other run the CUDA terms were fitted to (benchmarks/gpu_fit.py: the grid,
+    --check and --fresh, 6 steps each): the plan at least 0.90 of the measured peak (a plan
+    below says a job fits that does not) and at most 1.20, but for the three runs
+    :data:`OVER` names, held at their own figure: holding the table in the band costs
+    them. The CPU's terms were 0.32 to 1.31 of them."""
+    runs = h200_runs(*FITTED)
     ratios = []
     for r in runs:
         row = r["row"]
-        cfg = row_config(row["dims"], row["layers"], row["heads"], row["seq_len"],
-                         row["batch"], row["dtype"], row["vocab_size"],
-                         grad_checkpoint=row["grad_checkpoint"])
-        ratio = plan.estimate(cfg, r["micro"], r["accumulation"], backend="cuda").total \
-            / r["peak"]
-        assert 0.90 <= ratio < 1.205, (row, r["micro"], r["accumulation"], ratio)
+        key = (row["dtype"], row["dims"], row["layers"], row["heads"], row["seq_len"],
+               row["batch"], row["grad_checkpoint"])
+        ratio = cuda_ratio(r)
+        assert 0.90 <= ratio <= OVER.get(key, 1.20) + 0.005, (key, r["micro"], ratio)
         ratios.append(ratio)
-    assert len(runs) == 48 + 12 + 8 and min(ratios) < 0.91  # the floor is what binds
+    assert len(runs) == 48 + 8 and min(ratios) < 0.905  # the floor is what binds
+    assert sum(r > 1.205 for r in ratios) == 2  # the float32 two of OVER
