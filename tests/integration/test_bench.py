@@ -85,7 +85,7 @@ def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mu
     for name in box.nodes:
         box.set_rate(name, "100mbit" if name == "node3" else "400mbit")
     proc, doc = bench_json(tmp_path, box, "--streams", "4", "--seconds", "1", "--omit",
-                           "0.5", "--sizes", "64K..1M", "--apply", timeout=420)
+                           "0.5", "--sizes", "256K..512K", "--apply", timeout=420)
     assert proc.returncode == 0, (proc.stderr, doc["failures"])
     assert len(doc["pairs"]) == 8 * 7
 
@@ -142,7 +142,9 @@ def test_a_slow_node_is_named_and_the_ring_uses_it_only_where_it_must(sandbox_mu
             assert f"mlxops_ring_order: [{', '.join(order)}]" in got["message"], got
 
     rows = doc["allreduce"]
-    assert [r["bytes"] for r in rows] == [64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]
+    # Two sizes: the bound below holds at every size (each costs 8 ranks a warm-up and
+    # timed calls of all_sum and all_gather over the shaped links).
+    assert [r["bytes"] for r in rows] == [256 << 10, 512 << 10]
     assert all(r["wrong"] == 0 for r in rows), rows
     assert doc["allreduce_info"]["ranks"] == 8
     # MLX's ring sends both ways: the bus bandwidth is bounded by the slowest ring link's
