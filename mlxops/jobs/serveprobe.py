@@ -147,6 +147,17 @@ class ProbeWatch:
             requests=None if requests is None else
             max(0, requests - (self.answered if own is None else own)))
 
+    def busy(self) -> str:
+        """What the watchdog says of a probe that timed out without the server being hung
+        (yet): why it is taken for busy."""
+        behind = {True: "behind requests it started since",
+                  None: "(its request count not read in time)",
+                  False: "(its request count not moved yet: a request is logged once its "
+                         "answer starts)"}[self.moved]
+        return (f"the server on {self.host} is busy: the probe waited "
+                f"{self.serve.probe_timeout:g}s {behind} (not hung; {self.timeouts} of "
+                f"{self.serve.hung_probes} in a row)")
+
     def unreachable(self, reason: str) -> str:
         """The problem when the probe could not get through to the server's host: a Mac
         asleep keeps its TCP connection and answers nothing (the probe's channel is not

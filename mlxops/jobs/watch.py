@@ -179,13 +179,7 @@ def supervise(record: JobRecord, connector: Connector, *, on_status: OnStatus = 
                     probed = _probe(probes, connector, hosts,
                                     functools.partial(counts.count, record))
                     if probed is None and probes.timeouts:
-                        behind = {True: "behind requests it started since",
-                                  None: "(its request count not read in time)",
-                                  False: "(its request count not moved yet: a request is "
-                                         "logged once its answer starts)"}[probes.moved]
-                        on_event(f"the server on {probes.host} is busy: the probe waited "
-                                 f"{probes.serve.probe_timeout:g}s {behind} (not hung; "
-                                 f"{probes.timeouts} of {probes.serve.hung_probes} in a row)")
+                        on_event(probes.busy())
                     if probed is None and probes.timeouts == 0:
                         served = counts.read(record)
                         if served is _Counts.LATE:  # its host may be asleep: probe at once

@@ -137,6 +137,8 @@ def test_a_probe_held_up_behind_other_requests_is_busy_not_hung():
     assert watch.problem(ProbeResult(True, 0.01), now=1.0) is None
     watch.answered_at(10)                          # the count after that answer
     assert watch.problem(hung, now=2.0, requests=11) is None    # a long request started
+    assert watch.busy() == ("the server on node1 is busy: the probe waited 2s behind "
+                            "requests it started since (not hung; 1 of 3 in a row)")
     assert watch.problem(hung, now=3.0, requests=11) is None    # still on it
     assert watch.problem(hung, now=4.0, requests=11).endswith(
         "in 2s, 3 probes in a row (hung)")
@@ -146,6 +148,8 @@ def test_a_probe_held_up_behind_other_requests_is_busy_not_hung():
     assert watch.problem(ProbeResult(True, 0.01), now=5.0) is None
     watch.answered_at(12)
     assert watch.problem(hung, now=5.5, requests=12) is None
+    assert "(its request count not moved yet: a request is logged once its answer " \
+        "starts)" in watch.busy()
     assert watch.problem(hung, now=5.7, requests=13) is None   # the long request's line
     assert watch.problem(ProbeResult(True, 0.01), now=5.8) is None
     watch.answered_at(13)
