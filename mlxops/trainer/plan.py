@@ -193,11 +193,10 @@ TERMS: dict[tuple[str, str], Terms] = {
 # first, the bfloat16 working copy), fitted by benchmarks/gpu_fit.py to 68 runs: issue 33's
 # table (its four rows, 50 steps) held within 0.90-1.15 of its peaks, every other run never
 # below 0.90, the largest excess over 1.15 made as small as that allows (float32: 1.32, a
-# 6-step run with checkpointing; bfloat16: 1.20). No weights of these terms hold every run
-# within 1.15: peaks grow over a run's first steps on CUDA, unmodelled. Why the weights
-# differ from a CPU's (bfloat16 attention in cuDNN keeps no H x T probabilities: a_s = x_s
-# = 0; checkpointing saves far less) and what they hold out of sample: docs/trainer.md,
-# benchmarks/README.md.
+# 6-step run with checkpointing; bfloat16: 1.20); none hold every run within 1.15 (peaks
+# grow over a run's first steps on CUDA, unmodelled). Why they differ from a CPU's (cuDNN's
+# bfloat16 attention keeps no H x T probabilities: a_s = x_s = 0; checkpointing saves far
+# less), what they hold out of sample: docs/trainer.md, benchmarks/README.md.
 TERMS[("cuda", "float32")] = Terms(
     g=0.0, bf16=0.0, accumulate=0.98, u=16.69, u_bf16=0.0, u_layer=0.0, a_d=17.29, a_f=0.0,
     a_s=1.03, checkpoint=0.0, g_checkpoint=0.0, x_d=182.43, x_f=0.0, x_s=0.0, x_hd=0.0,
