@@ -1,16 +1,17 @@
 """One ``mlxops init`` run: the draft, the keys, the probes, the files.
 
-Policy. The draft inventory is the existing file (kept as text) plus one entry per new
-candidate (``ansible_host``, ``ansible_user``) and the command line's ``all.vars``; it is
-written to a hidden file beside the output (so relative paths and group_vars resolve as
-they will) and loaded by :func:`mlxops.inventory.load_inventory`: a bad file or value is
-refused (exit 2) before any host is touched. Every host of the draft (old ones too: they
-are the new ones' peers and the job's nodes) has its key checked by ``mlxops trust``'s
-code; new keys are recorded only on consent, never under ``--diff``; a host whose key is
-not recorded, changed, or who does not answer is left out. The rest are probed in
-parallel, each tries its peers' addresses in its subnets (a second command on the same
-connection), the link rule picks each data address, and the new hosts are merged into the
-original document (comments kept). Files are written only at the end, atomically.
+Policy. The draft inventory is the existing file plus one entry per new candidate
+(``ansible_host``, ``ansible_user``) and the command line's ``all.vars``, loaded by the
+loader every command uses (:mod:`.drafts`): a bad file or value is refused (exit 2) before
+any host is touched. Every host of the draft (old ones too: they are the new ones' peers
+and the job's nodes) has its key checked by ``mlxops trust``'s code; new keys are
+recorded only on consent, never under ``--diff``; a host whose key is not recorded,
+changed, or who does not answer is left out (:func:`~.pipeline.verdict`). The rest are
+probed in parallel -- or, with every host found taken and consent given up front, each
+was probed as its mDNS answer came (:mod:`.pipeline`) -- each tries its peers' addresses
+in its subnets (a second command on the same connection), the link rule picks each data
+address, and the new hosts are merged into the original document (comments kept). Files
+are written only at the end, atomically.
 """
 
 from __future__ import annotations
