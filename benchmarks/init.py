@@ -8,9 +8,10 @@ known_hosts (every key new) and a fresh controller home:
   the empty file: scan every key, show it, record it;
 - ``mlxops init --all --accept-new-host-keys``: the same nodes found over mDNS (listening
   until ``--browse-quiet`` passed after the last new answer, ``--browse-seconds`` at
-  most), each host's connection opened once (its key judged and recorded as it opens),
-  one probe command each over it (facts, hardware ports, addresses, an interpreter with
-  mlx, the peers tried), the links, the inventory and the job written;
+  most); from the moment its answer is heard, while the listening goes on, each host's
+  connection opened once (its key judged and recorded as it opens) and one probe command
+  run over it (facts, hardware ports, addresses, an interpreter with mlx, the peers
+  tried); then the links, the inventory and the job written;
 - ``mlxops init NODE_IP...``: the same with the nodes named (no mDNS listening).
 
     sudo .venv/bin/python benchmarks/init.py --nodes 16 [--repeat 3] [--browse-seconds 1]

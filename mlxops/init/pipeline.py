@@ -14,8 +14,9 @@ changed, refused), then, if :func:`verdict` trusts it, its one probe command
 the first answer: a run that hears nobody touches no host.
 
 The time this saves: 16 sandbox nodes answer within ~0.1 s of the query, and the listening
-goes on 0.5 s after the last answer; the keys then took ~0.33 s and the probes ~0.4 s
-after it (benchmarks/README.md, "init.py"), which now run inside that half-second.
+goes on 0.5 s after the last answer; the keys then took ~0.33 s and the probes and the
+files ~0.4 s after it (at load ~10: benchmarks/README.md, "init.py"), and now the keys and
+the probes start inside that half-second.
 
 What a host's probe cannot know yet is every peer: it tries the SSH addresses of the hosts
 started before its probe starts (most, or all: a handshake takes longer than the answers'
