@@ -54,6 +54,7 @@ def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all, pipel
 def _warm_up() -> None:
     """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
     the trainer's plan): seconds of listening for mDNS answers are spent on it."""
+    import mlxops.cli.trust  # noqa: F401 - the key blocks shown
     import mlxops.init.flow  # noqa: F401 - the writer, the probe, the starter's plan
     import mlxops.transport.connection  # noqa: F401 - Fabric and paramiko
     from mlxops.init.writer import load
@@ -120,7 +121,6 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
     flow.read_existing()  # bad input first: before any host is touched
     from contextlib import nullcontext
 
-    from mlxops.cli.trust import key_blocks
     from mlxops.init.pipeline import Pipeline
     from mlxops.transport import ConnectOptions, Connector
 
@@ -138,6 +138,8 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
         candidates = _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all,
                                  pipeline)
         results, checks, new = flow.check_keys(candidates, connector, opened, pipeline)
+        from mlxops.cli.trust import key_blocks  # (imported by _warm_up when listening)
+
         for line in key_blocks(results, checks):  # as `mlxops trust` shows them
             console.out.print(line, soft_wrap=True)
         record = bool(new) and not show_diff and (
