@@ -22,6 +22,9 @@ What a host's probe cannot know yet is every peer: it tries the SSH addresses of
 started before its probe starts (most, or all: a handshake takes longer than the answers'
 spread), and the rest are tried by the second command :mod:`mlxops.init.flow` runs for a
 host's untried peer addresses anyway (a Thunderbolt one), so the links found are the same.
+A host found that then does not answer SSH is such a peer too until its connection fails:
+the probes started before that try its address (the closed port, then sshd's: a second
+each where nothing comes back), which a batch of probes after every key would not.
 
 Nothing here depends on the order the answers came in: :meth:`Pipeline.wait` returns the
 hosts in the draft's order (the file's, then the new ones in the candidates' sorted order),
