@@ -15,8 +15,9 @@ the first answer: a run that hears nobody touches no host.
 
 The time this saves: 16 sandbox nodes answer within ~0.1 s of the query, and the listening
 goes on 0.5 s after the last answer; the keys then took ~0.33 s and the probes and the
-files ~0.4 s after it (at load ~10: benchmarks/README.md, "init.py"), and now the keys and
-the probes start inside that half-second.
+files ~0.4 s after it (at load ~10), and now the keys and the probes start inside that
+half-second: 0.10-0.38 s less from start to files on 16 nodes at load 7-10, the commit
+before timed in the same rounds (benchmarks/README.md, "init.py").
 
 What a host's probe cannot know yet is every peer: it tries the SSH addresses of the hosts
 started before its probe starts (most, or all: a handshake takes longer than the answers'
