@@ -8,13 +8,18 @@ known_hosts (every key new) and a fresh controller home:
   the empty file: scan every key, show it, record it;
 - ``mlxops init --all --accept-new-host-keys``: the same nodes found over mDNS (listening
   until ``--browse-quiet`` passed after the last new answer, ``--browse-seconds`` at
-  most), each host's connection opened once (its key judged and recorded as it opens),
-  one probe command each over it (facts, hardware ports, addresses, an interpreter with
-  mlx, the peers tried), the links, the inventory and the job written;
+  most); from the moment its answer is heard, while the listening goes on, each host's
+  connection opened once (its key judged and recorded as it opens) and one probe command
+  run over it (facts, hardware ports, addresses, an interpreter with mlx, the peers
+  tried); then the links, the inventory and the job written;
 - ``mlxops init NODE_IP...``: the same with the nodes named (no mDNS listening).
 
     sudo .venv/bin/python benchmarks/init.py --nodes 16 [--repeat 3] [--browse-seconds 1]
-         [--browse-quiet 0.5] [--subnet 10.244.32.0/24]
+         [--browse-quiet 0.5] [--subnet 10.244.32.0/24] [--baseline DIR]
+
+``--baseline DIR``: a checkout of another commit (``git worktree add DIR COMMIT``, or
+``git archive COMMIT mlxops | tar -x -C DIR``) whose ``init --all`` is timed in the same
+rounds (its ``mlxops`` first on ``PYTHONPATH``): a change's before and after under one load.
 
 Target (issue 32): init within 2x of trust.
 """
@@ -42,6 +47,8 @@ def main() -> None:
     parser.add_argument("--browse-seconds", type=float, default=1.0)
     parser.add_argument("--browse-quiet", type=float, default=0.5)
     parser.add_argument("--subnet", default="10.244.32.0/24")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout whose init --all is timed in the same rounds")
     opts = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mlxops-bench-init-"))
     work.chmod(0o755)
@@ -66,12 +73,16 @@ def main() -> None:
             (d / "inventory.yml").write_text(yaml.safe_dump(doc))
             return timed([*mlxops, "trust", str(d / "inventory.yml"), "--yes"], env)[0]
 
-        def init(i: int, named: bool) -> float:
-            d, env = fresh("named" if named else "found", i)
+        def init(i: int, named: bool, baseline: Path | None = None) -> float:
+            d, env = fresh(("named" if named else "found") + ("-base" if baseline else ""), i)
+            command = mlxops
+            if baseline is not None:  # -P: not the current directory's mlxops first
+                env["PYTHONPATH"] = f"{baseline.resolve()}:{env.get('PYTHONPATH', '')}"
+                command = [sys.executable, "-P", "-m", "mlxops"]
             where = ips if named else ["--all", "--interface", box.controller_ip,
                                        "--browse-seconds", str(opts.browse_seconds),
                                        "--browse-quiet", str(opts.browse_quiet)]
-            took = timed([*mlxops, "init", *where, "-o", str(d / "inventory.yml"),
+            took = timed([*command, "init", *where, "-o", str(d / "inventory.yml"),
                           "--accept-new-host-keys", "--known-hosts", str(d / "known_hosts"),
                           *common], env)[0]
             written = yaml.safe_load((d / "inventory.yml").read_text())
@@ -82,11 +93,16 @@ def main() -> None:
         load_start = os.getloadavg()[0]
         trust(-1)  # untimed: bytecode and page cache
         init(-1, True)
+        if opts.baseline is not None:
+            init(-1, True, opts.baseline)
         for i in range(opts.repeat):
             runs.setdefault("mlxops trust INV --yes", []).append(trust(i))
             runs.setdefault(f"mlxops init --all (mDNS, quiet {opts.browse_quiet:g} s, "
                             f"<= {opts.browse_seconds:g} s)", []).append(init(i, False))
             runs.setdefault("mlxops init NODE... (named)", []).append(init(i, True))
+            if opts.baseline is not None:
+                runs.setdefault(f"the same --all, {opts.baseline.name}'s mlxops",
+                                []).append(init(i, False, opts.baseline))
     finally:
         box.down()
         shutil.rmtree(work, ignore_errors=True)

@@ -106,37 +106,43 @@ def _checks(results: Results) -> tuple[Results, dict[str, HostKeyCheck]]:
 def open_and_judge(hosts: Sequence, connector: Connector,
                    forks: int | None = None) -> tuple[Results, dict[str, HostKeyCheck]]:
     """:func:`check_host_keys` for a ``connector`` that records new keys itself (consent
-    given before the keys are seen: ``--accept-new-host-keys``): each host's own
-    connection is opened, verified against known_hosts, and its key judged from it, so the
-    connection that said the key is the one the caller goes on using (one SSH handshake a
-    host instead of a scan and then a login). A new key is recorded by the connection
+    given before the keys are seen: ``--accept-new-host-keys``): :func:`judge_opened` for
+    every host, in parallel."""
+    return _checks(run_parallel(hosts, lambda h: judge_opened(h, connector), forks=forks))
+
+
+def judge_opened(host, connector: Connector) -> HostResult:
+    """One host's key, judged from its own connection: opened, verified against
+    known_hosts, and its key judged from it, so the connection that said the key is the
+    one the caller goes on using (one SSH handshake a host instead of a scan and then a
+    login). A new key is recorded by the connection
     (:class:`~mlxops.transport.hostkeys.HostKeyPolicy`): :func:`record_new_keys` then
     finds it there and skips it. A changed key is refused as ever. A host behind a jump
     host or a ProxyCommand is scanned as :func:`check_host_keys` does (its hops are judged
-    on the way, and their new keys left to :func:`record_new_keys`)."""
+    on the way, and their new keys left to :func:`record_new_keys`). What known_hosts held
+    is read for this host just before its own connection opens, so hosts judged at
+    different times (``mlxops init`` opens each as its mDNS answer comes) are each judged
+    against the file as it was before their own key went in."""
     from mlxops.transport.hostkeys import ChangedHostKey, HostUnreachable
 
-    def work(host) -> HostResult:
-        conn = connector.connect(host)
-        if not isinstance(conn, SSHConnection) or conn.jump_hosts or conn.proxy_command:
-            return _scan(host, connector)
-        name, store = conn.host_key_name, conn.known_hosts
-        before = store.keys_for(name)  # what was known before the connection records
-        try:
-            key = conn.open().get_remote_server_key()
-        except ChangedHostKey as exc:
-            return _judged(host.name, HostKeyCheck(host.name, name, exc.key, KEY_CHANGED, store))
-        except HostUnreachable:
-            recorded = {t: k for t, k in store.keys_for(name).items() if t not in before}
-            if not recorded:  # not even the key exchange: unreachable, no key to show
-                raise
-            # The key was recorded, then the login failed: shown as new, and the caller's
-            # next use of the connection says why it fails.
-            key = next(iter(recorded.values()))
-        state = KNOWN if before.get(key.get_name()) == key else NEW
-        return _judged(host.name, HostKeyCheck(host.name, name, key, state, store))
-
-    return _checks(run_parallel(hosts, work, forks=forks))
+    conn = connector.connect(host)
+    if not isinstance(conn, SSHConnection) or conn.jump_hosts or conn.proxy_command:
+        return _scan(host, connector)
+    name, store = conn.host_key_name, conn.known_hosts
+    before = store.keys_for(name)  # what was known before the connection records
+    try:
+        key = conn.open().get_remote_server_key()
+    except ChangedHostKey as exc:
+        return _judged(host.name, HostKeyCheck(host.name, name, exc.key, KEY_CHANGED, store))
+    except HostUnreachable:
+        recorded = {t: k for t, k in store.keys_for(name).items() if t not in before}
+        if not recorded:  # not even the key exchange: unreachable, no key to show
+            raise
+        # The key was recorded, then the login failed: shown as new, and the caller's
+        # next use of the connection says why it fails.
+        key = next(iter(recorded.values()))
+    state = KNOWN if before.get(key.get_name()) == key else NEW
+    return _judged(host.name, HostKeyCheck(host.name, name, key, state, store))
 
 
 def every_check(checks: dict[str, HostKeyCheck]) -> list[HostKeyCheck]:

@@ -20,7 +20,9 @@ from mlxops.cli.options import connect_options
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UserError
 
 
-def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all):
+def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all, pipeline=None):
+    """The hosts named, or those found over mDNS and picked; ``pipeline``: told of each
+    one found as soon as it is heard (every one is taken: ``--all``)."""
     from mlxops.init.discover import discover
     from mlxops.init.hosts import Candidate, parse_spec
 
@@ -28,8 +30,13 @@ def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all):
         return [parse_spec(h) for h in hosts]
     from concurrent.futures import ThreadPoolExecutor
 
+    heard = None if pipeline is None else (
+        lambda f: pipeline.heard(Candidate(f.address, None, f.name)))
     with ThreadPoolExecutor(1) as pool:
-        listening = pool.submit(discover, browse_seconds, interfaces or None, browse_quiet)
+        listening = pool.submit(discover, browse_seconds, interfaces or None, browse_quiet,
+                                heard)
+        if pipeline is not None:  # the draft's file and vars: hosts heard wait for it
+            pipeline.prepare()
         _warm_up()  # while mDNS answers come in: the imports the next steps need
         found = listening.result()
     if not found:
@@ -47,6 +54,7 @@ def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all):
 def _warm_up() -> None:
     """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
     the trainer's plan): seconds of listening for mDNS answers are spent on it."""
+    import mlxops.cli.trust  # noqa: F401 - the key blocks shown
     import mlxops.init.flow  # noqa: F401 - the writer, the probe, the starter's plan
     import mlxops.transport.connection  # noqa: F401 - Fabric and paramiko
     from mlxops.init.writer import load
@@ -111,18 +119,27 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
                 key_file=key_file, known_hosts=known_hosts, pythons=list(pythons),
                 connect=connect)
     flow.read_existing()  # bad input first: before any host is touched
-    candidates = _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all)
-    from mlxops.cli.trust import key_blocks
+    from contextlib import nullcontext
+
+    from mlxops.init.pipeline import Pipeline
     from mlxops.transport import ConnectOptions, Connector
 
     # Without --accept-new-host-keys the keys are scanned and shown and recorded only on
     # consent; the connections accept no key that is not recorded (as trust's).
     # With that consent given up front (and nothing to leave unrecorded: not --diff), each
-    # host's own connection records its new key as it opens, the one the probe then uses.
+    # host's own connection records its new key as it opens, the one the probe then uses;
+    # and with --all too (no pick to wait for), each host found over mDNS is opened and
+    # probed as soon as its answer is heard, while the listening goes on.
     opened = bool(connect.accept_new_host_keys) and not show_diff
     with Connector(ConnectOptions(accept_new_host_keys=opened,
-                                  connect_timeout=connect.connect_timeout)) as connector:
-        results, checks, new = flow.check_keys(candidates, connector, opened)
+                                  connect_timeout=connect.connect_timeout)) as connector, \
+            (Pipeline(flow.drafts, connector, pythons) if opened and pick_all and not hosts
+             else nullcontext()) as pipeline:
+        candidates = _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all,
+                                 pipeline)
+        results, checks, new = flow.check_keys(candidates, connector, opened, pipeline)
+        from mlxops.cli.trust import key_blocks  # (imported by _warm_up when listening)
+
         for line in key_blocks(results, checks):  # as `mlxops trust` shows them
             console.out.print(line, soft_wrap=True)
         record = bool(new) and not show_diff and (

@@ -2,9 +2,11 @@
 
 macOS advertises ``_ssh._tcp.local.`` while Remote Login is on (one instance per Mac,
 named after its computer name). The browsing is python-zeroconf's (a maintained mDNS
-implementation, not ours): :func:`discover` listens until the answers stop, resolves every
-instance it heard of to its IPv4 address and port (from the cache the answers filled), and
-returns them sorted by name.
+implementation, not ours): :func:`discover` listens until the answers stop, resolves each
+instance to its IPv4 address and port as soon as it is heard (from the cache its answer
+filled, in a thread of its own), hands it on at once to a ``heard`` callback if given (so
+that a host's work can start during the listening: ``mlxops init --all
+--accept-new-host-keys``), and returns them all sorted by name.
 
 When to stop: mDNS has no "that was everyone", so the listening ends ``quiet`` seconds
 after the last new instance was heard, or ``seconds`` after the start at the latest (and
@@ -27,7 +29,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 SERVICE = "_ssh._tcp.local."
@@ -52,42 +55,55 @@ def listening_ends(start: float, seconds: float, quiet: float, last: float | Non
 
 
 def discover(seconds: float = 3.0, interfaces: Sequence[str] | None = None,
-             quiet: float = 0.5) -> list[Found]:
+             quiet: float = 0.5, heard: Callable[[Found], None] | None = None) -> list[Found]:
     """Every ``_ssh._tcp`` instance heard until ``quiet`` seconds passed without a new one
-    (``seconds`` at most: the module's docstring says why)."""
+    (``seconds`` at most: the module's docstring says why), sorted. ``heard``: called with
+    each one once resolved, while the listening goes on, from a resolving thread (in the
+    order the answers came, which is no order to keep); what it raises is raised here."""
     from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, Zeroconf
 
     zc = Zeroconf(interfaces=list(interfaces) if interfaces else InterfaceChoice.All,
                   ip_version=IPVersion.V4Only)
     names: set[str] = set()
-    heard = threading.Condition()
+    cond = threading.Condition()
     last: list[float | None] = [None]  # when the last new name came
+    # Resolved off the browser's thread: a name whose records are not cached yet waits for
+    # its own query there, and the next answers' handlers (which time the quiet) must not.
+    pool = ThreadPoolExecutor(4, thread_name_prefix="mlxops-mdns")
+    resolving = []
+
+    def resolve(name: str) -> Found | None:
+        info = zc.get_service_info(SERVICE, name, timeout=2000)
+        if info is None or not info.parsed_addresses():
+            return None
+        found = Found(name[: -len(SERVICE) - 1], info.parsed_addresses()[0],
+                      int(info.port or 22), info.server or "")
+        if heard is not None:
+            heard(found)
+        return found
 
     def add(zeroconf, service_type, name, state_change) -> None:
-        with heard:
+        with cond:
             if name not in names:
                 names.add(name)
                 last[0] = time.monotonic()
-                heard.notify()
+                resolving.append(pool.submit(resolve, name))
+                cond.notify()
 
     try:
         start = time.monotonic()
         browser = ServiceBrowser(zc, SERVICE, handlers=[add])
-        with heard:
+        with cond:
             while True:
                 now = time.monotonic()
                 end = listening_ends(start, seconds, quiet, last[0])
                 if now >= end:
                     break
-                heard.wait(end - now)
+                cond.wait(end - now)
         browser.cancel()
-        found = []
-        for name in sorted(names):
-            info = zc.get_service_info(SERVICE, name, timeout=2000)
-            if info is None or not info.parsed_addresses():
-                continue
-            found.append(Found(name[: -len(SERVICE) - 1], info.parsed_addresses()[0],
-                               int(info.port or 22), info.server or ""))
-        return sorted(found)
+        with cond:
+            futures = list(resolving)
+        return sorted(f for f in (future.result() for future in futures) if f is not None)
     finally:
+        pool.shutdown(wait=True)
         zc.close()

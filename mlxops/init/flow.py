@@ -1,16 +1,17 @@
 """One ``mlxops init`` run: the draft, the keys, the probes, the files.
 
-Policy. The draft inventory is the existing file (kept as text) plus one entry per new
-candidate (``ansible_host``, ``ansible_user``) and the command line's ``all.vars``; it is
-written to a hidden file beside the output (so relative paths and group_vars resolve as
-they will) and loaded by :func:`mlxops.inventory.load_inventory`: a bad file or value is
-refused (exit 2) before any host is touched. Every host of the draft (old ones too: they
-are the new ones' peers and the job's nodes) has its key checked by ``mlxops trust``'s
-code; new keys are recorded only on consent, never under ``--diff``; a host whose key is
-not recorded, changed, or who does not answer is left out. The rest are probed in
-parallel, each tries its peers' addresses in its subnets (a second command on the same
-connection), the link rule picks each data address, and the new hosts are merged into the
-original document (comments kept). Files are written only at the end, atomically.
+Policy. The draft inventory is the existing file plus one entry per new candidate
+(``ansible_host``, ``ansible_user``) and the command line's ``all.vars``, loaded by the
+loader every command uses (:mod:`.drafts`): a bad file or value is refused (exit 2) before
+any host is touched. Every host of the draft (old ones too: they are the new ones' peers
+and the job's nodes) has its key checked by ``mlxops trust``'s code; new keys are
+recorded only on consent, never under ``--diff``; a host whose key is not recorded,
+changed, or who does not answer is left out (:func:`~.pipeline.verdict`). The rest are
+probed in parallel -- or, with every host found taken and consent given up front, each
+was probed as its mDNS answer came (:mod:`.pipeline`) -- each tries its peers' addresses
+in its subnets (a second command on the same connection), the link rule picks each data
+address, and the new hosts are merged into the original document (comments kept). Files
+are written only at the end, atomically.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pathlib import Path
 
 from mlxops.errors import UserError
 from mlxops.init import writer
+from mlxops.init.drafts import Drafts
 from mlxops.init.hosts import Candidate, inventory_name, is_address
 from mlxops.init.links import data_addresses, peer_targets
+from mlxops.init.pipeline import CHANGED_KEY, REFUSED, TRUSTED, UNREACHABLE, Pipeline, verdict
 from mlxops.init.probe import Probed, probe, reaches
 from mlxops.init.slots import slots
 from mlxops.init.starter import Node, render
@@ -60,6 +63,7 @@ class Init:
         self.common = {"ansible_user": user, "ansible_ssh_private_key_file": key_file,
                        "mlxops_known_hosts": known_hosts}
         self.old_text = ""
+        self.probed = None  # the pipeline's probes, when it ran them
 
     def read_existing(self) -> None:
         """The existing inventory, if any: it must load (exit 2 naming it otherwise)."""
@@ -77,50 +81,35 @@ class Init:
         except Exception as exc:  # ruamel's own errors: one line naming the file
             raise UserError(f"{self.output}: {exc}") from None
 
-    def _draft(self, candidates: Sequence[Candidate]) -> tuple[dict[str, Candidate], object]:
-        doc = writer.load(self.old_text)
-        known = writer.existing_hosts(doc)
-        addresses = set(known.values())
-        fresh: dict[str, Candidate] = {}
-        for c in candidates:
-            if c.address in addresses or c.address in known:
-                continue  # already in the file: left as the user has it
-            addresses.add(c.address)
-            # named as typed (or as mDNS said) until its own name is known
-            fresh[inventory_name(None, c.label, [*known, *fresh])] = c
-        from mlxops.init.links import DataAddress
+    def drafts(self) -> Drafts:
+        """The draft inventory's maker: the file and the command line's vars."""
+        return Drafts(self.output, self.old_text, self.common)
 
-        blank = DataAddress(None, None, None, None, ())
-        writer.merge(doc, [writer.NewHost(name, c.address, c.user, "init_draft", blank,
-                                          None, 1, "draft")
-                           for name, c in fresh.items()], self.common)
-        return fresh, doc
-
-    def _load_draft(self, doc):
-        from mlxops.inventory import load_inventory
-
-        draft = self.output.with_name(f".{self.output.name}.init-draft.yml")
-        try:
-            draft.write_text(writer.dump(doc))
-            return load_inventory(draft)
-        except UserError as exc:
-            raise UserError(str(exc).replace(str(draft), str(self.output))) from None
-        finally:
-            draft.unlink(missing_ok=True)
-
-    def check_keys(self, candidates: Sequence[Candidate], connector, opened: bool = False):
+    def check_keys(self, candidates: Sequence[Candidate], connector, opened: bool = False,
+                   pipeline: Pipeline | None = None):
         """The draft's hosts' keys, by ``mlxops trust``'s check: ``(results, checks,
         new)``, ``new`` the keys not known yet (the caller shows them and asks).
         ``opened``: consent was given before (``--accept-new-host-keys``, not ``--diff``)
         and ``connector`` records new keys itself: each host's own connection is opened
         and judged (:func:`mlxops.trust.open_and_judge`), its new key recorded then, and
-        the probe goes on over it -- one SSH handshake a host, as ``trust``'s scan."""
+        the probe goes on over it -- one SSH handshake a host, as ``trust``'s scan.
+        ``pipeline``: every host found is taken too (``--all``), and each one's work,
+        probe included, was started as its answer came (:mod:`mlxops.init.pipeline`):
+        its end is waited for here."""
         from mlxops.trust import NEW, check_host_keys, every_check, open_and_judge
 
-        self.fresh, draft_doc = self._draft(candidates)
-        self.inventory = self._load_draft(draft_doc)
-        check = open_and_judge if opened else check_host_keys
-        self.results, self.checks = check(self.inventory.select(None), connector)
+        if pipeline is not None:
+            done = pipeline.wait(candidates)
+            self.fresh, self.inventory, self.probed = done.fresh, done.inventory, done.probes
+            self.results = done.keys
+            self.checks = {h: r.value for h, r in done.keys.items() if r.value is not None}
+        else:
+            drafts = self.drafts()
+            for c in candidates:
+                drafts.add(c)
+            self.fresh, self.inventory = drafts.fresh, drafts.load()
+            check = open_and_judge if opened else check_host_keys
+            self.results, self.checks = check(self.inventory.select(None), connector)
         return self.results, self.checks, [c for c in every_check(self.checks)
                                            if c.state == NEW]
 
@@ -128,7 +117,7 @@ class Init:
         """Record the new keys if ``record`` (never when ``dry``), probe every trusted
         host, and write (or, ``dry``, diff) the files."""
         from mlxops.transport import run_parallel
-        from mlxops.trust import BLOCKED, KEY_CHANGED, NEW, record_new_keys
+        from mlxops.trust import record_new_keys
 
         out = Outcome(job=self.job)
         record = record and not dry
@@ -137,24 +126,27 @@ class Init:
         label = {h.name: (self.fresh[h.name].address if h.name in self.fresh else h.name)
                  for h in self.inventory.select(None)}
         trusted = []
+        left_out = {UNREACHABLE: out.unreachable, CHANGED_KEY: out.changed_keys,
+                    REFUSED: out.refused}
         for host in self.inventory.select(None):
-            check = self.checks.get(host.name)
-            if check is None:
-                out.unreachable.append(label[host.name])
-            elif KEY_CHANGED in (check.state, *(j.state for j in check.jumps)):
-                out.changed_keys.append(label[host.name])
-            elif check.state == BLOCKED or (check.state == NEW and not record):
-                out.refused.append(label[host.name])
-            else:
+            said = verdict(self.checks.get(host.name), record)
+            if said == TRUSTED:
                 trusted.append(host)
-        # Tried in the probe's own command: the other hosts' SSH addresses (most peers'
-        # data addresses are those; a Thunderbolt one is tried after, where there is one),
-        # as the connections resolved them (an ~/.ssh/config alias: its HostName).
-        ssh = {h.name: getattr(connector.connect(h), "address", h.address) for h in trusted}
-        peers = sorted({a for a in ssh.values() if is_address(a)})
-        probed_results = run_parallel(
-            trusted, lambda h: probe(connector.connect(h), h, self.pythons,
-                                     [p for p in peers if p != ssh[h.name]]))
+            else:
+                left_out[said].append(label[host.name])
+        if self.probed is not None:  # probed by the pipeline, each as its key was judged
+            probed_results = self.probed
+        else:
+            # Tried in the probe's own command: the other hosts' SSH addresses (most
+            # peers' data addresses are those; a Thunderbolt one is tried after, where
+            # there is one), as the connections resolved them (an ~/.ssh/config alias:
+            # its HostName).
+            ssh = {h.name: getattr(connector.connect(h), "address", h.address)
+                   for h in trusted}
+            peers = sorted({a for a in ssh.values() if is_address(a)})
+            probed_results = run_parallel(
+                trusted, lambda h: probe(connector.connect(h), h, self.pythons,
+                                         [p for p in peers if p != ssh[h.name]]))
         probed: dict[str, Probed] = probed_results.succeeded_values()
         out.unreachable += [label[h] for h in probed_results if h not in probed]
         reached = self._reach(connector, [h for h in trusted if h.name in probed], probed, out)

@@ -120,17 +120,8 @@ def merge(doc: Any, hosts: Sequence[NewHost], common: Mapping[str, Any]) -> list
             continue
         group = _child(_child(top, "children"), host.family)
         group_hosts = _child(group, "hosts")
-        body = CommentedMap()
-        body["ansible_host"] = host.address
-        if host.user:
-            body["ansible_user"] = host.user
-        if host.data.ip:
-            body["mlxops_ip"] = host.data.ip
-        if host.python:
-            body["mlxops_python"] = host.python
-        body["mlxops_slots"] = host.slots
+        body = CommentedMap(entry(host))
         if host.become:
-            body["ansible_become"] = True
             body.yaml_add_eol_comment("sudo -n works here: provision sets the wired limit "
                                       "and sleep", "ansible_become")
         group_hosts[host.name] = body
@@ -144,6 +135,22 @@ def merge(doc: Any, hosts: Sequence[NewHost], common: Mapping[str, Any]) -> list
         added.append(host.name)
         addresses.add(host.address)
     return added
+
+
+def entry(host: NewHost) -> dict[str, Any]:
+    """The variables a new host is written with, in the file's order (its comments are
+    :func:`merge`'s)."""
+    body: dict[str, Any] = {"ansible_host": host.address}
+    if host.user:
+        body["ansible_user"] = host.user
+    if host.data.ip:
+        body["mlxops_ip"] = host.data.ip
+    if host.python:
+        body["mlxops_python"] = host.python
+    body["mlxops_slots"] = host.slots
+    if host.become:
+        body["ansible_become"] = True
+    return body
 
 
 def dump(doc: Any) -> str:
