@@ -16,9 +16,10 @@ MLX peak and 567 MiB resident at this config, above that node's limit too); 3 st
 large nodes ``[3, 3]`` 226 MiB each. A rank's process holds ~110 MiB beside MLX's arrays,
 which each limit leaves room for.
 
-The fine-tuning scenario's limits (2000, 1000, 2000 MiB) only make its split unequal: a
-LoRA model one node cannot hold costs seconds a step here (docs/pipeline.md, "Not done
-yet").
+The fine-tuning scenario does the same for a LoRA on an mlx-lm llama (limits 280, 210
+and 345 MiB): refused on node3 alone, split ``[2, 1, 3]`` over the three. Its model is
+wide in bytes (331 MB of frozen float32 weights) and cheap a step because a step has 8
+tokens: a step costs tokens x parameters, not bytes (docs/pipeline.md).
 """
 
 from __future__ import annotations
@@ -85,30 +86,22 @@ def step_losses(metrics: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, metrics.read_text().splitlines())}
 
 
-def one_process(tmp_path: Path, module: str, config: dict) -> dict[int, float]:
-    """``python -m module --config`` (the trainer or fine-tuning) run here in one process,
-    into ``tmp_path/one``: its losses."""
-    (tmp_path / "one.json").write_text(json.dumps({**config, "out": str(tmp_path / "one")}))
-    subprocess.run([sys.executable, "-m", module, "--config", str(tmp_path / "one.json")],
-                   check=True, cwd=ROOT, timeout=300,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                   capture_output=True)
-    return step_losses(tmp_path / "one" / "metrics.jsonl")
-
-
 @pytest.fixture
 def reference(tmp_path):
-    """Starts one process holding all 6 layers (the trainer with ``train.stages: [6]``)
-    beside the job, which waits on its nodes more than it computes: ``reference(**train)``
-    returns a call that waits for it and gives its losses. Killed at teardown if left."""
+    """Starts one process holding every layer beside the job, which waits on its nodes more
+    than it computes: ``reference(**train)`` the trainer with ``train.stages: [6]``,
+    ``reference(config=..., module="mlxops.finetune")`` that module on ``config``; returns a
+    call that waits for it and gives its losses. Killed at teardown if left."""
     procs: list[subprocess.Popen] = []
 
-    def start(**train) -> Callable[[], dict[int, float]]:
-        cfg = json.loads(json.dumps(TRAINER))
-        cfg["train"].update(train, stages=[6])
-        (tmp_path / "one.json").write_text(json.dumps({**cfg, "out": str(tmp_path / "one")}))
+    def start(module: str = "mlxops.trainer", config: dict | None = None,
+              **train) -> Callable[[], dict[int, float]]:
+        if config is None:
+            config = json.loads(json.dumps(TRAINER))
+            config["train"].update(train, stages=[6])
+        (tmp_path / "one.json").write_text(json.dumps({**config, "out": str(tmp_path / "one")}))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlxops.trainer", "--config", str(tmp_path / "one.json")],
+            [sys.executable, "-m", module, "--config", str(tmp_path / "one.json")],
             cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(proc)
@@ -226,48 +219,85 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     assert losses(box) == one()
 
 
+#: The fine-tuning scenario's model: mlxops/devtools/tinymodels.py's llama made wide
+#: enough in bytes that no one limited node holds it: 6 blocks of 13.6M parameters (1024
+#: wide, MLP 3584, 8 heads over 2 key-value heads), untied, float32, 331 MB on disk, all
+#: frozen under the LoRA. A step is cheap because it has few tokens (the text data cut to
+#: 4 tokens, 2 micro-batches of one example: 8 tokens), not because the model is small:
+#: its cost is tokens x parameters.
+FT_SIZES = {"num_hidden_layers": 6, "hidden_size": 1024, "intermediate_size": 3584,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "tie_word_embeddings": False}
 FINETUNE = {
     "method": {"type": "lora", "rank": 4, "num_layers": -1, "dropout": 0.1},
-    "data": {"mask_prompt": True},
-    "train": {"lr": 1e-3, "steps": 6, "global_batch": 4, "micro_batch": 2,
-              "max_seq_len": 64, "eval_every": 0, "checkpoint_every": 2, "log_every": 1},
+    "train": {"lr": 1e-3, "steps": 3, "global_batch": 2, "micro_batch": 1,
+              "max_seq_len": 4, "eval_every": 0, "checkpoint_every": 1, "log_every": 1},
 }
-FT_LIMITS = {"node1": 2000 * MiB, "node2": 1000 * MiB, "node3": 2000 * MiB}
+#: Planned (finetune/stageplan.py; budgets 80% of the limits): the whole model 0.32 GiB
+#: on one node, more than node3's 0.27 GiB; 3 stages [2, 1, 3] 111, 55 and 165 MiB
+#: against 224, 168 and 276 (MLX's measured peaks 111, 55 and 165 MiB on 3 local ranks).
+#: A stage's process holds ~125 MiB beside MLX's arrays (python, mlx, mlx-lm, the
+#: tokenizer; 235, 180 and 290 MiB resident at its peak there), which each limit leaves
+#: room for with ~30 MiB or more to spare. The middle node, the smallest, gets one block:
+#: at 218 MiB or more it would get two ([2, 2, 2], within 5% of the best ratio).
+FT_LIMITS = {"node1": 280 * MiB, "node2": 210 * MiB, "node3": 345 * MiB}
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory) -> tuple[Path, Path]:
+    """The model and the text data, made once for the bash and the zsh run."""
+    from mlxops.devtools.tinymodels import build_model, write_dataset
+
+    root = tmp_path_factory.mktemp("wide-llama")
+    return (build_model(root / "llama6", "llama", sizes=FT_SIZES),
+            write_dataset(root / "text", "text"))
 
 
 def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_generate(
-        login_sandbox_mut, tmp_path, connector):
-    """A LoRA on a 6-block tiny llama (mlxops/devtools/tinymodels.py), ``finetune.stages:
-    auto`` over three nodes of unequal memory: split unequally from their facts; the
-    middle stage killed with SIGKILL at step 3 (held there first) and the job restarted
-    from the stages' checkpoint of step 2; the losses those of one process holding every
-    block bit for bit; and ``mlxops fetch`` assembles the stages' adapters into one set
+        login_sandbox_mut, tmp_path, connector, reference, wide_llama):
+    """A LoRA on a 6-block llama no one of the three limited nodes can hold,
+    ``finetune.stages: auto``: refused on node3 alone (the largest) at load, exit 2, with
+    the plan's numbers; over the three split unequally by their limits; the middle stage
+    killed with SIGKILL after step 2 (held there) and the job restarted from the stages'
+    newest checkpoint (one a step); the losses those of one process holding every block bit
+    for bit; and ``mlxops fetch`` assembles the stages' adapters into one set
     ``mlx_lm.generate`` loads. The kill on bash nodes only: zsh runs the rest, and the
     trainer's stage kill above restarts on zsh nodes already (46 s spared there)."""
-    from mlxops.devtools.tinymodels import build_model, write_dataset
     from mlxops.jobs.fetch import fetch
 
     box = login_sandbox_mut
     for node, limit in FT_LIMITS.items():
         box.set_memory_limit(node, limit)
-    model = build_model(tmp_path / "llama6", "llama", sizes={"num_hidden_layers": 6})
-    data = write_dataset(tmp_path / "chat", "chat")
+    model, data = wide_llama
     section = json.loads(json.dumps(FINETUNE))
-    section["model"], section["data"]["path"] = {"path": str(model)}, str(data)
-    job = {"name": "ft-pipe", "inventory": str(box.inventory_path),
-           "hosts": "node1,node2,node3", "backend": "ring", "blas": "off",
-           "finetune": {**section, "stages": "auto"},
-           "restart": {"max_restarts": 1, "stall_timeout": 180}}
+    section["model"], section["data"] = {"path": str(model)}, {"path": str(data)}
     kill = box.login_shell == "bash"
-    hold = Hold(box, "ft-pipe", list(FT_LIMITS), at=3 if kill else None)
-    (tmp_path / "ft-pipe.yml").write_text(yaml.safe_dump({**job, "env": hold.env}))
-    record = launch(load_job(tmp_path / "ft-pipe.yml"), connector, fresh=True)
+    hold = Hold(box, "ft-pipe", list(FT_LIMITS), at=2 if kill else None)
+
+    def job_file(hosts: str) -> Path:
+        job = {"name": "ft-pipe", "inventory": str(box.inventory_path), "hosts": hosts,
+               "backend": "ring", "blas": "off", "finetune": {**section, "stages": "auto"},
+               "restart": {"max_restarts": 1, "stall_timeout": 180}, "env": hold.env}
+        path = tmp_path / f"ft-pipe-{hosts.count(',') + 1}.yml"
+        path.write_text(yaml.safe_dump(job))
+        return path
+
+    alone = job_file("node3")
+    with pytest.raises(UserError) as refused:
+        launch(load_job(alone), connector, fresh=True)
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (
+        f"{alone}: finetune.stages: the model does not fit on 1 hosts even split by "
+        "memory: node3: layers 0-5 0.32 of 0.27 GiB"), refused.value
+
+    record = launch(load_job(job_file("node1,node2,node3")), connector, fresh=True)
+    one = reference("mlxops.finetune", {**section, "train": {**section["train"],
+                                                             "stages": [6]}})
     split = record.workload.config.train.stages
-    assert sum(split) == 6 and split[1] < split[0] and split[1] < split[2], split
+    assert split == [2, 1, 3], split
     watchdog = BackgroundWatchdog(record, connector)
     with hold:
         if kill:
-            wait_for_step(record, connector, 3, timeout=240)
+            wait_for_step(record, connector, 2, timeout=240)
             pgid = int((run_dir(box, "node2", "ft-pipe") / "rank-1.pid").read_text())
             child = subprocess.run(["pgrep", "-P", str(pgid)], capture_output=True,
                                    text=True)
@@ -275,13 +305,11 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
     final = watchdog.result(timeout=300)
     assert final.state == "finished", final.to_dict()
     assert len(load_record("ft-pipe").restarts) == (1 if kill else 0)
-    got = step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl")
-    one = {**section, "train": {**section["train"], "stages": [6]}}
-    assert got == one_process(tmp_path, "mlxops.finetune", one)
+    assert step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl") == one()
 
     out = tmp_path / "adapters"
     fetched = fetch(load_record("ft-pipe"), connector, out)
-    assert fetched.step == 6
+    assert fetched.step == 3
     assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json",
                                                      "adapters.safetensors"]
     config = json.loads((out / "adapter_config.json").read_text())
