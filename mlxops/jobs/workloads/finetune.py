@@ -207,6 +207,15 @@ class FinetuneWorkload(Workload):
     def stages(self) -> list[int] | None:  # type: ignore[override]
         return self.config.train.stages
 
+    def spreads_checkpoints(self) -> bool:
+        """Pipeline stages: each writes its own ``ckpt/stage-<s>/``, which a resume on
+        another split needs on other nodes (:mod:`mlxops.jobs.ckptmove`)."""
+        return self.one_rank_per_host
+
+    def stage_layers(self) -> list[int] | None:
+        stages = self.config.train.stages
+        return list(stages) if self.one_rank_per_host and stages is not None else None
+
     def with_split(self, layers: list[int]) -> FinetuneWorkload:
         config = copy.deepcopy(self.config)
         config.train.stages = list(layers)

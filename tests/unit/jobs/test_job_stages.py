@@ -195,6 +195,10 @@ def test_finetune_stages_auto_splits_unequal_nodes_by_fine_tunings_plan(tmp_path
     assert sum(found.layers) == 6 and found.layers[1] < found.layers[0]
     split = split_spec(spec, hosts_of(spec), node)
     assert split.workload.stages == found.layers
+    # Each stage's checkpoint is its node's alone: a resume on another split (--exclude)
+    # brings the parts it needs first, by these layers (jobs/ckptmove.py).
+    assert split.workload.spreads_checkpoints()
+    assert split.workload.stage_layers() == found.layers
     record = split.workload.to_record()
     assert record["stages"] == "auto" and record["train"]["stages"] == found.layers
     assert type(split.workload).from_record(json.loads(json.dumps(record))) == split.workload
