@@ -78,8 +78,11 @@ def send(out: BinaryIO, *, directory: str = "", run_dir: str = "", where: str = 
     out.flush()
     if chosen is None:
         return 0
+    # dereference: each name a regular file with its bytes, as the answer line says. Without
+    # it a file's second hard link (a fine-tuning checkpoint's adapters.safetensors and
+    # model.safetensors are one file) goes as a link member, which every reader refuses.
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK,
-                      copybufsize=CHUNK) as tar:
+                      copybufsize=CHUNK, dereference=True) as tar:
         for name in said.files:
             tar.add(chosen / name, arcname=name, recursive=False)
     out.flush()

@@ -145,6 +145,22 @@ def test_a_directory_is_sent_whole_with_its_subdirectories(tmp_path):
     assert (into / "sub" / "w.safetensors").read_bytes() == bytes(70000)
 
 
+def test_hard_linked_files_are_each_sent_as_a_regular_file(tmp_path):
+    """A fine-tuning checkpoint's adapters.safetensors is a hard link of its
+    model.safetensors (finetune/model.py): both come whole (a pipeline stage's checkpoint
+    is sent so to another node before a resume on another split)."""
+    source = tmp_path / "step"
+    source.mkdir()
+    (source / protocol.CKPT_MODEL).write_bytes(b"w" * 300)
+    (source / F.ADAPTERS).hardlink_to(source / protocol.CKPT_MODEL)
+    into = tmp_path / "into"
+    into.mkdir()
+    got, result = D.download(LocalConnection("here"), D.send_command(
+        sys.executable, str(ROOT), send_args(str(source))), into)
+    assert result.ok and got.written == {F.ADAPTERS: 300, protocol.CKPT_MODEL: 300}
+    assert (into / protocol.CKPT_MODEL).read_bytes() == b"w" * 300
+
+
 # --- mlxops fetch as a whole ---------------------------------------------------------------
 
 @pytest.fixture
