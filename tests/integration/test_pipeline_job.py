@@ -256,12 +256,16 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
         login_sandbox_mut, tmp_path, connector, reference, wide_llama):
     """A LoRA on a 6-block llama no one of the three limited nodes can hold,
     ``finetune.stages: auto``: refused on node3 alone (the largest) at load, exit 2, with
-    the plan's numbers; over the three split unequally by their limits; the middle stage
-    killed with SIGKILL after step 2 (held there) and the job restarted from the stages'
-    newest checkpoint (one a step); the losses those of one process holding every block bit
-    for bit; and ``mlxops fetch`` assembles the stages' adapters into one set
-    ``mlx_lm.generate`` loads. The kill on bash nodes only: zsh runs the rest, and the
-    trainer's stage kill above restarts on zsh nodes already (46 s spared there)."""
+    the plan's numbers; over the three split unequally by their limits. On bash nodes the
+    middle stage is killed with SIGKILL after step 2 (held there) and the job restarted
+    from the stages' newest checkpoint (one a step). On zsh nodes the job is stopped
+    (``mlxops stop``) while held after step 1, resumed on the same split to step 2
+    (``train.stop_at``), then resumed without node2 on 2 stages ``[3, 3]`` (node2's stage
+    checkpoint copied to node1 and node3 first) to the end. Either way the losses are
+    those of one process holding every block bit for bit, and ``mlxops fetch`` assembles
+    the stages' adapters (the last run's: 3 stages on bash, 2 on zsh) into one set
+    ``mlx_lm.generate`` loads. The kill on bash only: the trainer's stage kill above
+    restarts on zsh nodes already (46 s spared there)."""
     from mlxops.jobs.fetch import fetch
 
     box = login_sandbox_mut
@@ -271,11 +275,13 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
     section = json.loads(json.dumps(FINETUNE))
     section["model"], section["data"] = {"path": str(model)}, {"path": str(data)}
     kill = box.login_shell == "bash"
-    hold = Hold(box, "ft-pipe", list(FT_LIMITS), at=2 if kill else None)
+    hold = Hold(box, "ft-pipe", list(FT_LIMITS), at=2 if kill else 1)
 
-    def job_file(hosts: str) -> Path:
+    def job_file(hosts: str, stop_at: int = 0) -> Path:
+        train = {**section["train"], "stop_at": stop_at}
         job = {"name": "ft-pipe", "inventory": str(box.inventory_path), "hosts": hosts,
-               "backend": "ring", "blas": "off", "finetune": {**section, "stages": "auto"},
+               "backend": "ring", "blas": "off",
+               "finetune": {**section, "train": train, "stages": "auto"},
                "restart": {"max_restarts": 1, "stall_timeout": 180}, "env": hold.env}
         path = tmp_path / f"ft-pipe-{hosts.count(',') + 1}.yml"
         path.write_text(yaml.safe_dump(job))
@@ -294,17 +300,19 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
                                                              "stages": [6]}})
     split = record.workload.config.train.stages
     assert split == [2, 1, 3], split
-    watchdog = BackgroundWatchdog(record, connector)
-    with hold:
-        if kill:
+    if kill:
+        watchdog = BackgroundWatchdog(record, connector)
+        with hold:
             wait_for_step(record, connector, 2, timeout=240)
             pgid = int((run_dir(box, "node2", "ft-pipe") / "rank-1.pid").read_text())
             child = subprocess.run(["pgrep", "-P", str(pgid)], capture_output=True,
                                    text=True)
             os.kill(int(child.stdout.split()[0]), signal.SIGKILL)
-    final = watchdog.result(timeout=300)
-    assert final.state == "finished", final.to_dict()
-    assert len(load_record("ft-pipe").restarts) == (1 if kill else 0)
+        final = watchdog.result(timeout=300)
+        assert final.state == "finished", final.to_dict()
+        assert len(load_record("ft-pipe").restarts) == 1
+    else:
+        stop_resume_and_resume_on_two_stages(box, connector, record, hold, job_file)
     assert step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl") == one()
 
     out = tmp_path / "adapters"
@@ -320,3 +328,37 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "tokens-per-sec" in proc.stdout, proc.stdout
+
+
+def stop_resume_and_resume_on_two_stages(box, connector, record, hold: Hold,
+                                         job_file: Callable[..., Path]) -> None:
+    """The fine-tuning scenario's zsh run: ``mlxops stop`` while held after step 1, a
+    resume on the same split to step 2, a resume without node2 on 2 stages to the end.
+    The two large nodes hold 3 blocks each: planned 165 MiB against budgets of 224 and
+    276 (finetune/stageplan.py)."""
+    from mlxops.jobs.stop import stop_job
+
+    with hold:
+        wait_for_step(record, connector, 1, timeout=240)
+        assert stop_job(record, connector).exit_code == 0
+    assert load_record("ft-pipe").state == "stopped"
+    assert sorted(step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl")) == [1]
+
+    resumed = launch(load_job(job_file("node1,node2,node3", stop_at=2)), connector,
+                     resume=True, previous=load_record("ft-pipe"))
+    assert resumed.workload.config.train.stages == [2, 1, 3]
+    assert resumed.message == "resumed from step 1"
+    assert supervise(resumed, connector).state == "finished"
+
+    copied: list[str] = []
+    two = launch(load_job(job_file("node1,node2,node3")), connector, resume=True,
+                 exclude=["node2"], previous=load_record("ft-pipe"),
+                 on_warning=copied.append)
+    assert two.workload.config.train.stages == [3, 3] and two.world_size == 2
+    assert two.message == "resumed from step 2"
+    # node2 held stage 1 (block 2): node1 takes block 2 from it, node3 (stage 1 now)
+    # finds its step in stage-1/; stages 0 and 2 stay where they are.
+    assert copied == ["checkpoint part stage-1/step-00000002: node2 -> node1, node3 "
+                      "(copied before the ranks start)"]
+    assert supervise(two, connector).state == "finished"
+    assert load_record("ft-pipe").restarts == []
