@@ -17,7 +17,8 @@ large nodes ``[3, 3]`` 226 MiB each. A rank's process holds ~110 MiB beside MLX'
 which each limit leaves room for.
 
 The fine-tuning scenario does the same for a LoRA on an mlx-lm llama (limits 280, 210
-and 345 MiB): refused on node3 alone, split ``[2, 1, 3]`` over the three. Its model is
+and 345 MiB): refused on node3 alone, split ``[2, 1, 3]`` over the three; a kill -9 of a
+stage on bash, ``mlxops stop`` + resume and a resume on 2 stages on zsh. Its model is
 wide in bytes (331 MB of frozen float32 weights) and cheap a step because a step has 8
 tokens: a step costs tokens x parameters, not bytes (docs/pipeline.md).
 """
