@@ -281,6 +281,7 @@ def test_a_long_seeded_request_holding_up_the_probe_is_not_a_hang(sandbox, tmp_p
         watchdog = BackgroundWatchdog(record, connector)
         forward = Forward("serve-busy")
         failed: list[BaseException] = []
+        chunks = threading.Semaphore(0)
 
         def long_request():
             # Streamed, through the forward: under way while the server generates.
@@ -291,26 +292,32 @@ def test_a_long_seeded_request_holding_up_the_probe_is_not_a_hang(sandbox, tmp_p
                     # One byte always (the tiny model's byte vocabulary): never its end.
                     extra_body={"logit_bias": {"65": 100.0}})
                 for _ in stream:
-                    pass
+                    chunks.release()
             except Exception as exc:   # the forward closed under it at the end
                 failed.append(exc)
 
         try:
             wait_answering(forward.client(timeout=30))
-            # However fast the machine: node1 at a tenth of a CPU while the long request
-            # runs (a quiet CI machine generated the tiny model's tokens to their end
-            # before the probe had timed out once).
-            sandbox.set_cpu_quota("node1", 0.1)
             worker = threading.Thread(target=long_request, daemon=True)
             worker.start()
+            # Its first token streamed: the server has logged the request (mlx-lm writes
+            # the line as the answer starts), so its count moved past the last answered
+            # probe's. Then, however fast the machine, node1 at a tenth of a CPU while it
+            # runs (a quiet CI machine generated the tiny model's tokens to their end
+            # before the probe had timed out once).
+            assert chunks.acquire(timeout=60), f"no token streamed: {failed}"
+            sandbox.set_cpu_quota("node1", 0.1)
             deadline = time.monotonic() + 90
             while not any("is busy" in e for e in watchdog.events):
                 assert time.monotonic() < deadline, watchdog.events
                 assert worker.is_alive(), f"the long request ended first: {failed}"
                 time.sleep(0.3)
             time.sleep(5)   # more probes wait behind it
-            assert worker.is_alive() and load_record("serve-busy").restarts == []
-            assert load_record("serve-busy").attempt == 1
+            record = load_record("serve-busy")
+            assert worker.is_alive(), (failed, record.restarts, watchdog.events)
+            assert record.restarts == [] and record.attempt == 1, watchdog.events
+            assert any("behind requests it started since" in e for e in watchdog.events), \
+                watchdog.events
         finally:
             sandbox.set_cpu_quota("node1", None)
             forward.close()
