@@ -121,6 +121,15 @@ def reference(tmp_path):
             proc.wait()
 
 
+def refused_at_load(path: Path, connector) -> str:
+    """The one-line error launching job file ``path`` is refused with (exit 2, bad input:
+    before any host is touched)."""
+    with pytest.raises(UserError) as refused:
+        launch(load_job(path), connector, fresh=True)
+    assert refused.value.exit_code == 2, refused.value
+    return str(refused.value)
+
+
 def losses(box) -> dict[int, float]:
     return step_losses(run_dir(box, "node1", "t-pipe") / "metrics.jsonl")
 
@@ -138,12 +147,9 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
     steps = {"steps": 9}
     one = reference(**steps)
     alone = write_job(tmp_path, box, hosts="node3", **steps)
-    with pytest.raises(UserError) as refused:
-        launch(load_job(alone), connector, fresh=True)
-    assert refused.value.exit_code == 2
-    assert str(refused.value) == (
+    assert refused_at_load(alone, connector) == (
         f"{alone}: trainer.stages: the model does not fit on 1 hosts even split by memory: "
-        "node3: layers 0-5 0.44 of 0.36 GiB"), refused.value
+        "node3: layers 0-5 0.44 of 0.36 GiB")
     spec = load_job(write_job(tmp_path, box, stop_at=3, **steps))
     record = launch(spec, connector, fresh=True)
     split = record.workload.config.train.stages   # what the ranks were given
@@ -289,12 +295,9 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
         return path
 
     alone = job_file("node3")
-    with pytest.raises(UserError) as refused:
-        launch(load_job(alone), connector, fresh=True)
-    assert refused.value.exit_code == 2
-    assert str(refused.value) == (
+    assert refused_at_load(alone, connector) == (
         f"{alone}: finetune.stages: the model does not fit on 1 hosts even split by "
-        "memory: node3: layers 0-5 0.32 of 0.27 GiB"), refused.value
+        "memory: node3: layers 0-5 0.32 of 0.27 GiB")
 
     record = launch(load_job(job_file("node1,node2,node3")), connector, fresh=True)
     one = reference("mlxops.finetune", {**section, "train": {**section["train"],
