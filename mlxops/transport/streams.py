@@ -157,11 +157,22 @@ class SSHLineStream:
         except (OSError, paramiko.SSHException, EOFError):
             pass
         if not self._sent:
-            self._channel.close()
+            self._close_channel()
             return
         # Closing the channel now could drop a request sshd has not written to the
         # command's stdin yet: the channel closes when the command exits, at the EOF
         # after it; at the latest, it is closed here later.
-        timer = threading.Timer(CLOSE_LATER, self._channel.close)
+        timer = threading.Timer(CLOSE_LATER, self._close_channel)
         timer.daemon = True
         timer.start()
+
+    def _close_channel(self) -> None:
+        """Close the channel; one whose connection is already gone (the host went away,
+        its transport ended) is closed as it is: paramiko's close then raises on the dead
+        socket (EOFError), which must not end the watchdog that is letting go of it."""
+        import paramiko
+
+        try:
+            self._channel.close()
+        except (OSError, paramiko.SSHException, EOFError):
+            pass
