@@ -140,7 +140,8 @@ def step_of(sandbox, name: str) -> int:
     for rank, node in enumerate(HOSTS.split(",")):
         progress = run_dir(sandbox, node, name) / "progress" / f"rank-{rank}.json"
         try:
-            steps.append(json.loads(progress.read_text())["step"])
+            # A rank's first heartbeat (written as it starts) has no step yet: 0.
+            steps.append(json.loads(progress.read_text())["step"] or 0)
         except (OSError, ValueError, KeyError):
             return 0
     return min(steps)
