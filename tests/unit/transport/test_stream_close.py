@@ -4,8 +4,11 @@ closing such a channel, after the job it followed had finished."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from mlxops.transport import streams
 from mlxops.transport.streams import SSHLineStream
 
 
@@ -25,16 +28,12 @@ class DeadChannel:
 
 @pytest.mark.parametrize("sent", [False, True])
 def test_closing_a_stream_on_a_dead_connection_does_not_raise(monkeypatch, sent):
-    import mlxops.transport.streams as streams
-
     monkeypatch.setattr(streams, "CLOSE_LATER", 0.0)
     channel = DeadChannel()
     stream = SSHLineStream("node3", channel)
     stream._sent = sent
     stream.close()
     if sent:   # closed later, by a timer: wait for it
-        import time
-
         deadline = time.monotonic() + 5
         while not channel.close_calls and time.monotonic() < deadline:
             time.sleep(0.01)
