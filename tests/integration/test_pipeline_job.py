@@ -55,8 +55,10 @@ TRAINER = {
               "tie_embeddings": False},
     "data": {"source": "synthetic", "seed": 0},
     "train": {"steps": 6, "global_batch": 4, "micro_batch": 1, "lr": 1e-2,
-              "checkpoint_every": 3, "log_every": 1},
+              "schedule": "constant", "checkpoint_every": 3, "log_every": 1},
 }
+#: The longest job's steps: the one-process reference runs them once for the module.
+STEPS = 9
 
 
 @pytest.fixture(autouse=True)
@@ -87,38 +89,51 @@ def step_losses(metrics: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, metrics.read_text().splitlines())}
 
 
-@pytest.fixture
-def reference(tmp_path):
-    """Starts one process holding every layer beside the job, which waits on its nodes more
-    than it computes: ``reference(**train)`` the trainer with ``train.stages: [6]``,
-    ``reference(config=..., module="mlxops.finetune")`` that module on ``config``; returns a
-    call that waits for it and gives its losses. Killed at teardown if left."""
-    procs: list[subprocess.Popen] = []
+class OneProcess:
+    """One process holding every layer, started beside the job (which waits on its nodes
+    more than it computes) and waited for once: ``losses()`` its step -> loss."""
 
-    def start(module: str = "mlxops.trainer", config: dict | None = None,
-              **train) -> Callable[[], dict[int, float]]:
-        if config is None:
-            config = json.loads(json.dumps(TRAINER))
-            config["train"].update(train, stages=[6])
-        (tmp_path / "one.json").write_text(json.dumps({**config, "out": str(tmp_path / "one")}))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--config", str(tmp_path / "one.json")],
+    def __init__(self, out: Path, module: str, config: dict) -> None:
+        self.out = out
+        (out.parent / f"{out.name}.json").write_text(json.dumps({**config, "out": str(out)}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, "--config", str(out.parent / f"{out.name}.json")],
             cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        procs.append(proc)
+        self._losses: dict[int, float] | None = None
 
-        def losses() -> dict[int, float]:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-2000:]
-            return step_losses(tmp_path / "one" / "metrics.jsonl")
+    def losses(self) -> dict[int, float]:
+        if self._losses is None:
+            _, err = self.proc.communicate(timeout=300)
+            assert self.proc.returncode == 0, err[-2000:]
+            self._losses = step_losses(self.out / "metrics.jsonl")
+        return self._losses
 
-        return losses
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The one-process references of the module, each made once for the bash and the zsh
+    runs (the same trainer, interpreter and mlx compute the same losses whichever shell the
+    node user logs in to): ``reference()`` the trainer's :data:`TRAINER` over
+    :data:`STEPS` steps with ``train.stages: [6]`` (its schedule is constant, so a shorter
+    job's losses are its first steps'), ``reference("mlxops.finetune", config)`` that
+    module on ``config``. Each starts at its first use and is killed at teardown if left."""
+    root = tmp_path_factory.mktemp("one-process")
+    made: dict[str, OneProcess] = {}
+
+    def start(module: str = "mlxops.trainer", config: dict | None = None) -> OneProcess:
+        if module not in made:
+            if config is None:
+                config = json.loads(json.dumps(TRAINER))
+                config["train"].update(steps=STEPS, stages=[6])
+            made[module] = OneProcess(root / module.rsplit(".", 1)[-1], module, config)
+        return made[module]
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    for one in made.values():
+        if one.proc.poll() is None:
+            one.proc.kill()
+            one.proc.wait()
 
 
 def refused_at_load(path: Path, connector) -> str:
@@ -144,8 +159,8 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
     box = login_sandbox_mut
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
-    steps = {"steps": 9}
-    one = reference(**steps)
+    steps = {"steps": STEPS}
+    one = reference()
     alone = write_job(tmp_path, box, hosts="node3", **steps)
     assert refused_at_load(alone, connector) == (
         f"{alone}: trainer.stages: the model does not fit on 1 hosts even split by memory: "
@@ -177,7 +192,7 @@ def test_stages_auto_split_by_memory_train_stop_resume_and_resume_on_two_stages(
     assert copied == ["checkpoint part stage-1/step-00000006: node2 -> node1, node3 "
                       "(copied before the ranks start)"]
     assert supervise(two, connector).state == "finished"
-    assert losses(box) == one()
+    assert losses(box) == one.losses()
     for node in ("node1", "node3"):
         ckpt = run_dir(box, node, "t-pipe") / "ckpt"
         assert (ckpt / "stage-1" / "step-00000006" / "state.json").is_file()
@@ -203,7 +218,7 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     for node, limit in LIMITS.items():
         box.set_memory_limit(node, limit)
     longer = {"steps": 6, "checkpoint_every": 3}
-    one = reference(**longer)
+    one = reference()
     hold = Hold(box, "t-pipe", list(LIMITS), at=5)
     path = write_job(tmp_path, box, restart={"max_restarts": 1, "stall_timeout": 180},
                      **longer)
@@ -223,7 +238,7 @@ def test_kill_9_of_a_stage_restarts_and_ends_as_one_process(login_sandbox_mut, t
     restarts = load_record("t-pipe").restarts
     # Its neighbours fail too (their send/recv lost the peer): one restart of the job.
     assert len(restarts) == 1, restarts
-    assert losses(box) == one()
+    assert losses(box) == {s: loss for s, loss in one.losses().items() if s <= 6}
 
 
 #: The fine-tuning scenario's model: mlxops/devtools/tinymodels.py's llama made wide
@@ -317,7 +332,7 @@ def test_finetune_stages_auto_trains_as_one_process_and_its_fetched_adapters_gen
         assert len(load_record("ft-pipe").restarts) == 1
     else:
         stop_resume_and_resume_on_two_stages(box, connector, record, hold, job_file)
-    assert step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl") == one()
+    assert step_losses(run_dir(box, "node1", "ft-pipe") / "metrics.jsonl") == one.losses()
 
     out = tmp_path / "adapters"
     fetched = fetch(load_record("ft-pipe"), connector, out)
