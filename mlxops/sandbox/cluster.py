@@ -30,6 +30,7 @@ from mlxops.sandbox import (
     mdns,
     netns,
     nodes,
+    nospin,
 )
 from mlxops.sandbox.faults import Faults
 from mlxops.sandbox.layout import (
@@ -40,7 +41,7 @@ from mlxops.sandbox.layout import (
     node_rates,
     parse_rate,
 )
-from mlxops.sandbox.python import node_python
+from mlxops.sandbox.python import CACHE_DIR, node_python
 from mlxops.sandbox.state import STATE_VERSION, SandboxInfo
 
 # Files `up` writes at the top of DIR; `down` removes exactly these.
@@ -90,11 +91,13 @@ class Sandbox(Faults):
             self._check_free(layouts)  # before the interpreter's build: bad input first
         self._make_dir()
         node_py = python or node_python(log=self._log)
+        preload = nospin.library(CACHE_DIR, self._log)
         rate_bits = {name: parse_rate(r) if r else None for name, r in shaped.items()}
         try:
             with hostlock.held():
                 layouts = self._claim(nodes, subnet_pool, shaped, node_py,
-                                      rate or next((r for r in rates if "=" not in r), None))
+                                      rate or next((r for r in rates if "=" not in r), None),
+                                      preload)
                 with _step("making the node account"):
                     account = accounts.ensure_user(self.user, LOGIN_SHELLS[self.login_shell])
                 with _step(f"making the bridge {self.layout.bridge}"):
@@ -108,7 +111,7 @@ class Sandbox(Faults):
         return self.info
 
     def _claim(self, count: int, pool: SubnetPool | None, shaped: dict[str, str | None],
-               node_py: str, rate: str | None) -> list[NodeLayout]:
+               node_py: str, rate: str | None, preload: str | None) -> list[NodeLayout]:
         """Under the machine's lock: the subnet (chosen from ``pool``) checked free, and
         state.json written before anything is made. ``rate``: every node's, if one."""
         if pool is not None:
@@ -119,7 +122,7 @@ class Sandbox(Faults):
             "version": STATE_VERSION, "prefix": self.layout.prefix,
             "subnet": str(self.layout.subnet), "bridge": self.layout.bridge,
             "user": self.user, "login_shell": self.login_shell, "flavour": self.flavour,
-            "python": node_py, "rate": rate,
+            "python": node_py, "rate": rate, "preload": preload,
             "nodes": [{"name": n.name, "ip": n.ip, "netns": n.netns, "veth": n.veth,
                        "sshd_pid": None, "rate": shaped[n.name]} for n in layouts],
         }

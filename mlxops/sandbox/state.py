@@ -118,12 +118,15 @@ class SandboxState:
         return darwin.IFACE if self.is_mac else "eth0"
 
     def session_env(self) -> dict[str, str]:
-        """What a Mac-like node's sessions get beside the plain nodes' environment: the
-        Mac's tools first on their PATH. (Every node account has a TMPDIR of its own, as
-        macOS gives each user one under ``/var/folders``: :func:`nodes.node_tmp`.)"""
-        if not self.is_mac:
-            return {}
-        return {"PATH": f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}"}
+        """What a node's sessions get beside a login's environment: the library that keeps
+        MLX's ring ranks from polling the shared cores (:mod:`.nospin`), and on a Mac-like
+        node the Mac's tools first on their PATH. (Every node account has a TMPDIR of its
+        own, as macOS gives each user one under ``/var/folders``: :func:`nodes.node_tmp`.)"""
+        preload = (self._state or {}).get("preload")
+        env = {"LD_PRELOAD": preload} if preload else {}
+        if self.is_mac:
+            env["PATH"] = f"{darwin.bin_dir(self.dir)}:{nodes.DEFAULT_PATH}"
+        return env
 
     def _darwin_mounts(self, name: str) -> tuple[Path, Path] | None:
         """(the node's own directory, where it is mounted) on a Mac-like node."""
