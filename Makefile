@@ -8,9 +8,10 @@ PY := $(VENV)/bin/python
 # ranks to preload in place of the reference BLAS in MLX's Linux wheel, iperf3 for the
 # bench's cross-check, headless Chromium for the dashboard and report pages, tmux for the
 # terminal monitor in a real terminal, zsh for nodes that log in as a stock Mac does,
-# bsdtar (libarchive-tools) for nodes whose tar is a Mac's).
+# bsdtar (libarchive-tools) for nodes whose tar is a Mac's, a C compiler for the library
+# sandbox nodes preload (mlxops/sandbox/nospin.c)).
 SYSTEM_PACKAGES := openssh-server openssh-client python3-venv iproute2 procps psmisc openmpi-bin \
-	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools prometheus nftables
+	libopenblas0-pthread iperf3 chromium tmux zsh libarchive-tools prometheus nftables gcc
 
 .PHONY: demo test test-unit test-quick lint venv venv-test system-deps clean
 
