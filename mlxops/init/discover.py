@@ -77,6 +77,7 @@ class Browse:
         self._last: float | None = None  # when the last new name came
         self._resolving: list = []
         self._heard: Callable[[Found], None] | None = None
+        self._browser = None
         self._early: list[Found] = []  # resolved before a callback was set
         # Resolved off the browser's thread: a name whose records are not cached yet waits
         # for its own query there, and the next answers' handlers (which time the quiet)
@@ -132,12 +133,20 @@ class Browse:
                 if now >= end:
                     break
                 self._cond.wait(end - now)
-        self._browser.cancel()
+        self._cancel()
         with self._cond:
             futures = list(self._resolving)
         return sorted(f for f in (future.result() for future in futures) if f is not None)
 
+    def _cancel(self) -> None:
+        with self._cond:
+            browser, self._browser = self._browser, None
+        if browser is not None:
+            browser.cancel()
+
     def close(self) -> None:
+        """End the listening (if :meth:`wait` did not) and the engine; safe to repeat."""
+        self._cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._zc.close()
 
