@@ -48,14 +48,15 @@ def _candidates(hosts, browse, pick_all, pipeline=None):
 
 def _warm_up() -> None:
     """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
-    the trainer's plan): seconds of listening for mDNS answers are spent on it.
+    the trainer's plan, rich's console): the listening for mDNS answers is spent on it
+    (the list found is printed as soon as it ends).
 
     Then the objects made so far (modules, classes, functions: ~600 modules' worth) are
     moved out of the cyclic garbage collector's sight (``gc.freeze``): they live until the
     process ends, yet each full collection walks them all again -- one such collection
-    fell inside the hosts' work (20-70 ms of CPU at load 5), and the interpreter's exit
-    runs more (45-75 ms of CPU for init's modules, 4-10 ms after the freeze): measured in
-    benchmarks/README.md, "init.py". What is made from here on is collected as ever."""
+    fell among the hosts' work (14-72 ms, load 1-6), and the interpreter's exit runs more
+    (55 ms of CPU for init's modules, 10 ms after the freeze): benchmarks/README.md,
+    "init.py". What is made from here on is collected as ever."""
     import gc
     import importlib
 
@@ -68,6 +69,7 @@ def _warm_up() -> None:
     from mlxops.init.writer import load
 
     load(None)  # ruamel.yaml itself
+    console.out  # noqa: B018 - rich's console, made on first use: the list printed next
     gc.freeze()
 
 
