@@ -10,6 +10,7 @@ merged inventory and the job, written atomically only when nothing failed on the
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -57,7 +58,6 @@ def _warm_up() -> None:
     fell among the hosts' work (14-72 ms, load 1-6), and the interpreter's exit runs more
     (55 ms of CPU for init's modules, 10 ms after the freeze): benchmarks/README.md,
     "init.py". What is made from here on is collected as ever."""
-    import gc
     import importlib
 
     # In the order they are needed: Fabric and paramiko first, with which the first host
@@ -71,6 +71,7 @@ def _warm_up() -> None:
     load(None)  # ruamel.yaml itself
     console.out  # noqa: B018 - rich's console, made on first use: the list printed next
     gc.freeze()
+    gc.enable()
 
 
 def _pick(answer: str, count: int) -> list[int]:
@@ -130,7 +131,12 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
     # connects to no host: the input is still checked before any host is touched.
     from mlxops.init.discover import Browse
 
-    browse = None if hosts else Browse(browse_seconds, interfaces or None, browse_quiet)
+    browse = None
+    if not hosts:
+        # No collection while init imports what it needs: the warm-up, while the answers
+        # come, freezes what the imports made and collects again (its docstring says why).
+        gc.disable()
+        browse = Browse(browse_seconds, interfaces or None, browse_quiet)
     try:
         _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
               browse, connect)
