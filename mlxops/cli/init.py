@@ -143,6 +143,7 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
     finally:
         if browse is not None:
             browse.close()
+            gc.enable()  # where bad input ended the run before the warm-up did
 
 
 def _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
