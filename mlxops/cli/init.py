@@ -132,18 +132,19 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
     from mlxops.init.discover import Browse
 
     browse = None
-    if not hosts:
-        # No collection while init imports what it needs: the warm-up, while the answers
-        # come, freezes what the imports made and collects again (its docstring says why).
-        gc.disable()
-        browse = Browse(browse_seconds, interfaces or None, browse_quiet)
     try:
+        if not hosts:
+            # No collection while init imports what it needs: the warm-up, while the
+            # answers come, freezes what the imports made and collects again (its
+            # docstring says why).
+            gc.disable()
+            browse = Browse(browse_seconds, interfaces or None, browse_quiet)
         _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
               browse, connect)
     finally:
         if browse is not None:
             browse.close()
-            gc.enable()  # where bad input ended the run before the warm-up did
+        gc.enable()  # where an error ended the run before the warm-up did
 
 
 def _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
