@@ -10,6 +10,7 @@ merged inventory and the job, written atomically only when nothing failed on the
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -20,27 +21,22 @@ from mlxops.cli.options import connect_options
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UserError
 
 
-def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all, pipeline=None):
-    """The hosts named, or those found over mDNS and picked; ``pipeline``: told of each
-    one found as soon as it is heard (every one is taken: ``--all``)."""
-    from mlxops.init.discover import discover
+def _candidates(hosts, browse, pick_all, pipeline=None):
+    """The hosts named, or those ``browse`` (a listening started already) finds over mDNS
+    and picked; ``pipeline``: told of each one found as soon as it is heard (every one is
+    taken: ``--all``)."""
     from mlxops.init.hosts import Candidate, parse_spec
 
     if hosts:
         return [parse_spec(h) for h in hosts]
-    from concurrent.futures import ThreadPoolExecutor
-
-    heard = None if pipeline is None else (
-        lambda f: pipeline.heard(Candidate(f.address, None, f.name)))
-    with ThreadPoolExecutor(1) as pool:
-        listening = pool.submit(discover, browse_seconds, interfaces or None, browse_quiet,
-                                heard)
-        if pipeline is not None:  # the draft's file and vars: hosts heard wait for it
-            pipeline.prepare()
-        _warm_up()  # while mDNS answers come in: the imports the next steps need
-        found = listening.result()
+    if pipeline is not None:
+        browse.hand_to(lambda f: pipeline.heard(Candidate(f.address, None, f.name)))
+        pipeline.prepare()  # the draft's file and vars: hosts heard wait for it
+    _warm_up()  # while mDNS answers come in: the imports the next steps need
+    found = browse.wait()
+    browse.close()
     if not found:
-        raise UserError(f"init: no Mac answered _ssh._tcp over mDNS within {browse_seconds:g} s "
+        raise UserError(f"init: no Mac answered _ssh._tcp over mDNS within {browse.seconds:g} s "
                         "(is Remote Login on?); name the hosts: mlxops init HOST...")
     for i, f in enumerate(found, 1):
         console.out.print(f"  {i}. {f.name}  {f.address}:{f.port}  {f.server}", markup=False)
@@ -53,13 +49,29 @@ def _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all, pipel
 
 def _warm_up() -> None:
     """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
-    the trainer's plan): seconds of listening for mDNS answers are spent on it."""
-    import mlxops.cli.trust  # noqa: F401 - the key blocks shown
-    import mlxops.init.flow  # noqa: F401 - the writer, the probe, the starter's plan
-    import mlxops.transport.connection  # noqa: F401 - Fabric and paramiko
+    the trainer's plan, rich's console): the listening for mDNS answers is spent on it
+    (the list found is printed as soon as it ends).
+
+    Then the objects made so far (modules, classes, functions: ~600 modules' worth) are
+    moved out of the cyclic garbage collector's sight (``gc.freeze``): they live until the
+    process ends, yet each full collection walks them all again -- one such collection
+    fell among the hosts' work (14-72 ms, load 1-6), and the interpreter's exit runs more
+    (55 ms of CPU for init's modules, 10 ms after the freeze): benchmarks/README.md,
+    "init.py". What is made from here on is collected as ever."""
+    import importlib
+
+    # In the order they are needed: Fabric and paramiko first, with which the first host
+    # heard opens its connection (the transport's own module imports them only then, for
+    # the commands that never connect); the key blocks shown; the writer, the probe and
+    # the starter's plan.
+    for module in ("mlxops.transport.jumps", "mlxops.cli.trust", "mlxops.init.flow"):
+        importlib.import_module(module)
     from mlxops.init.writer import load
 
     load(None)  # ruamel.yaml itself
+    console.out  # noqa: B018 - rich's console, made on first use: the list printed next
+    gc.freeze()
+    gc.enable()
 
 
 def _pick(answer: str, count: int) -> list[int]:
@@ -113,6 +125,30 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
     with MLX and slots; a re-run adds new hosts and keeps everything written, comments
     included. Unreachable hosts are left out (exit 3).
     """
+    # Without HOST, the listening starts first, before init's own imports and reading
+    # the files: python-zeroconf is all it imports, and the rest runs while the answers
+    # are on their way (20-120 ms at each responder: mlxops/init/discover.py). A listening
+    # connects to no host: the input is still checked before any host is touched.
+    from mlxops.init.discover import Browse
+
+    browse = None
+    try:
+        if not hosts:
+            # No collection while init imports what it needs: the warm-up, while the
+            # answers come, freezes what the imports made and collects again (its
+            # docstring says why).
+            gc.disable()
+            browse = Browse(browse_seconds, interfaces or None, browse_quiet)
+        _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
+              browse, connect)
+    finally:
+        if browse is not None:
+            browse.close()
+        gc.enable()  # where an error ended the run before the warm-up did
+
+
+def _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
+          browse, connect):
     from mlxops.init.flow import Init
 
     flow = Init(output=output, job=job or output.with_name("first.yml"), user=user,
@@ -135,8 +171,7 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
                                   connect_timeout=connect.connect_timeout)) as connector, \
             (Pipeline(flow.drafts, connector, pythons) if opened and pick_all and not hosts
              else nullcontext()) as pipeline:
-        candidates = _candidates(hosts, browse_seconds, browse_quiet, interfaces, pick_all,
-                                 pipeline)
+        candidates = _candidates(hosts, browse, pick_all, pipeline)
         results, checks, new = flow.check_keys(candidates, connector, opened, pipeline)
         from mlxops.cli.trust import key_blocks  # (imported by _warm_up when listening)
 
