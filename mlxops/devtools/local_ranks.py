@@ -43,18 +43,23 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def run_ranks(cmd: Sequence[str], ranks: int, *, env: Mapping[str, str] | None = None,
-              cwd: str | Path | None = None, timeout: float = 300.0
-              ) -> subprocess.CompletedProcess:
+              cwd: str | Path | None = None, timeout: float = 300.0,
+              preload: str | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` as ``ranks`` ring ranks on 127.0.0.1 and wait for all of them.
 
     Returns one ``CompletedProcess``: ``returncode`` is the first failed rank's code (or
     0), and ``stdout``/``stderr`` hold every rank's output in rank order. When one rank
     fails, the others are killed :data:`FAILURE_GRACE` seconds later. ``timeout`` kills
     every rank and raises ``subprocess.TimeoutExpired``, as ``subprocess.run`` does.
+    ``preload``: a library put after the environment's ``LD_PRELOAD`` (the tests give the
+    one sandbox nodes preload, :mod:`mlxops.sandbox.nospin`: ranks that share this
+    machine's cores wait for a late peer instead of polling; benchmarks give none).
     """
     if ranks < 2:
         raise ValueError(f"run_ranks starts 2 or more ranks, not {ranks}")
     base = dict(os.environ if env is None else env)
+    if preload:
+        base["LD_PRELOAD"] = ":".join(p for p in (base.get("LD_PRELOAD"), preload) if p)
     with tempfile.TemporaryDirectory(prefix="mlxops-ranks-") as d:
         tmp = Path(d)
         hostfile = tmp / "hostfile.json"

@@ -12,6 +12,8 @@ from pathlib import Path
 from mlxops.devtools.local_ranks import run_ranks
 from mlxops.node import protocol
 from mlxops.node.protocol.metrics import read_line
+from mlxops.sandbox import nospin
+from mlxops.sandbox.python import CACHE_DIR
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +56,8 @@ def run_finetune(config: Path, *args: str, ranks: int = 1, env: dict | None = No
     """Run to completion; ``ranks > 1`` runs that many ring ranks on localhost."""
     cmd = finetune_cmd(config, *args)
     if ranks > 1:
-        return run_ranks(cmd, ranks, env=env_with(env), cwd=ROOT, timeout=timeout)
+        return run_ranks(cmd, ranks, env=env_with(env), cwd=ROOT, timeout=timeout,
+                         preload=nospin.library(CACHE_DIR))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=env_with(env), cwd=ROOT, stdin=subprocess.DEVNULL)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from mlxops.devtools.local_ranks import run_ranks
+from mlxops.sandbox import nospin
 
 RANK = """
 import json, os, sys, time
@@ -62,3 +64,19 @@ def test_a_timeout_kills_every_rank():
 def test_one_rank_is_not_a_ring():
     with pytest.raises(ValueError, match="2 or more ranks"):
         run_ranks(["true"], 1)
+
+
+def test_a_preload_goes_after_the_environments(tmp_path):
+    """``preload`` (the tests' waiting library) follows whatever the environment preloads
+    (the OpenBLAS a test gives its ranks stays first), and is alone without one."""
+    library = nospin.library(tmp_path)
+    if library is None:
+        pytest.skip("no C compiler to build the library with")
+    show = [sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'])"]
+    first = "/lib/x86_64-linux-gnu/libm.so.6"
+    if not os.path.exists(first):
+        pytest.skip(f"{first}: not this machine's layout")
+    both = run_ranks(show, 2, env={**os.environ, "LD_PRELOAD": first}, preload=library)
+    assert both.stdout.splitlines() == [f"{first}:{library}"] * 2, both.stderr
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    assert run_ranks(show, 2, env=env, preload=library).stdout.splitlines() == [library] * 2
