@@ -41,7 +41,7 @@ from mlxops.sandbox.layout import (
     node_rates,
     parse_rate,
 )
-from mlxops.sandbox.python import CACHE_DIR, node_python
+from mlxops.sandbox.python import node_python
 from mlxops.sandbox.state import STATE_VERSION, SandboxInfo
 
 # Files `up` writes at the top of DIR; `down` removes exactly these.
@@ -91,7 +91,7 @@ class Sandbox(Faults):
             self._check_free(layouts)  # before the interpreter's build: bad input first
         self._make_dir()
         node_py = python or node_python(log=self._log)
-        preload = nospin.library(CACHE_DIR, self._log)
+        preload = nospin.library(log=self._log)
         rate_bits = {name: parse_rate(r) if r else None for name, r in shaped.items()}
         try:
             with hostlock.held():

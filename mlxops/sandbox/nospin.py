@@ -16,7 +16,7 @@ under the cache's lock; the sessions of every node get it in ``LD_PRELOAD`` (ssh
 ``SetEnv``: :func:`mlxops.sandbox.nodes.sshd_config`), so every rank, helper and shell
 there loads it and nothing else on the machine does. A job's own ``LD_PRELOAD`` (the
 OpenBLAS mlxops preloads) is put in front of it, as of any session's preload. Without a
-C compiler the nodes run without it: correct, only slower (``up`` says so once).
+C compiler the nodes run without it: correct, only slower (``up`` says so).
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ import subprocess
 from pathlib import Path
 
 from mlxops import filelock
+from mlxops.sandbox.python import CACHE_DIR
 
 SOURCE = Path(__file__).with_name("nospin.c")
 
 
-def library(cache: Path, log=None) -> str | None:
-    """The preload library's path in ``cache``, built there first if needed; None when
-    this machine has no C compiler (or the build failed: ``log`` is told why)."""
+def library(cache: Path = CACHE_DIR, log=None) -> str | None:
+    """The preload library's path in ``cache`` (the sandbox's, where the node interpreter
+    is), built there first if needed; None when this machine has no C compiler (or the
+    build failed: ``log`` is told why)."""
     source = SOURCE.read_bytes()
     built = cache / f"nospin-{hashlib.sha256(source).hexdigest()[:12]}.so"
     if built.is_file():

@@ -13,7 +13,6 @@ from mlxops.devtools.local_ranks import run_ranks
 from mlxops.node import protocol
 from mlxops.node.protocol.metrics import read_line
 from mlxops.sandbox import nospin
-from mlxops.sandbox.python import CACHE_DIR
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +56,7 @@ def run_finetune(config: Path, *args: str, ranks: int = 1, env: dict | None = No
     cmd = finetune_cmd(config, *args)
     if ranks > 1:
         return run_ranks(cmd, ranks, env=env_with(env), cwd=ROOT, timeout=timeout,
-                         preload=nospin.library(CACHE_DIR))
+                         preload=nospin.library())
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env=env_with(env), cwd=ROOT, stdin=subprocess.DEVNULL)
 

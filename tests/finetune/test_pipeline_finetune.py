@@ -25,7 +25,6 @@ from mlxops.devtools.tinymodels import build_model
 from mlxops.finetune import pipeline as fp
 from mlxops.finetune.plan import read_header
 from mlxops.sandbox import nospin
-from mlxops.sandbox.python import CACHE_DIR
 
 RANK = str(Path(__file__).with_name("pipeline_rank.py"))
 BASE = {"steps": 3, "micro": 4, "size": 2, "lr": 0.01, "seed": 0}
@@ -51,7 +50,7 @@ def run_pipe(out: Path, **opts) -> tuple[list[str], dict[str, np.ndarray]]:
     out.mkdir(parents=True, exist_ok=True)
     ranks = len(opts["split"])
     proc = run_ranks([sys.executable, RANK, str(out), "pipe", json.dumps({**BASE, **opts})],
-                     ranks, timeout=300, preload=nospin.library(CACHE_DIR))
+                     ranks, timeout=300, preload=nospin.library())
     assert proc.returncode == 0, proc.stderr[-3000:]
     got: dict[str, np.ndarray] = {}
     for r in range(ranks):

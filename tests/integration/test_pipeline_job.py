@@ -95,9 +95,10 @@ class OneProcess:
 
     def __init__(self, out: Path, module: str, config: dict) -> None:
         self.out = out
-        (out.parent / f"{out.name}.json").write_text(json.dumps({**config, "out": str(out)}))
+        path = out.with_suffix(".json")
+        path.write_text(json.dumps({**config, "out": str(out)}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--config", str(out.parent / f"{out.name}.json")],
+            [sys.executable, "-m", module, "--config", str(path)],
             cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self._losses: dict[int, float] | None = None

@@ -22,7 +22,6 @@ import pytest
 
 from mlxops.devtools.local_ranks import run_ranks
 from mlxops.sandbox import nospin
-from mlxops.sandbox.python import CACHE_DIR
 
 RANK = str(Path(__file__).with_name("pipeline_rank.py"))
 BASE = {"steps": 3, "micro": 4, "size": 2, "lr": 0.01, "seed": 0}
@@ -40,7 +39,7 @@ def run_one(out: Path, **opts) -> tuple[list[str], dict[str, np.ndarray]]:
 def run_pipe(out: Path, ranks: int, **opts) -> tuple[list[str], dict[str, np.ndarray]]:
     out.mkdir(parents=True, exist_ok=True)
     proc = run_ranks([sys.executable, RANK, str(out), "pipe", json.dumps({**BASE, **opts})],
-                     ranks, timeout=300, preload=nospin.library(CACHE_DIR))
+                     ranks, timeout=300, preload=nospin.library())
     assert proc.returncode == 0, proc.stderr[-3000:]
     params: dict[str, np.ndarray] = {}
     for r in range(ranks):

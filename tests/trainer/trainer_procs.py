@@ -13,7 +13,6 @@ from mlxops.devtools.local_ranks import run_ranks
 from mlxops.node import protocol
 from mlxops.node.protocol.metrics import MetricsLine, read_line
 from mlxops.sandbox import nospin
-from mlxops.sandbox.python import CACHE_DIR
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,13 +23,6 @@ TINY = {
     "train": {"steps": 40, "global_batch": 8, "micro_batch": 2, "lr": 3e-3, "warmup": 5,
               "checkpoint_every": 10, "keep": 3, "log_every": 1},
 }
-
-
-def waiting_preload() -> str | None:
-    """The library that makes local ranks wait for a late peer instead of polling the
-    cores the suite shares (:mod:`mlxops.sandbox.nospin`, as on sandbox nodes); built once
-    per machine into the sandbox cache, None without a C compiler."""
-    return nospin.library(CACHE_DIR)
 
 
 def write_config(tmp: Path, out: Path, **sections: dict) -> Path:
@@ -58,8 +50,9 @@ def run_script(cmd: list[str], ranks: int = 1, env: dict | None = None,
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = str(ROOT)
     if ranks > 1:
+        # Ranks that share the suite's cores wait for a late peer, as on sandbox nodes.
         return run_ranks(cmd, ranks, env=full_env, cwd=ROOT, timeout=timeout,
-                         preload=waiting_preload())
+                         preload=nospin.library())
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
                           cwd=ROOT, stdin=subprocess.DEVNULL)
 
