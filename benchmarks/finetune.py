@@ -14,9 +14,10 @@ machine:
 Ranks are started as mlx.launch starts them but without its launcher
 (mlxops/devtools/local_ranks.py), for both: mlx.launch's I/O loop spins a core, a third of
 this 2-core machine. On Linux both get this machine's OpenBLAS preloaded as mlxops
-preloads it into ranks (``LD_PRELOAD``, ``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks;
-README, "Speed on Linux"), where there is one. Neither validates (``eval_every 0``;
-mlx-lm's ``val_batches 0`` excludes its validation time from its figure anyway).
+preloads it into ranks (``LD_PRELOAD``, ``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks
+and its short idle spin: docs/job-file.md, "What each rank gets"), where there is one.
+Neither validates (``eval_every 0``; mlx-lm's ``val_batches 0`` excludes its validation
+time from its figure anyway).
 
 Every batch is ``--max-seq-len`` tokens wide in both loops (mlx-lm pads a batch to
 ``1 + 32k`` tokens, capped at the maximum: with the default 33, every batch is 33 wide), so
@@ -54,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
 from mlxops.devtools.tinymodels import build_model, write_dataset  # noqa: E402
-from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402
+from mlxops.node.blas import find_openblas, thread_env, usable_cpus  # noqa: E402
 
 
 def anchor(config_file: str) -> int:
@@ -86,8 +87,7 @@ def run(cmd: list[str], ranks: int, timeout: float) -> subprocess.CompletedProce
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     library = find_openblas() if sys.platform.startswith("linux") else None
     if library:
-        env.update(LD_PRELOAD=library,
-                   OPENBLAS_NUM_THREADS=str(max(1, usable_cpus() // ranks)))
+        env.update(LD_PRELOAD=library, **thread_env(usable_cpus(), ranks))
     if ranks > 1:
         proc = run_ranks(cmd, ranks, env=env, cwd=ROOT, timeout=timeout)
     else:

@@ -17,11 +17,12 @@ Ranks share this machine's cores, so more ranks here measure the overheads of da
 parallelism, not a speed-up; on a cluster each rank has its own machine.
 
 BLAS (Linux): the runs above use the BLAS MLX's wheel carries (netlib's reference BLAS;
-any LD_PRELOAD / OPENBLAS_NUM_THREADS of this shell is removed for them). Then the same
-fp32 config at each of ``--blas-ranks`` world sizes runs again with this machine's
+any LD_PRELOAD / OPENBLAS_* thread setting of this shell is removed for them). Then the
+same fp32 config at each of ``--blas-ranks`` world sizes runs again with this machine's
 OpenBLAS preloaded as mlxops preloads it into ranks (``LD_PRELOAD``,
-``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks), printed side by side with the ratio, and
-a 1024x1024x1024 float32 matmul is timed both ways (median of ``--matmul-repeat``).
+``OPENBLAS_NUM_THREADS`` = usable CPUs // ranks, a short idle spin), printed side by side
+with the ratio, and a 1024x1024x1024 float32 matmul is timed both ways (median of
+``--matmul-repeat``).
 
 Against a plain loop: at each ``--compare-ranks`` world size, the bundled trainer with
 accumulation 1 (its fused step) and a plain mlx-lm-style loop (:func:`plain_loop`: the
@@ -51,9 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mlxops.devtools.local_ranks import run_ranks  # noqa: E402
-from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
+from mlxops.node.blas import find_openblas, thread_env, usable_cpus  # noqa: E402 - after the path
 
-BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")
+BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT")
 MATMUL = """
 import statistics, sys, time
 import mlx.core as mx
@@ -75,7 +76,7 @@ def environment(blas: dict[str, str] | None) -> dict[str, str]:
 
 def openblas_env(library: str, ranks: int) -> dict[str, str]:
     """What mlxops gives each of ``ranks`` ranks on this machine (docs/job-file.md)."""
-    return {"LD_PRELOAD": library, "OPENBLAS_NUM_THREADS": str(max(1, usable_cpus() // ranks))}
+    return {"LD_PRELOAD": library, **thread_env(usable_cpus(), ranks)}
 
 
 def matmul_seconds(n: int, repeat: int, blas: dict[str, str] | None) -> float:

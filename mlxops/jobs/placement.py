@@ -9,8 +9,8 @@ managed ``env.sh``, the host's ``mlxops_env``, the job's ``env:`` and mlxops' ow
 ``MLXOPS_*`` variables that the trainer reads; ``TMPDIR`` is the run's own temporary
 directory (not the node's shared one: MLX compiles its CPU kernels there). On a Linux
 node with an OpenBLAS, it is preloaded (``LD_PRELOAD``) with ``OPENBLAS_NUM_THREADS`` at
-the cores per rank, unless the user set those themselves (docs/job-file.md, "What each
-rank gets").
+the cores per rank and a short idle spin (``OPENBLAS_THREAD_TIMEOUT``), unless the user
+set those themselves (docs/job-file.md, "What each rank gets").
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlxops import render, shell
-from mlxops.node import protocol
+from mlxops.node import blas, protocol
 from mlxops.node.protocol import rankenv
 
 
@@ -113,14 +113,13 @@ def blas_environment(*, rank: Rank, ranks: Sequence[Rank], openblas: str | None,
     """The optimised BLAS of a rank on a Linux node: ``openblas`` (the node's pre-flight
     answer; None on macOS, without one, or with ``blas: off``) preloaded before whatever the
     rank's session preloads, and its threads at the node's ``cpus`` shared by the job's
-    ranks there (at least 1), so that ranks on one host do not fight over its cores."""
+    ranks there (at least 1), so that ranks on one host do not fight over its cores, and
+    idle threads that sleep instead of spinning while the rank waits for its peers
+    (:func:`mlxops.node.blas.thread_env`)."""
     if not openblas:
         return {}
-    env: dict[str, str] = {"LD_PRELOAD": shell.Prepend(openblas)}
-    if cpus:
-        here = sum(1 for r in ranks if r.host == rank.host)
-        env["OPENBLAS_NUM_THREADS"] = str(max(1, cpus // here))
-    return env
+    here = sum(1 for r in ranks if r.host == rank.host)
+    return {"LD_PRELOAD": shell.Prepend(openblas), **blas.thread_env(cpus, here)}
 
 
 def rank_environment(*, backend: str, rank: Rank, ranks: Sequence[Rank], paths: NodePaths,

@@ -22,7 +22,7 @@ from job_helpers import inventory_with_slots, run_dir, wait_for_step
 from mlxops.jobs.launch import launch
 from mlxops.jobs.spec import load_job
 from mlxops.jobs.stop import stop_job
-from mlxops.node.blas import find_openblas, usable_cpus
+from mlxops.node.blas import find_openblas, thread_env, usable_cpus
 
 OPENBLAS = find_openblas()
 pytestmark = pytest.mark.skipif(
@@ -103,7 +103,8 @@ def test_every_rank_preloads_the_nodes_openblas_with_its_share_of_the_cores(
             env = environ(pid)
             assert job_preload(sandbox, env) == OPENBLAS, (rank, env.get("LD_PRELOAD"))
             per_host = 1 if rank == 0 else 2
-            assert env["OPENBLAS_NUM_THREADS"] == str(max(1, cpus // per_host)), rank
+            assert {k: env[k] for k in env if k.startswith("OPENBLAS_")} \
+                == thread_env(cpus, per_host), rank
             assert library in mapped(pid), (rank, sorted(mapped(pid)))
     finally:
         stop_job(record, connector)
@@ -118,7 +119,7 @@ def test_blas_off_and_the_users_own_value_win(sandbox, inventory, tmp_path, conn
         for rank, pid in ranks_of(sandbox, name).items():
             env = environ(pid)
             assert job_preload(sandbox, env) is None, rank
-            assert "OPENBLAS_NUM_THREADS" not in env, rank
+            assert not any(k.startswith("OPENBLAS_") for k in env), rank
             assert os.path.realpath(OPENBLAS) not in mapped(pid), rank
     finally:
         stop_job(record, connector)

@@ -14,7 +14,7 @@ import time
 import pytest
 from trainer_procs import PY, ROOT, losses, ok, run_trainer, trainer_cmd, write_config
 
-from mlxops.node.blas import find_openblas, usable_cpus
+from mlxops.node.blas import find_openblas, thread_env, usable_cpus
 from mlxops.trainer import checkpoint
 
 # Ranks on a Linux node run with its OpenBLAS preloaded, as mlxops starts them
@@ -26,7 +26,7 @@ NO_OPENBLAS = ("no OpenBLAS on this machine to preload into the ranks "
 
 def openblas_env(ranks: int) -> dict[str, str]:
     """What mlxops gives each of ``ranks`` ranks on this machine."""
-    return {"LD_PRELOAD": OPENBLAS, "OPENBLAS_NUM_THREADS": str(max(1, usable_cpus() // ranks))}
+    return {"LD_PRELOAD": OPENBLAS, **thread_env(usable_cpus(), ranks)}
 
 
 @pytest.fixture(scope="module")

@@ -154,16 +154,23 @@ def test_each_rank_preloads_openblas_with_its_share_of_the_hosts_cores():
     assert [e["OPENBLAS_NUM_THREADS"] for e in environments(cpus=2)] == ["1", "1", "1", "2"]
 
 
+def test_idle_blas_threads_sleep_within_a_short_spin_cpus_known_or_not():
+    for cpus in (8, None):
+        envs = environments(cpus=cpus)
+        assert [e["OPENBLAS_THREAD_TIMEOUT"] for e in envs] == [str(blas.THREAD_TIMEOUT)] * 4
+        assert all(("OPENBLAS_NUM_THREADS" in e) == bool(cpus) for e in envs)
+
+
 def test_no_openblas_no_change():
     for env in environments(openblas=None):
-        assert "LD_PRELOAD" not in env and "OPENBLAS_NUM_THREADS" not in env
+        assert not {"LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT"} & set(env)
 
 
 def test_the_users_ld_preload_and_threads_win():
     envs = environments(host_env={"OPENBLAS_NUM_THREADS": "3"},
-                        job_env={"LD_PRELOAD": "/mine.so"})
+                        job_env={"LD_PRELOAD": "/mine.so", "OPENBLAS_THREAD_TIMEOUT": "28"})
     for env in envs:
-        assert env["OPENBLAS_NUM_THREADS"] == "3"
+        assert (env["OPENBLAS_NUM_THREADS"], env["OPENBLAS_THREAD_TIMEOUT"]) == ("3", "28")
         assert env["LD_PRELOAD"] == "/mine.so" and not isinstance(env["LD_PRELOAD"],
                                                                    shell.Prepend)
     assert [e["LD_PRELOAD"] for e in environments(host_env={"OPENBLAS_NUM_THREADS": "3"})] \
