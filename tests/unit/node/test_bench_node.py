@@ -32,13 +32,18 @@ def test_latency_is_2000_round_trips_with_ordered_percentiles(server):  # noqa: 
 
 @pytest.mark.parametrize("mode", [UP, DOWN, BOTH])
 def test_bandwidth_is_counted_by_the_receiver_over_its_window(server, mode):  # noqa: F811
+    began = time.monotonic()
     run = bandwidth_run("127.0.0.1", server, mode, 2, seconds=0.3, omit=0.1)
+    elapsed = time.monotonic() - began
     assert run.mode == mode and run.streams == 2 and run.tool == "mlxops"
     assert (run.up_gbps is not None) == (mode in (UP, BOTH))
     assert (run.down_gbps is not None) == (mode in (DOWN, BOTH))
     for gbps in (run.up_gbps, run.down_gbps):
         assert gbps is None or gbps > 0.01  # loopback carries far more than 10 Mbit/s
-    assert 0.25 < run.seconds < 0.6  # the window, not the whole run
+    # The window, not the whole run: the receiver's clock reads its start at least `omit`
+    # after the run began and its end before its answer came back. How long it is on a
+    # busy machine depends on when the receiver's thread wakes (0.18 s of 0.3 in a CI run).
+    assert 0 < run.seconds <= elapsed - 0.1, (run.seconds, elapsed)
 
 
 def test_the_server_refuses_a_bad_test_and_a_stray_stream(server):  # noqa: F811
