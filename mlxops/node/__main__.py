@@ -23,9 +23,10 @@ from mlxops.node.protocol.calibration import READ_CALIBRATION
 # ~90 ms on this machine), the node's CPU that the ranks beside it train with.
 
 
-def answer(argv: list[str] | None = None) -> protocol.Answer:
-    """The answer to one command line (``argv`` as a protocol ``*_args`` function built it)."""
-    args = protocol.parser().parse_args(argv)
+def answer(args: argparse.Namespace) -> protocol.Answer:
+    """The answer to one command line (as a protocol ``*_args`` function built it, parsed
+    once by :func:`main`: building the parser of every command is a few ms of a helper's
+    ~60)."""
     if args.cmd == protocol.READY:
         from mlxops.node.ready import ready
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return send(sys.stdout.buffer, directory=args.dir, run_dir=args.run_dir,
                     where=args.where, step=args.step, names=args.files)
-    sys.stdout.write(protocol.answer_line(answer(argv)) + "\n")
+    sys.stdout.write(protocol.answer_line(answer(args)) + "\n")
     return 0
 
 
