@@ -53,9 +53,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxops.devtools.local_ranks import run_ranks  # noqa: E402 - after the path
+from mlxops.devtools.local_ranks import openblas_env, run_ranks  # noqa: E402 - after the path
 from mlxops.devtools.tinymodels import build_model, write_dataset  # noqa: E402
-from mlxops.node.blas import find_openblas, thread_env, usable_cpus  # noqa: E402
+from mlxops.node.blas import find_openblas  # noqa: E402
 
 
 def anchor(config_file: str) -> int:
@@ -87,7 +87,7 @@ def run(cmd: list[str], ranks: int, timeout: float) -> subprocess.CompletedProce
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     library = find_openblas() if sys.platform.startswith("linux") else None
     if library:
-        env.update(LD_PRELOAD=library, **thread_env(usable_cpus(), ranks))
+        env.update(openblas_env(library, ranks))
     if ranks > 1:
         proc = run_ranks(cmd, ranks, env=env, cwd=ROOT, timeout=timeout)
     else:

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-from mlxops.devtools.local_ranks import run_ranks  # noqa: E402
-from mlxops.node.blas import find_openblas, thread_env, usable_cpus  # noqa: E402 - after the path
+from mlxops.devtools.local_ranks import openblas_env, run_ranks  # noqa: E402
+from mlxops.node.blas import find_openblas  # noqa: E402 - after the path
 from mlxops.trainer.config import load_config  # noqa: E402
 from mlxops.trainer.plan import estimate  # noqa: E402
 
@@ -95,7 +95,7 @@ def measure(run: dict, blas: str | None) -> dict:
     world = run["world"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if blas:
-        env.update(LD_PRELOAD=blas, **thread_env(usable_cpus(), world))
+        env.update(openblas_env(blas, world))
     with tempfile.TemporaryDirectory(prefix="mlxops-memory-") as tmp:
         path = Path(tmp) / "trainer.json"
         path.write_text(json.dumps({**run["config"], "out": f"{tmp}/out"}))

@@ -51,8 +51,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxops.devtools.local_ranks import run_ranks  # noqa: E402
-from mlxops.node.blas import find_openblas, thread_env, usable_cpus  # noqa: E402 - after the path
+from mlxops.devtools.local_ranks import openblas_env, run_ranks  # noqa: E402
+from mlxops.node.blas import find_openblas, usable_cpus  # noqa: E402 - after the path
 
 BLAS_VARS = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT")
 MATMUL = """
@@ -73,10 +73,6 @@ def environment(blas: dict[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
     return {**env, **(blas or {})}
 
-
-def openblas_env(library: str, ranks: int) -> dict[str, str]:
-    """What mlxops gives each of ``ranks`` ranks on this machine (docs/job-file.md)."""
-    return {"LD_PRELOAD": library, **thread_env(usable_cpus(), ranks)}
 
 
 def matmul_seconds(n: int, repeat: int, blas: dict[str, str] | None) -> float:

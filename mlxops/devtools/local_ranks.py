@@ -26,11 +26,19 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
+from mlxops.node.blas import thread_env, usable_cpus
 from mlxops.node.protocol.rankenv import MLX_HOSTFILE, MLX_RANK
 
 #: How long the other ranks get to print their last lines after one has failed, before
 #: they are killed (a rank whose peer died waits in a collective forever).
 FAILURE_GRACE = 2.0
+
+
+def openblas_env(library: str, ranks: int) -> dict[str, str]:
+    """What mlxops gives each of ``ranks`` ranks on this machine whose OpenBLAS is
+    ``library``: it preloaded, and its threads as :func:`mlxops.node.blas.thread_env` sets
+    them for this machine's usable CPUs (docs/job-file.md, "What each rank gets")."""
+    return {"LD_PRELOAD": library, **thread_env(usable_cpus(), ranks)}
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

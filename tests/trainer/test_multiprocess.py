@@ -14,7 +14,8 @@ import time
 import pytest
 from trainer_procs import PY, ROOT, losses, ok, run_trainer, trainer_cmd, write_config
 
-from mlxops.node.blas import find_openblas, thread_env, usable_cpus
+from mlxops.devtools.local_ranks import openblas_env
+from mlxops.node.blas import find_openblas
 from mlxops.trainer import checkpoint
 
 # Ranks on a Linux node run with its OpenBLAS preloaded, as mlxops starts them
@@ -22,11 +23,6 @@ from mlxops.trainer import checkpoint
 OPENBLAS = find_openblas() if sys.platform.startswith("linux") else None
 NO_OPENBLAS = ("no OpenBLAS on this machine to preload into the ranks "
                "(Debian, Ubuntu: apt-get install libopenblas0-pthread)")
-
-
-def openblas_env(ranks: int) -> dict[str, str]:
-    """What mlxops gives each of ``ranks`` ranks on this machine."""
-    return {"LD_PRELOAD": OPENBLAS, **thread_env(usable_cpus(), ranks)}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +41,7 @@ def openblas_runs(tmp_path_factory):
     """``runs``, every rank with the machine's OpenBLAS preloaded."""
     if OPENBLAS is None:
         pytest.skip(NO_OPENBLAS)
-    env = openblas_env(2)
+    env = openblas_env(OPENBLAS, 2)
     # The preload takes: a process with this environment maps the library.
     maps = subprocess.run([PY, "-c", "import mlx.core; print(open('/proc/self/maps').read())"],
                           env={**os.environ, **env}, capture_output=True, text=True, check=True)
@@ -95,7 +91,7 @@ def test_straight_run_learns_and_writes_contracts(runs):
 def test_resume_same_world_size_is_bitwise_identical(request, blas):
     tmp, _ = request.getfixturevalue({"wheel": "runs", "openblas": "openblas_runs",
                                       "fused": "fused_runs"}[blas])
-    env = openblas_env(2) if blas == "openblas" else None
+    env = openblas_env(OPENBLAS, 2) if blas == "openblas" else None
     train = {"micro_batch": 4} if blas == "fused" else {}
     ref = losses(tmp / "straight")
     out = tmp / "resumed2"

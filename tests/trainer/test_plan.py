@@ -15,7 +15,8 @@ import sys
 import pytest
 from trainer_procs import ok, run_trainer
 
-from mlxops.node.blas import find_openblas, thread_env, usable_cpus
+from mlxops.devtools.local_ranks import openblas_env
+from mlxops.node.blas import find_openblas
 from mlxops.trainer.config import load_config
 from mlxops.trainer.model import Transformer, count_params
 from mlxops.trainer.plan import CPU_FRACTION, budget_bytes, estimate, plan_memory
@@ -56,8 +57,8 @@ def test_the_plan_holds_the_measured_peak(tmp_path, name):
     cfg, world = GRID[name]
     path = tmp_path / "trainer.json"
     path.write_text(json.dumps({**cfg, "out": str(tmp_path / "out")}))
-    env = ({"LD_PRELOAD": OPENBLAS, **thread_env(usable_cpus(), world)}
-           if OPENBLAS else None)  # faster; MLX's allocator counts the same either way
+    # OpenBLAS is faster; MLX's allocator counts the same either way.
+    env = openblas_env(OPENBLAS, world) if OPENBLAS else None
     ok(run_trainer(path, ranks=world, env=env))
     last = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
     planned, peak = last["planned_memory"], last["peak_memory"]
