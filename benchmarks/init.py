@@ -18,8 +18,9 @@ known_hosts (every key new) and a fresh controller home:
          [--browse-quiet 0.5] [--subnet 10.244.32.0/24] [--baseline DIR]
 
 ``--baseline DIR``: a checkout of another commit (``git worktree add DIR COMMIT``, or
-``git archive COMMIT mlxops | tar -x -C DIR``) whose ``init --all`` is timed in the same
-rounds (its ``mlxops`` first on ``PYTHONPATH``): a change's before and after under one load.
+``git archive COMMIT mlxops | tar -x -C DIR``) whose ``init --all`` and ``init NODE_IP...``
+are timed in the same rounds (its ``mlxops`` first on ``PYTHONPATH``): a change's before
+and after under one load.
 
 Target (issue 32): init within 2x of trust.
 """
@@ -103,6 +104,8 @@ def main() -> None:
             if opts.baseline is not None:
                 runs.setdefault(f"the same --all, {opts.baseline.name}'s mlxops",
                                 []).append(init(i, False, opts.baseline))
+                runs.setdefault(f"the same named, {opts.baseline.name}'s mlxops",
+                                []).append(init(i, True, opts.baseline))
     finally:
         box.down()
         shutil.rmtree(work, ignore_errors=True)

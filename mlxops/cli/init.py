@@ -21,14 +21,14 @@ from mlxops.cli.options import connect_options
 from mlxops.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UserError
 
 
-def _candidates(hosts, browse, pick_all, pipeline=None):
-    """The hosts named, or those ``browse`` (a listening started already) finds over mDNS
-    and picked; ``pipeline``: told of each one found as soon as it is heard (every one is
-    taken: ``--all``)."""
-    from mlxops.init.hosts import Candidate, parse_spec
+def _candidates(named, browse, pick_all, pipeline=None):
+    """The hosts named (parsed), or those ``browse`` (a listening started already) finds
+    over mDNS and picked; ``pipeline``: told of each one found as soon as it is heard
+    (every one is taken: ``--all``)."""
+    from mlxops.init.hosts import Candidate
 
-    if hosts:
-        return [parse_spec(h) for h in hosts]
+    if named:
+        return named
     if pipeline is not None:
         browse.hand_to(lambda f: pipeline.heard(Candidate(f.address, None, f.name)))
         pipeline.prepare()  # the draft's file and vars: hosts heard wait for it
@@ -49,8 +49,9 @@ def _candidates(hosts, browse, pick_all, pipeline=None):
 
 def _warm_up() -> None:
     """Import what checking keys, probing and writing use (Fabric, paramiko, ruamel,
-    the trainer's plan, rich's console): the listening for mDNS answers is spent on it
-    (the list found is printed as soon as it ends).
+    the trainer's plan, rich's console): found over mDNS, the listening for the answers
+    is spent on it (the list found is printed as soon as it ends); named, it is done
+    before the first host is touched, not by the hosts' threads at once.
 
     Then the objects made so far (modules, classes, functions: ~600 modules' worth) are
     moved out of the cyclic garbage collector's sight (``gc.freeze``): they live until the
@@ -132,12 +133,12 @@ def command(hosts, output, job, pick_all, show_diff, user, key_file,
     from mlxops.init.discover import Browse
 
     browse = None
+    # No collection while init imports what it needs: the warm-up (while the answers
+    # come, or before the hosts named are touched) freezes what the imports made and
+    # collects again (its docstring says why).
+    gc.disable()
     try:
         if not hosts:
-            # No collection while init imports what it needs: the warm-up, while the
-            # answers come, freezes what the imports made and collects again (its
-            # docstring says why).
-            gc.disable()
             browse = Browse(browse_seconds, interfaces or None, browse_quiet)
         _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, pythons,
               browse, connect)
@@ -157,21 +158,27 @@ def _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, 
     flow.read_existing()  # bad input first: before any host is touched
     from contextlib import nullcontext
 
+    from mlxops.init.hosts import parse_spec
     from mlxops.init.pipeline import Pipeline
     from mlxops.transport import ConnectOptions, Connector
 
+    named = [parse_spec(h) for h in hosts]
     # Without --accept-new-host-keys the keys are scanned and shown and recorded only on
     # consent; the connections accept no key that is not recorded (as trust's).
     # With that consent given up front (and nothing to leave unrecorded: not --diff), each
-    # host's own connection records its new key as it opens, the one the probe then uses;
-    # and with --all too (no pick to wait for), each host found over mDNS is opened and
-    # probed as soon as its answer is heard, while the listening goes on.
+    # host's own connection records its new key as it opens, the one the probe then uses,
+    # and when nothing is left to pick (the hosts named, or --all) each host's probe starts
+    # as soon as its key is judged (mlxops/init/pipeline.py): found over mDNS, from the
+    # moment its answer is heard, while the listening goes on.
     opened = bool(connect.accept_new_host_keys) and not show_diff
+    if named:
+        _warm_up()  # before the hosts' threads import it, each its own way; then frozen
     with Connector(ConnectOptions(accept_new_host_keys=opened,
                                   connect_timeout=connect.connect_timeout)) as connector, \
-            (Pipeline(flow.drafts, connector, pythons) if opened and pick_all and not hosts
+            (Pipeline(flow.drafts, connector, pythons,
+                      peers=[c.address for c in named]) if opened and (named or pick_all)
              else nullcontext()) as pipeline:
-        candidates = _candidates(hosts, browse, pick_all, pipeline)
+        candidates = _candidates(named, browse, pick_all, pipeline)
         results, checks, new = flow.check_keys(candidates, connector, opened, pipeline)
         from mlxops.cli.trust import key_blocks  # (imported by _warm_up when listening)
 

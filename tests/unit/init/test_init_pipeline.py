@@ -147,3 +147,47 @@ def test_bad_input_met_for_a_host_touches_it_not(tmp_path: Path):
         pipeline.heard(candidate("later", "10.0.0.6"))
     assert "mlxops_slots" in str(caught.value) and "init-draft" not in str(caught.value)
     assert judged == []
+
+
+def test_hosts_named_each_probe_tries_every_named_address_from_the_start(tmp_path: Path):
+    """Named hosts (``mlxops init HOST... --accept-new-host-keys``): each host's probe
+    starts as its key is judged, and its peers are every other address named (known
+    before any connection opens), not only the hosts opened so far: the first host is
+    probed before the second is even judged and still tries it. A name that is not an
+    address (an ssh_config alias) is tried once its connection has said where it is."""
+    output = tmp_path / "inventory.yml"
+    store = KnownHosts(tmp_path / "known_hosts", system_path=None)
+    first_probed = threading.Event()
+    seeds = {"10.0.0.1": 1, "10.0.0.2": 2, "studio": 3}
+
+    class Gated(Connector):
+        """The others' connections open (and say their addresses) only once the first
+        host was probed."""
+
+        def connect(self, host):
+            if host.name != "10.0.0.1":
+                assert first_probed.wait(10), "the first host's probe waited for the others"
+            return super().connect(host)
+
+    def judge(host, connector) -> HostResult:
+        return HostResult(host.name, CHANGED, value=HostKeyCheck(
+            host.name, host.address, key(seeds[host.name]), NEW, store))
+
+    probed: dict[str, list[str]] = {}
+
+    def probe(conn, host, pythons, peers):
+        probed[host.name] = list(peers)
+        if host.name == "10.0.0.1":
+            first_probed.set()
+        return "facts"
+
+    named = [candidate("10.0.0.1", "10.0.0.1"), candidate("10.0.0.2", "10.0.0.2"),
+             candidate("studio", "studio")]
+    with Pipeline(lambda: Drafts(output, "", {}), Gated(), [], judge, probe,
+                  peers=[c.address for c in named]) as pipeline:
+        done = pipeline.wait(named)
+
+    assert list(done.probes) == ["10.0.0.1", "10.0.0.2", "studio"]
+    assert probed["10.0.0.1"] == ["10.0.0.2"]  # the alias not opened yet: not an address
+    assert probed["10.0.0.2"] == ["10.0.0.1"]
+    assert probed["studio"] == ["10.0.0.1", "10.0.0.2"]
