@@ -180,7 +180,7 @@ def _init(hosts, output, job, pick_all, show_diff, user, key_file, known_hosts, 
              else nullcontext()) as pipeline:
         candidates = _candidates(named, browse, pick_all, pipeline)
         results, checks, new = flow.check_keys(candidates, connector, opened, pipeline)
-        from mlxops.cli.trust import key_blocks  # (imported by _warm_up when listening)
+        from mlxops.cli.trust import key_blocks  # (imported by _warm_up already)
 
         for line in key_blocks(results, checks):  # as `mlxops trust` shows them
             console.out.print(line, soft_wrap=True)
