@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from typing import NamedTuple
 import pytest
 import yaml
 from cli_helpers import host_key_fingerprint, mlxops
+
+from mlxops.sandbox.kernels import link_root_cache
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +61,15 @@ def links_at(box, hosts: list[str], rate: str):
 
 
 def inventory(box, tmp_path: Path, hosts: list[str] | None = None) -> Path:
-    """The sandbox's inventory with the selftest's own root; only ``hosts``, if given."""
+    """The sandbox's inventory with the selftest's own root; only ``hosts``, if given.
+
+    Each node's root gets the sandbox user's shared kernel cache, as the default root has
+    (mlxops/sandbox/kernels.py): a root of its own compiled every MLX CPU kernel of the
+    job again on every node, 115 g++ runs a suite (~60 CPU-s), for nothing these tests
+    look at."""
+    account = pwd.getpwnam(box.user)
+    for host in hosts if hosts is not None else box.nodes:
+        link_root_cache(Path(box.node_home(host)) / ROOT, account)
     doc = yaml.safe_load(Path(box.inventory_path).read_text())
     doc["all"]["vars"]["mlxops_root"] = f"~/{ROOT}"
     if hosts is not None:
