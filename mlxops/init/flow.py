@@ -7,8 +7,9 @@ any host is touched. Every host of the draft (old ones too: they are the new one
 and the job's nodes) has its key checked by ``mlxops trust``'s code; new keys are
 recorded only on consent, never under ``--diff``; a host whose key is not recorded,
 changed, or who does not answer is left out (:func:`~.pipeline.verdict`). The rest are
-probed in parallel -- or, with every host found taken and consent given up front, each
-was probed as its mDNS answer came (:mod:`.pipeline`) -- each tries its peers' addresses
+probed in parallel -- or, with consent given up front and nothing left to pick (the hosts
+named, or every host found taken), each was probed as soon as its own key was judged
+(:mod:`.pipeline`; found over mDNS, from its answer on) -- each tries its peers' addresses
 in its subnets (a second command on the same connection), the link rule picks each data
 address, and the new hosts are merged into the original document (comments kept). Files
 are written only at the end, atomically.
@@ -93,9 +94,10 @@ class Init:
         and ``connector`` records new keys itself: each host's own connection is opened
         and judged (:func:`mlxops.trust.open_and_judge`), its new key recorded then, and
         the probe goes on over it -- one SSH handshake a host, as ``trust``'s scan.
-        ``pipeline``: every host found is taken too (``--all``), and each one's work,
-        probe included, was started as its answer came (:mod:`mlxops.init.pipeline`):
-        its end is waited for here."""
+        ``pipeline``: nothing is left to pick either (the hosts named, or ``--all``), and
+        each one's work, probe included, was started at once or as its answer came
+        (:mod:`mlxops.init.pipeline`): it is started here if it was not, and its end
+        waited for."""
         from mlxops.trust import NEW, check_host_keys, every_check, open_and_judge
 
         if pipeline is not None:

@@ -112,7 +112,7 @@ class Pipeline:
         self._queued: list[Candidate] = []  # heard before the draft was ready
         self._work: dict[str, Future] = {}
         self._ssh: dict[str, str] = {}  # host -> its SSH address as its connection has it
-        self._named = frozenset(a for a in peers if is_address(a))  # known before any opens
+        self._named = frozenset(peers)  # addresses known before any connection opens
         self._error: UserError | None = None
         self._started = False  # the file's hosts: started with the first host heard
 
